@@ -1,0 +1,36 @@
+"""effnet-pipeline: the large-batch EfficientNet ImageNet recipe as a TFX / Kubeflow pipeline.
+
+The pins mirror constraints.txt: the newest versions of the stack that install together on
+Debian 12 / CPython 3.11. tfx 1.16 declares Requires-Python <3.11 although all its compiled
+dependencies ship cp311 wheels, so installs need ``pip install --ignore-requires-python``
+(see README).
+"""
+
+from setuptools import find_packages, setup
+
+INSTALL_REQUIRES = [
+    "tensorflow>=2.16,<2.17",
+    "tfx[kfp]==1.16.0",
+    "kfp>=2.6,<2.14",
+    "apache-beam[gcp]==2.59.0",
+    "tensorflow-datasets==4.9.10",
+    # tensorflow-datasets imports importlib_resources without declaring it.
+    "importlib_resources",
+    "tensorflow-model-analysis==0.47.1",
+    "protobuf>=4.25.2,<5",
+    "pyarrow>=10,<11",
+    "pillow>=10",
+    "numpy<2",
+    # scikit-learn ships the real scanned digits the embedded demo data is rendered from.
+    "scikit-learn",
+]
+
+setup(
+    name="effnet-pipeline",
+    version="0.1.0",
+    description="Large-batch EfficientNet on ImageNet as a TFX / Kubeflow pipeline",
+    python_requires=">=3.10",
+    packages=find_packages(include=["beam_preprocess*", "components*", "pipeline*", "trainer_module*"]),
+    install_requires=INSTALL_REQUIRES,
+    extras_require={"dev": ["pytest>=8", "ruff==0.8.6"]},
+)
