@@ -46,7 +46,7 @@ def _tfds_imagenet_dir() -> str:
     return os.path.join(list(spec.submodule_search_locations)[0], "datasets", "imagenet2012")
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def synsets() -> tuple[str, ...]:
     """The 1000 ILSVRC2012 synset ids (wnids) in label order."""
     path = os.path.join(_tfds_imagenet_dir(), "labels.txt")
@@ -57,12 +57,12 @@ def synsets() -> tuple[str, ...]:
     return ids
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def synset_to_label() -> dict[str, int]:
     return {wnid: i for i, wnid in enumerate(synsets())}
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def validation_synsets() -> tuple[str, ...]:
     """Synset of each official validation image: entry i labels ``ILSVRC2012_val_{i+1:08d}.JPEG``."""
     path = os.path.join(_tfds_imagenet_dir(), "validation_labels.txt")

@@ -1,0 +1,104 @@
+"""python -m beam_preprocess: ImageNet (archives, directories or tensorflow-datasets) -> per-host TFRecord shards.
+
+Options not listed here are Beam pipeline options and go to the runner unchanged, for example
+``--direct_num_workers 2 --direct_running_mode multi_processing`` here, or
+``--runner DataflowRunner --project P --region R --temp_location gs://... --setup_file ./setup.py`` at scale.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+import time
+import warnings
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+# google-cloud clients warn about Python 3.11's end of life on import; it is not this program's concern.
+# The environment variable carries the filter into Beam's worker processes.
+os.environ.setdefault("PYTHONWARNINGS", "ignore::FutureWarning")
+warnings.filterwarnings("ignore", category=FutureWarning)
+
+from beam_preprocess.config import ShardingConfig  # noqa: E402
+from beam_preprocess.run import FailureBudgetExceeded, OutputExistsError, run  # noqa: E402
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m beam_preprocess",
+        description=__doc__.split("\n\n")[0],
+        epilog=__doc__.split("\n\n", 1)[1],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    inputs = parser.add_argument_group("inputs (archives, or directories, or a tensorflow-datasets data dir)")
+    inputs.add_argument(
+        "--train-archive", default="", help="ILSVRC2012_img_train.tar (1000 inner <wnid>.tar)"
+    )
+    inputs.add_argument("--val-archive", default="", help="ILSVRC2012_img_val.tar (flat; official labels)")
+    inputs.add_argument("--train-dir", default="", help="extracted training set: DIR/<wnid>/*.JPEG")
+    inputs.add_argument("--val-dir", default="", help="validation: DIR/<wnid>/*.JPEG or flat official names")
+    inputs.add_argument("--tfds-data-dir", default="", help="a data_dir holding a prepared imagenet2012")
+    out = parser.add_argument_group("output")
+    out.add_argument(
+        "--output-dir", required=True, help="shards go to OUTPUT_DIR/<split>/, plus manifest.json"
+    )
+    out.add_argument("--num-hosts", type=int, default=1, help="shard counts become a multiple of this")
+    out.add_argument("--train-shards", type=int, default=0, help="training shards (default: from --shard-mb)")
+    out.add_argument("--val-shards", type=int, default=0, help="validation shards (default: from --shard-mb)")
+    out.add_argument("--shard-mb", type=float, default=128.0, help="target shard size in MiB (default 128)")
+    out.add_argument("--seed", type=int, default=0, help="seed of the training split's shuffle")
+    out.add_argument("--overwrite", action="store_true", help="replace the shards of an earlier run")
+    checks = parser.add_argument_group("failures")
+    checks.add_argument(
+        "--max-failures",
+        type=int,
+        default=0,
+        help="unusable inputs tolerated before exiting non-zero (default 0)",
+    )
+    checks.add_argument(
+        "--members-per-unit", type=int, default=1000, help="validation images one worker reads at a time"
+    )
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    args, beam_args = build_parser().parse_known_args(argv)
+    try:
+        config = ShardingConfig(
+            output_dir=args.output_dir,
+            train_archive=args.train_archive,
+            val_archive=args.val_archive,
+            train_dir=args.train_dir,
+            val_dir=args.val_dir,
+            tfds_data_dir=args.tfds_data_dir,
+            num_hosts=args.num_hosts,
+            train_shards=args.train_shards,
+            val_shards=args.val_shards,
+            shard_mb=args.shard_mb,
+            max_failures=args.max_failures,
+            seed=args.seed,
+            members_per_unit=args.members_per_unit,
+            overwrite=args.overwrite,
+        )
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    start = time.time()
+    try:
+        result = run(config, beam_args)
+    except OutputExistsError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except FailureBudgetExceeded as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    print(result.report(time.time() - start))
+    print(json.dumps({"manifest": config.manifest_path, "splits": result.split_records()}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

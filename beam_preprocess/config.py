@@ -1,0 +1,122 @@
+"""The one config of the sharding stage, shared by the CLI and the TFX component (JSON round trip)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+
+from beam_preprocess import schema, sources
+
+
+@dataclasses.dataclass(frozen=True)
+class ShardingConfig:
+    """Inputs, output layout and budgets of one sharding run.
+
+    Attributes:
+      output_dir: where ``<split>/<split>-NNNNN-of-MMMMM`` shards and ``manifest.json`` are written.
+      train_archive / val_archive: ``ILSVRC2012_img_train.tar`` (inner per-synset tars) and
+        ``ILSVRC2012_img_val.tar`` (flat, labelled by the list tensorflow-datasets ships).
+      train_dir / val_dir: the extracted layout, ``train/<wnid>/*.JPEG``; validation either ``val/<wnid>/``
+        or flat with official file names.
+      tfds_data_dir: a tensorflow-datasets data_dir holding a prepared ``imagenet2012``, resharded here.
+      num_hosts: every split's shard count is a multiple of this (one input pipeline per host).
+      train_shards / val_shards: explicit shard counts (0 = derive from ``shard_mb``).
+      shard_mb: target shard size in MiB when the count is derived.
+      max_failures: inputs that may fail before the run exits non-zero (they are listed either way).
+      seed: seed of the training split's shuffle (validation keeps sorted order).
+      members_per_unit: validation archive members (or flat-directory files) one worker reads at a time.
+      split_dir_template: directory of a split's shards under ``output_dir`` (``Split-{split}`` for TFX).
+      overwrite: replace shards and manifest left by an earlier run in ``output_dir``.
+    """
+
+    output_dir: str
+    train_archive: str = ""
+    val_archive: str = ""
+    train_dir: str = ""
+    val_dir: str = ""
+    tfds_data_dir: str = ""
+    num_hosts: int = 1
+    train_shards: int = 0
+    val_shards: int = 0
+    shard_mb: float = 128.0
+    max_failures: int = 0
+    seed: int = 0
+    members_per_unit: int = 1000
+    split_dir_template: str = "{split}"
+    overwrite: bool = False
+
+    def __post_init__(self):
+        if not self.output_dir:
+            raise ValueError("output_dir is required")
+        if self.num_hosts < 1:
+            raise ValueError(f"num_hosts must be >= 1, got {self.num_hosts}")
+        for name in ("train_shards", "val_shards"):
+            count = getattr(self, name)
+            if count < 0 or count % self.num_hosts:
+                raise ValueError(
+                    f"{name}={count} must be a multiple of num_hosts={self.num_hosts} (or 0 to derive)"
+                )
+        if self.shard_mb <= 0:
+            raise ValueError(f"shard_mb must be positive, got {self.shard_mb}")
+        if self.max_failures < 0:
+            raise ValueError(f"max_failures must be >= 0, got {self.max_failures}")
+        if self.members_per_unit < 1:
+            raise ValueError(f"members_per_unit must be >= 1, got {self.members_per_unit}")
+        if "{split}" not in self.split_dir_template:
+            raise ValueError(f"split_dir_template {self.split_dir_template!r} must contain '{{split}}'")
+        if self.train_archive and self.train_dir:
+            raise ValueError("give train_archive or train_dir, not both")
+        if self.val_archive and self.val_dir:
+            raise ValueError("give val_archive or val_dir, not both")
+        if self.tfds_data_dir and (self.train_archive or self.train_dir or self.val_archive or self.val_dir):
+            raise ValueError(
+                "tfds_data_dir replaces the archive and directory inputs: give one kind of input"
+            )
+        if not self.input_specs():
+            raise ValueError("no input: give train/val archives, train/val directories, or tfds_data_dir")
+
+    def input_specs(self) -> list[sources.InputSpec]:
+        specs = []
+        if self.train_archive:
+            specs.append(sources.InputSpec(schema.TRAIN, sources.KIND_TRAIN_ARCHIVE, self.train_archive))
+        if self.train_dir:
+            specs.append(sources.InputSpec(schema.TRAIN, sources.KIND_SYNSET_DIR, self.train_dir))
+        if self.val_archive:
+            specs.append(sources.InputSpec(schema.VALIDATION, sources.KIND_VAL_ARCHIVE, self.val_archive))
+        if self.val_dir:
+            specs.append(sources.InputSpec(schema.VALIDATION, sources.KIND_VAL_DIR, self.val_dir))
+        if self.tfds_data_dir:
+            for split in schema.SPLITS:
+                specs.append(sources.InputSpec(split, sources.KIND_TFDS, self.tfds_data_dir))
+        return specs
+
+    def requested_shards(self, split: str) -> int:
+        return self.train_shards if split == schema.TRAIN else self.val_shards
+
+    def split_dir(self, split: str) -> str:
+        return _join(self.output_dir, self.split_dir_template.format(split=split))
+
+    @property
+    def manifest_path(self) -> str:
+        return _join(self.output_dir, "manifest.json")
+
+    @property
+    def temp_dir(self) -> str:
+        return _join(self.output_dir, ".beam_preprocess-tmp")
+
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self), sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> ShardingConfig:
+        values = json.loads(text)
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise ValueError(f"unknown ShardingConfig fields {unknown}; known: {sorted(known)}")
+        return cls(**values)
+
+
+def _join(directory: str, name: str) -> str:
+    return f"{directory.rstrip('/')}/{name}" if "://" in directory else os.path.join(directory, name)

@@ -1,0 +1,405 @@
+"""Where images come from: ILSVRC2012 archives, extracted directories, or a prepared tensorflow-datasets copy.
+
+Reading is split in two so that no single worker reads the 138 GB training archive end to end:
+
+1. ``plan_units`` turns one input (an archive, a directory, a tfds data dir) into ``WorkUnit``s. For an
+   archive it only walks the tar headers of the outer tar (seeking past member data) and records each member's
+   offset; for a directory it lists one level.
+2. ``read_unit`` is run by any worker on one unit: it opens the archive, seeks to the unit's offsets and yields
+   the images of that unit (one inner per-synset tar, or a slice of the flat validation tar).
+
+Everything yields ``InputItem``s; an item that cannot be read or labelled carries an ``error`` instead of bytes,
+so that every input is accounted for (nothing is dropped silently).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import io
+import os
+import posixpath
+import tarfile
+from collections.abc import Iterator
+
+from beam_preprocess import schema
+
+KIND_TRAIN_ARCHIVE = "train_archive"  # ILSVRC2012_img_train.tar: 1000 inner <wnid>.tar
+KIND_VAL_ARCHIVE = "val_archive"  # ILSVRC2012_img_val.tar: flat, labels from the shipped list
+KIND_SYNSET_DIR = "synset_dir"  # <split>/<wnid>/*.JPEG
+KIND_VAL_DIR = "val_dir"  # val/<wnid>/*.JPEG, or flat val/ILSVRC2012_val_*.JPEG labelled by the shipped list
+KIND_TFDS = "tfds"  # <data_dir>/imagenet2012/<version>/imagenet2012-<split>.tfrecord-*
+
+# Unit kinds (what ``read_unit`` reads).
+UNIT_INNER_TAR = "inner_tar"
+UNIT_TAR_MEMBERS = "tar_members"
+UNIT_DIR_FILES = "dir_files"
+UNIT_TFRECORD = "tfrecord"
+UNIT_FAILED = "failed"  # an input that could not even be planned; read_unit yields its error
+
+TFDS_SPLIT_NAMES = {schema.TRAIN: "train", schema.VALIDATION: "validation"}
+
+
+@dataclasses.dataclass(frozen=True)
+class InputSpec:
+    """One input of a split, as given on the command line."""
+
+    split: str
+    kind: str
+    path: str
+
+
+@dataclasses.dataclass(frozen=True)
+class WorkUnit:
+    """A piece of input one worker reads on its own."""
+
+    split: str
+    kind: str
+    path: str
+    offset: int = 0
+    size: int = 0
+    synset: str | None = None
+    # (name, offset, size) of tar members, or (file path, 0, 0) of directory files.
+    members: tuple[tuple[str, int, int], ...] = ()
+    error: str | None = None
+
+    @property
+    def unit_id(self) -> str:
+        key = f"{self.split}|{self.kind}|{self.path}|{self.offset}|{self.synset}|{self.members[:1]}"
+        return hashlib.sha256(key.encode()).hexdigest()[:16]
+
+    @property
+    def description(self) -> str:
+        if self.kind == UNIT_INNER_TAR:
+            return f"{self.path}[{self.synset}.tar]"
+        if self.kind == UNIT_TAR_MEMBERS:
+            return f"{self.path}[{len(self.members)} members from {self.members[0][0]}]"
+        return self.path
+
+
+@dataclasses.dataclass(frozen=True)
+class InputItem:
+    """One image as read (``data``), or the reason it could not be read (``error``)."""
+
+    split: str
+    source: str  # where it came from, for error messages: archive[member] or a path
+    filename: str  # basename recorded in image/filename
+    synset: str | None
+    data: bytes | None = None
+    error: str | None = None
+
+
+def open_binary(path: str):
+    """Opens a local path with the builtin ``open`` (fast) and anything with a scheme (gs://) via tf.io.gfile."""
+    if "://" in path:
+        import tensorflow as tf
+
+        return tf.io.gfile.GFile(path, "rb")
+    return open(path, "rb")
+
+
+def list_dir(path: str) -> list[tuple[str, bool]]:
+    """(name, is_dir) of the entries of a directory, local or remote, sorted by name."""
+    if "://" in path:
+        import tensorflow as tf
+
+        # Object stores report sub-directories with a trailing '/': no per-entry stat.
+        return sorted((name.rstrip("/"), name.endswith("/")) for name in tf.io.gfile.listdir(path))
+    with os.scandir(path) as it:
+        return sorted((e.name, e.is_dir()) for e in it)
+
+
+def _join(directory: str, name: str) -> str:
+    return posixpath.join(directory, name) if "://" in directory else os.path.join(directory, name)
+
+
+def unsafe_member_reason(name: str) -> str | None:
+    """Why a tar member name is refused (absolute, or escaping with ``..``), or None when it is safe."""
+    if name.startswith(("/", "\\")) or (len(name) > 1 and name[1] == ":"):
+        return "absolute member path would escape the output directory"
+    parts = name.replace("\\", "/").split("/")
+    if ".." in parts:
+        return "member path with '..' would escape the output directory"
+    return None
+
+
+def _index_tar(path: str) -> Iterator[tuple[tarfile.TarInfo, int]]:
+    """Members of an uncompressed tar with their data offsets, reading headers only (member data is skipped)."""
+    with open_binary(path) as f, tarfile.open(fileobj=f, mode="r:") as tar:
+        while True:
+            member = tar.next()
+            if member is None:
+                return
+            yield member, member.offset_data
+
+
+def plan_units(spec: InputSpec, members_per_unit: int = 1000) -> Iterator[WorkUnit]:
+    """Splits one input into work units (headers and directory listings only, no image data)."""
+    try:
+        yield from _plan_units(spec, members_per_unit)
+    except (OSError, tarfile.TarError, EOFError) as e:
+        yield WorkUnit(spec.split, UNIT_FAILED, spec.path, error=f"cannot read {spec.kind}: {e}")
+
+
+def _plan_units(spec: InputSpec, members_per_unit: int) -> Iterator[WorkUnit]:
+    if spec.kind == KIND_TRAIN_ARCHIVE:
+        for member, offset in _index_tar(spec.path):
+            yield _plan_inner_tar(spec, member, offset)
+    elif spec.kind == KIND_VAL_ARCHIVE:
+        batch: list[tuple[str, int, int]] = []
+        for member, offset in _index_tar(spec.path):
+            if member.isdir():
+                continue
+            if not member.isfile():
+                yield WorkUnit(
+                    spec.split, UNIT_FAILED, f"{spec.path}[{member.name}]", error="not a regular file"
+                )
+                continue
+            batch.append((member.name, offset, member.size))
+            if len(batch) == members_per_unit:
+                yield WorkUnit(spec.split, UNIT_TAR_MEMBERS, spec.path, members=tuple(batch))
+                batch = []
+        if batch:
+            yield WorkUnit(spec.split, UNIT_TAR_MEMBERS, spec.path, members=tuple(batch))
+    elif spec.kind in (KIND_SYNSET_DIR, KIND_VAL_DIR):
+        entries = list_dir(spec.path)
+        if spec.kind == KIND_VAL_DIR and not any(is_dir for _, is_dir in entries):
+            names = [name for name, _ in entries]
+            for start in range(0, len(names), members_per_unit):
+                chunk = tuple((_join(spec.path, n), 0, 0) for n in names[start : start + members_per_unit])
+                yield WorkUnit(spec.split, UNIT_DIR_FILES, spec.path, members=chunk)
+            return
+        for name, is_dir in entries:
+            full = _join(spec.path, name)
+            if not is_dir:
+                yield WorkUnit(
+                    spec.split, UNIT_FAILED, full, error="a file where a <wnid>/ directory was expected"
+                )
+            elif name not in schema.synset_to_label():
+                yield WorkUnit(
+                    spec.split, UNIT_FAILED, full, error=f"'{name}' is not a known ILSVRC2012 synset"
+                )
+            else:
+                yield WorkUnit(spec.split, UNIT_DIR_FILES, full, synset=name)
+    elif spec.kind == KIND_TFDS:
+        for path in tfds_record_files(spec.path, spec.split):
+            yield WorkUnit(spec.split, UNIT_TFRECORD, path)
+    else:
+        raise ValueError(f"unknown input kind {spec.kind!r}")
+
+
+def _plan_inner_tar(spec: InputSpec, member: tarfile.TarInfo, offset: int) -> WorkUnit:
+    where = f"{spec.path}[{member.name}]"
+    if not member.isfile():
+        return WorkUnit(spec.split, UNIT_FAILED, where, error="not a regular file (expected <wnid>.tar)")
+    unsafe = unsafe_member_reason(member.name)
+    if unsafe:
+        return WorkUnit(spec.split, UNIT_FAILED, where, error=unsafe)
+    base = posixpath.basename(member.name)
+    synset = base[: -len(".tar")] if base.endswith(".tar") else None
+    if synset is None or synset not in schema.synset_to_label():
+        return WorkUnit(
+            spec.split, UNIT_FAILED, where, error=f"'{base}' is not <known ILSVRC2012 synset>.tar"
+        )
+    return WorkUnit(spec.split, UNIT_INNER_TAR, spec.path, offset=offset, size=member.size, synset=synset)
+
+
+def tfds_record_files(data_dir: str, split: str) -> list[str]:
+    """The TFRecord files of a prepared tensorflow-datasets ``imagenet2012`` (newest version) for ``split``."""
+    import tensorflow as tf
+
+    root = _join(data_dir, "imagenet2012")
+    if not tf.io.gfile.isdir(root):
+        raise OSError(
+            f"{root} does not exist: is {data_dir} a tensorflow-datasets data_dir holding imagenet2012?"
+        )
+    versions = sorted(
+        (v.rstrip("/") for v in tf.io.gfile.listdir(root) if v.rstrip("/").replace(".", "").isdigit()),
+        key=lambda v: tuple(int(x) for x in v.split(".")),
+    )
+    if not versions:
+        raise OSError(f"{root} holds no prepared version")
+    pattern = _join(_join(root, versions[-1]), f"imagenet2012-{TFDS_SPLIT_NAMES[split]}.tfrecord-*")
+    files = sorted(tf.io.gfile.glob(pattern))
+    if not files:
+        raise OSError(f"no files match {pattern}")
+    return files
+
+
+class _Window(io.RawIOBase):
+    """A read-only view of ``size`` bytes at ``offset`` of a seekable file: an inner tar inside the outer one."""
+
+    def __init__(self, f, offset: int, size: int):
+        self._f, self._offset, self._size, self._pos = f, offset, size, 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self._pos
+
+    def seek(self, pos: int, whence: int = io.SEEK_SET) -> int:
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: self._size}[whence]
+        self._pos = max(0, min(self._size, base + pos))
+        return self._pos
+
+    def read(self, n: int = -1) -> bytes:
+        n = self._size - self._pos if n is None or n < 0 else min(n, self._size - self._pos)
+        if n <= 0:
+            return b""
+        self._f.seek(self._offset + self._pos)
+        data = self._f.read(n)
+        self._pos += len(data)
+        return data
+
+    def readinto(self, buffer) -> int:
+        data = self.read(len(buffer))
+        buffer[: len(data)] = data
+        return len(data)
+
+
+def read_unit(unit: WorkUnit) -> Iterator[InputItem]:
+    """The images of one work unit, each either with its bytes or with the reason it could not be read."""
+    if unit.kind == UNIT_FAILED:
+        yield InputItem(unit.split, unit.path, posixpath.basename(unit.path), None, error=unit.error)
+    elif unit.kind == UNIT_INNER_TAR:
+        yield from _read_inner_tar(unit)
+    elif unit.kind == UNIT_TAR_MEMBERS:
+        yield from _read_tar_members(unit)
+    elif unit.kind == UNIT_DIR_FILES:
+        yield from _read_dir_files(unit)
+    elif unit.kind == UNIT_TFRECORD:
+        yield from _read_tfds_records(unit)
+    else:
+        raise ValueError(f"unknown unit kind {unit.kind!r}")
+
+
+def _read_inner_tar(unit: WorkUnit) -> Iterator[InputItem]:
+    outer = f"{unit.path}[{unit.synset}.tar]"
+    with open_binary(unit.path) as f:
+        try:
+            with tarfile.open(fileobj=_Window(f, unit.offset, unit.size), mode="r:") as tar:
+                while True:
+                    try:
+                        member = tar.next()
+                    except (tarfile.TarError, OSError, EOFError) as e:
+                        yield InputItem(
+                            unit.split, outer, f"{unit.synset}.tar", unit.synset, error=f"corrupt tar: {e}"
+                        )
+                        return
+                    if member is None:
+                        return
+                    yield _tar_member_item(unit, tar, member, outer, unit.synset)
+        except (tarfile.TarError, OSError, EOFError) as e:
+            yield InputItem(
+                unit.split, outer, f"{unit.synset}.tar", unit.synset, error=f"unreadable tar: {e}"
+            )
+
+
+def _tar_member_item(unit: WorkUnit, tar: tarfile.TarFile, member, where: str, synset: str | None):
+    source = f"{where}/{member.name}"
+    name = posixpath.basename(member.name)
+    unsafe = unsafe_member_reason(member.name)
+    if unsafe:
+        return InputItem(unit.split, source, name, synset, error=unsafe)
+    if not member.isfile():
+        return InputItem(unit.split, source, name, synset, error="not a regular file")
+    try:
+        data = tar.extractfile(member).read()
+    except (tarfile.TarError, OSError, EOFError) as e:
+        return InputItem(unit.split, source, name, synset, error=f"unreadable member: {e}")
+    if len(data) != member.size:
+        return InputItem(unit.split, source, name, synset, error="archive member is cut short")
+    return InputItem(unit.split, source, name, synset, data=data)
+
+
+def _val_synset(name: str) -> tuple[str | None, str | None]:
+    synset = schema.validation_synset_for(name)
+    if synset is None:
+        return None, f"'{name}' is not an ILSVRC2012 validation file name: its label is unknown"
+    return synset, None
+
+
+def _read_tar_members(unit: WorkUnit) -> Iterator[InputItem]:
+    with open_binary(unit.path) as f:
+        for name, offset, size in unit.members:
+            source = f"{unit.path}[{name}]"
+            base = posixpath.basename(name)
+            unsafe = unsafe_member_reason(name)
+            synset, error = _val_synset(base)
+            if unsafe or error:
+                yield InputItem(unit.split, source, base, synset, error=unsafe or error)
+                continue
+            try:
+                f.seek(offset)
+                data = f.read(size)
+            except OSError as e:
+                yield InputItem(unit.split, source, base, synset, error=f"unreadable member: {e}")
+                continue
+            if len(data) != size:
+                yield InputItem(unit.split, source, base, synset, error="archive member is cut short")
+            else:
+                yield InputItem(unit.split, source, base, synset, data=data)
+
+
+def _read_dir_files(unit: WorkUnit) -> Iterator[InputItem]:
+    if unit.synset is not None:  # <split>/<wnid>/ directory: list it here, on the worker
+        try:
+            entries = list_dir(unit.path)
+        except OSError as e:
+            yield InputItem(unit.split, unit.path, unit.synset, unit.synset, error=f"cannot list: {e}")
+            return
+        paths = []
+        for name, is_dir in entries:
+            if is_dir:
+                full = _join(unit.path, name)
+                yield InputItem(
+                    unit.split, full, name, unit.synset, error="unexpected directory inside a synset dir"
+                )
+            else:
+                paths.append(_join(unit.path, name))
+    else:
+        paths = [path for path, _, _ in unit.members]
+    for path in paths:
+        base = posixpath.basename(path.replace("\\", "/"))
+        synset, error = (unit.synset, None) if unit.synset is not None else _val_synset(base)
+        if error:
+            yield InputItem(unit.split, path, base, synset, error=error)
+            continue
+        try:
+            with open_binary(path) as f:
+                data = f.read()
+        except OSError as e:
+            yield InputItem(unit.split, path, base, synset, error=f"unreadable file: {e}")
+            continue
+        yield InputItem(unit.split, path, base, synset, data=data)
+
+
+def _read_tfds_records(unit: WorkUnit) -> Iterator[InputItem]:
+    import tensorflow as tf
+
+    synsets = schema.synsets()
+    try:
+        for i, record in enumerate(tf.data.TFRecordDataset(unit.path).as_numpy_iterator()):
+            source = f"{unit.path}[record {i}]"
+            try:
+                feature = tf.train.Example.FromString(record).features.feature
+                data = feature["image"].bytes_list.value[0]
+                label = feature["label"].int64_list.value[0]
+                name = feature["file_name"].bytes_list.value[0].decode()
+            except (KeyError, IndexError, UnicodeDecodeError, ValueError) as e:
+                yield InputItem(
+                    unit.split, source, f"record-{i}", None, error=f"not a tfds imagenet2012 record: {e}"
+                )
+                continue
+            if not 0 <= label < len(synsets):
+                yield InputItem(unit.split, source, name, None, error=f"label {label} is outside 0..999")
+                continue
+            yield InputItem(unit.split, f"{unit.path}[{name}]", name, synsets[label], data=data)
+    except tf.errors.OpError as e:
+        yield InputItem(
+            unit.split, unit.path, posixpath.basename(unit.path), None, error=f"corrupt TFRecord: {e}"
+        )
