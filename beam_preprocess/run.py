@@ -64,7 +64,7 @@ class RunResult:
         return {split: info["records"] for split, info in self.manifest["splits"].items()}
 
     def report(self, seconds: float) -> str:
-        lines = ["beam_preprocess finished in %.1fs" % seconds]
+        lines = [f"beam_preprocess finished in {seconds:.1f}s"]
         for split, info in self.manifest["splits"].items():
             fixed = ", ".join(f"{k} {v}" for k, v in info["fixed"].items() if v) or "none"
             lines.append(

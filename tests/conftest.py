@@ -24,3 +24,23 @@ tf.config.set_logical_device_configuration(
 def logical_cpus():
     """Names of the logical CPU devices, for MirroredStrategy(devices=...)."""
     return [d.name for d in tf.config.list_logical_devices("CPU")]
+
+
+@pytest.fixture(scope="session")
+def quirky_archives(tmp_path_factory):
+    """ILSVRC2012-style archives of the real digits holding every quirk and every kind of bad input."""
+    from beam_preprocess import sample_data
+
+    out = tmp_path_factory.mktemp("quirky_archives")
+    return sample_data.write_archives(
+        str(out), sample_data.digit_samples(size=24), val_fraction=0.2, quirks=True, bad_inputs=True
+    )
+
+
+@pytest.fixture(scope="session")
+def clean_archives(tmp_path_factory):
+    """ILSVRC2012-style archives of a few hundred real digits, no quirks, no bad inputs."""
+    from beam_preprocess import sample_data
+
+    out = tmp_path_factory.mktemp("clean_archives")
+    return sample_data.write_archives(str(out), sample_data.digit_samples(size=24)[:400], val_fraction=0.25)

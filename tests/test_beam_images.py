@@ -1,0 +1,104 @@
+"""The pure functions of beam_preprocess: decode checks, quirk fixes, the Example schema, the label list."""
+
+import io
+
+import numpy as np
+import pytest
+import tensorflow as tf
+from PIL import Image
+
+from beam_preprocess import images, schema
+
+
+def _photo(mode="RGB", size=(40, 30)):
+    """A smooth colour image (JPEG-friendly, so conversions can be compared closely)."""
+    y, x = np.mgrid[0 : size[1], 0 : size[0]]
+    rgb = np.stack([x * 255 // size[0], y * 255 // size[1], (x + y) * 255 // sum(size)], axis=-1)
+    return Image.fromarray(rgb.astype(np.uint8), "RGB").convert(mode)
+
+
+def _encode(image, fmt="JPEG"):
+    out = io.BytesIO()
+    image.save(out, format=fmt)
+    return out.getvalue()
+
+
+def test_rgb_jpeg_bytes_pass_through_untouched():
+    data = _encode(_photo())
+    checked = images.check_and_fix(data)
+    assert checked.jpeg is data
+    assert (checked.height, checked.width, checked.fix) == (30, 40, images.FIX_NONE)
+
+
+@pytest.mark.parametrize(
+    "mode,fmt,fix",
+    [("RGB", "PNG", images.FIX_PNG), ("CMYK", "JPEG", images.FIX_CMYK), ("L", "JPEG", images.FIX_GRAYSCALE)],
+)
+def test_quirks_become_rgb_jpeg(mode, fmt, fix):
+    data = _encode(_photo(mode), fmt)
+    checked = images.check_and_fix(data)
+    assert checked.fix == fix
+    decoded = Image.open(io.BytesIO(checked.jpeg))
+    assert (decoded.format, decoded.mode, decoded.size) == ("JPEG", "RGB", (40, 30))
+    # The conversion keeps the picture: compare with PIL's own RGB rendering of the stored bytes.
+    expected = np.asarray(Image.open(io.BytesIO(data)).convert("RGB"), dtype=np.float32)
+    assert np.abs(np.asarray(decoded, dtype=np.float32) - expected).mean() < 2
+
+
+@pytest.mark.parametrize(
+    "data,reason",
+    [
+        (b"", "empty file"),
+        (b"plain text, not an image", "not an image"),
+        (_encode(_photo())[:300], "does not decode"),
+        (_encode(_photo(), "PNG")[:-40], "does not decode"),
+    ],
+    ids=["empty", "text", "truncated-jpeg", "truncated-png"],
+)
+def test_bad_bytes_are_refused_with_a_reason(data, reason):
+    with pytest.raises(images.BadImageError, match=reason):
+        images.check_and_fix(data)
+
+
+def test_example_has_the_reference_schema_and_label_convention():
+    checked = images.check_and_fix(_encode(_photo()))
+    synset = "n01440764"
+    record = images.build_example(checked, "n01440764_10026.JPEG", synset)
+    spec = {
+        schema.IMAGE_ENCODED: tf.io.FixedLenFeature([], tf.string),
+        schema.IMAGE_FORMAT: tf.io.FixedLenFeature([], tf.string),
+        schema.LABEL: tf.io.FixedLenFeature([], tf.int64),
+        schema.SYNSET: tf.io.FixedLenFeature([], tf.string),
+        schema.HEIGHT: tf.io.FixedLenFeature([], tf.int64),
+        schema.WIDTH: tf.io.FixedLenFeature([], tf.int64),
+        schema.CHANNELS: tf.io.FixedLenFeature([], tf.int64),
+        schema.COLORSPACE: tf.io.FixedLenFeature([], tf.string),
+        schema.FILENAME: tf.io.FixedLenFeature([], tf.string),
+    }
+    assert set(spec) == set(schema.FEATURE_KEYS)
+    parsed = tf.io.parse_single_example(record, spec)
+    assert parsed[schema.IMAGE_ENCODED].numpy() == checked.jpeg
+    assert parsed[schema.LABEL].numpy() == 0  # n01440764 is the first synset
+    assert parsed[schema.SYNSET].numpy() == synset.encode()
+    assert (parsed[schema.HEIGHT].numpy(), parsed[schema.WIDTH].numpy(), parsed[schema.CHANNELS].numpy()) == (
+        30,
+        40,
+        3,
+    )
+    assert parsed[schema.IMAGE_FORMAT].numpy() == b"JPEG"
+    assert parsed[schema.COLORSPACE].numpy() == b"RGB"
+    assert parsed[schema.FILENAME].numpy() == b"n01440764_10026.JPEG"
+    # Serialization is deterministic: the same inputs give the same bytes.
+    assert images.build_example(checked, "n01440764_10026.JPEG", synset) == record
+
+
+def test_synset_list_and_validation_labels_are_the_shipped_ones():
+    synsets = schema.synsets()
+    assert len(synsets) == 1000 and list(synsets) == sorted(synsets)
+    assert synsets[0] == "n01440764" and synsets[-1] == "n15075141"
+    assert schema.synset_to_label()["n15075141"] == 999
+    # ILSVRC2012_val_00000001.JPEG is a snake (n01751748) in the official list.
+    assert schema.validation_synset_for("ILSVRC2012_val_00000001.JPEG") == "n01751748"
+    assert schema.validation_synset_for("ILSVRC2012_val_00050001.JPEG") is None
+    assert schema.validation_synset_for("foo.JPEG") is None
+    assert schema.shard_name("train", 3, 1024) == "train-00003-of-01024"

@@ -1,0 +1,307 @@
+"""The Beam stages with TestPipeline + assert_that, and the whole CLI on generated ILSVRC-style archives."""
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+
+import apache_beam as beam
+import pytest
+import tensorflow as tf
+from apache_beam.testing.test_pipeline import TestPipeline
+from apache_beam.testing.util import assert_that, equal_to
+
+from beam_preprocess import __main__ as cli
+from beam_preprocess import pipeline, schema, sources
+from beam_preprocess.config import ShardingConfig
+
+
+def _records(path):
+    return [r.numpy() for r in tf.data.TFRecordDataset(path)]
+
+
+def _parse(record):
+    feature = tf.train.Example.FromString(record).features.feature
+    return {
+        "filename": feature[schema.FILENAME].bytes_list.value[0].decode(),
+        "synset": feature[schema.SYNSET].bytes_list.value[0].decode(),
+        "label": feature[schema.LABEL].int64_list.value[0],
+        "jpeg": feature[schema.IMAGE_ENCODED].bytes_list.value[0],
+    }
+
+
+@pytest.mark.parametrize(
+    "records,shards", [(10, 3), (1252 * 4 + 3, 4), (7, 7), (5, 8), (0, 2), (1_281_167, 1024)]
+)
+def test_balanced_bounds_cover_every_record_once_with_sizes_within_one(records, shards):
+    bounds = pipeline.balanced_bounds(records, shards)
+    assert len(bounds) == shards and bounds[0][0] == 0 and bounds[-1][1] == records
+    assert all(a[1] == b[0] for a, b in zip(bounds, bounds[1:], strict=False))
+    sizes = [end - start for start, end in bounds]
+    assert max(sizes) - min(sizes) <= 1
+
+
+@pytest.mark.parametrize(
+    "total_mb,requested,shard_mb,hosts,expected",
+    [
+        (1000, 0, 128, 1, 8),
+        (1000, 0, 128, 4, 8),
+        (1000, 0, 128, 3, 9),
+        (1, 0, 128, 4, 4),
+        (1000, 64, 128, 4, 64),
+    ],
+)
+def test_shard_count_is_a_multiple_of_hosts(total_mb, requested, shard_mb, hosts, expected):
+    assert pipeline.choose_num_shards(total_mb * 2**20, requested, shard_mb, hosts) == expected
+
+
+def test_process_unit_spills_examples_and_reports_failures(quirky_archives, tmp_path):
+    spec = sources.InputSpec(schema.VALIDATION, sources.KIND_VAL_ARCHIVE, quirky_archives.val_archive)
+    units = list(sources.plan_units(spec, members_per_unit=1000))
+    expected_names = sorted(quirky_archives.validation)
+    with TestPipeline() as p:
+        outputs = (
+            p
+            | beam.Create(units)
+            | beam.ParDo(pipeline.ProcessUnitFn(str(tmp_path), seed=0)).with_outputs(
+                pipeline.ProcessUnitFn.FAILURES, pipeline.ProcessUnitFn.STATS, main="metas"
+            )
+        )
+        names = outputs.metas | "Names" >> beam.Map(lambda kv: kv[1].filename)
+        assert_that(names, equal_to(expected_names), label="EveryGoodImage")
+        reasons = outputs.failures | beam.Map(lambda f: (f.source.split("[")[-1].rstrip("]"), f.reason[:14]))
+        truncated = next(n for n, what in quirky_archives.bad.items() if what == "truncated" and "val" in n)
+        assert_that(
+            reasons,
+            equal_to([(truncated, "does not decod"), ("not_an_official_name.JPEG", "'not_an_offici")]),
+            label="Failures",
+        )
+        stats = outputs.stats | beam.Map(
+            lambda kv: (kv[0], kv[1]["read"], kv[1]["failed"], kv[1]["fixed_grayscale"])
+        )
+        assert_that(stats, equal_to([(schema.VALIDATION, len(expected_names) + 2, 2, 1)]), label="Stats")
+    # The spill file holds the Examples at the recorded offsets.
+    spills = os.listdir(tmp_path / schema.VALIDATION)
+    assert len(spills) == 1 and spills[0].endswith(".examples")
+
+
+def test_assign_shards_sorts_and_balances():
+    config = ShardingConfig(output_dir="/unused", tfds_data_dir="/unused", num_hosts=2, val_shards=4)
+    metas = [
+        pipeline.ImageMeta(
+            f"ILSVRC2012_val_{i:08d}.JPEG", f"ILSVRC2012_val_{i:08d}.JPEG", "n01440764", "spill", i * 10, 10
+        )
+        for i in (5, 3, 9, 1, 7, 2, 8, 4, 6)
+    ]
+    with TestPipeline() as p:
+        out = (
+            p
+            | beam.Create([(schema.VALIDATION, metas)])
+            | beam.FlatMap(pipeline.assign_shards, config).with_outputs("summaries", main="tasks")
+        )
+        tasks = out.tasks | beam.Map(
+            lambda t: (t.index, t.count, [offset // 10 for _, offset, _ in t.records])
+        )
+        assert_that(tasks, equal_to([(0, 4, [1, 2]), (1, 4, [3, 4]), (2, 4, [5, 6]), (3, 4, [7, 8, 9])]))
+        assert_that(
+            out.summaries,
+            equal_to([(schema.VALIDATION, {"class_counts": {"n01440764": 9}})]),
+            label="Summary",
+        )
+
+
+def _run_cli(args):
+    return cli.main([str(a) for a in args])
+
+
+def _digest(directory):
+    digests = {}
+    for root, _, files in os.walk(directory):
+        for name in files:
+            path = os.path.join(root, name)
+            with open(path, "rb") as f:
+                digests[os.path.relpath(path, directory)] = hashlib.sha256(f.read()).hexdigest()
+    return digests
+
+
+@pytest.fixture(scope="module")
+def quirky_run(quirky_archives, tmp_path_factory):
+    out = tmp_path_factory.mktemp("quirky_run")
+    code = _run_cli(
+        [
+            "--train-archive", quirky_archives.train_archive,
+            "--val-archive", quirky_archives.val_archive,
+            "--output-dir", out,
+            "--num-hosts", 2,
+            "--train-shards", 6,
+            "--val-shards", 4,
+            "--members-per-unit", 100,
+            "--max-failures", 100,
+        ]
+    )  # fmt: skip
+    assert code == 0
+    with open(out / "manifest.json") as f:
+        return out, json.load(f)
+
+
+def test_end_to_end_every_image_accounted_for(quirky_archives, quirky_run):
+    out, manifest = quirky_run
+    for split, expected in (
+        (schema.TRAIN, quirky_archives.train),
+        (schema.VALIDATION, quirky_archives.validation),
+    ):
+        info = manifest["splits"][split]
+        paths = sorted(tf.io.gfile.glob(str(out / split / f"{split}-*-of-*")))
+        assert [os.path.relpath(p, out) for p in paths] == [s["path"] for s in info["shards"]]
+        parsed = [_parse(r) for path in paths for r in _records(path)]
+        assert {e["filename"]: e["synset"] for e in parsed} == expected
+        assert all(e["label"] == schema.synset_to_label()[e["synset"]] for e in parsed)
+        assert info["records"] == len(parsed) == len(expected)
+        assert info["read"] == info["records"] + info["failed"]
+        assert sum(info["class_counts"].values()) == len(parsed)
+        # Quirks became RGB JPEGs.
+        for e in parsed:
+            assert e["jpeg"][:2] == b"\xff\xd8", e["filename"]
+        assert all(
+            tf.io.decode_jpeg(e["jpeg"]).shape[-1] == 3
+            for e in parsed
+            if e["filename"] in quirky_archives.fixed
+        )
+    assert manifest["splits"][schema.TRAIN]["fixed"] == {"png": 1, "cmyk": 1, "grayscale": 1, "other_mode": 0}
+    assert manifest["splits"][schema.VALIDATION]["fixed"]["grayscale"] == 1
+    # Every bad input is named in the failures with its reason.
+    sources_failed = " ".join(f["source"] for f in manifest["failures"])
+    for name in quirky_archives.bad:
+        assert name in sources_failed, name
+    total_failed = sum(info["failed"] for info in manifest["splits"].values())
+    assert len(manifest["failures"]) == total_failed == len(quirky_archives.bad)
+    assert not os.path.exists(out / ".beam_preprocess-tmp")
+
+
+def test_shards_are_balanced_and_a_multiple_of_hosts(quirky_run):
+    _, manifest = quirky_run
+    for info in manifest["splits"].values():
+        counts = [s["records"] for s in info["shards"]]
+        assert len(counts) % 2 == 0
+        assert max(counts) - min(counts) <= 1
+
+
+def test_validation_shards_keep_sorted_order_and_train_is_shuffled(quirky_run):
+    out, manifest = quirky_run
+    val = [
+        _parse(r)["filename"]
+        for s in manifest["splits"]["validation"]["shards"]
+        for r in _records(out / s["path"])
+    ]
+    assert val == sorted(val)
+    train = [
+        _parse(r)["filename"]
+        for s in manifest["splits"]["train"]["shards"]
+        for r in _records(out / s["path"])
+    ]
+    assert train != sorted(train)
+    first_shard_synsets = {
+        _parse(r)["synset"] for r in _records(out / manifest["splits"]["train"]["shards"][0]["path"])
+    }
+    assert len(first_shard_synsets) >= 8  # classes are mixed across shards, not one per shard
+
+
+def test_rerun_writes_byte_identical_shards(quirky_archives, quirky_run, tmp_path):
+    out, _ = quirky_run
+    # A second run with 2 multi-process DirectRunner workers, same input and options.
+    code = _run_cli(
+        [
+            "--train-archive", quirky_archives.train_archive,
+            "--val-archive", quirky_archives.val_archive,
+            "--output-dir", tmp_path,
+            "--num-hosts", 2,
+            "--train-shards", 6,
+            "--val-shards", 4,
+            "--members-per-unit", 100,
+            "--max-failures", 100,
+            "--direct_num_workers", 2,
+            "--direct_running_mode", "multi_processing",
+        ]
+    )  # fmt: skip
+    assert code == 0
+    first, second = _digest(out), _digest(tmp_path)
+    first.pop("manifest.json"), second.pop("manifest.json")
+    assert first == second and len(first) == 10
+
+
+def test_failure_budget_exceeded_exits_non_zero_naming_the_inputs(quirky_archives, tmp_path, capsys):
+    code = _run_cli(
+        ["--train-archive", quirky_archives.train_archive, "--output-dir", tmp_path, "--max-failures", 2]
+    )
+    err = capsys.readouterr().err
+    assert code == 1
+    assert "more than --max-failures=2" in err
+    assert "n99999999.tar" in err and "empty file" in err
+    # The manifest still lists every failure for inspection.
+    with open(tmp_path / "manifest.json") as f:
+        assert len(json.load(f)["failures"]) == 6
+
+
+def test_existing_output_is_not_mixed_without_overwrite(clean_archives, tmp_path, capsys):
+    args = ["--val-archive", clean_archives.val_archive, "--output-dir", tmp_path, "--val-shards", 2]
+    assert _run_cli(args) == 0
+    assert _run_cli(args) == 2
+    assert "--overwrite" in capsys.readouterr().err
+    assert _run_cli([*args[:-1], 3, "--overwrite"]) == 0
+    assert sorted(os.listdir(tmp_path / "validation")) == [f"validation-0000{i}-of-00003" for i in range(3)]
+
+
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["--num-hosts", "4", "--train-shards", "6"], "train_shards=6 must be a multiple of num_hosts=4"),
+        (["--shard-mb", "0"], "shard_mb must be positive"),
+        (["--train-dir", "x"], "give train_archive or train_dir, not both"),
+    ],
+)
+def test_bad_options_get_a_clear_error(clean_archives, tmp_path, capsys, args, message):
+    code = _run_cli(["--train-archive", clean_archives.train_archive, "--output-dir", tmp_path, *args])
+    assert code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_tfds_prepared_imagenet_is_resharded(clean_archives, tmp_path):
+    import tensorflow_datasets as tfds
+
+    builder = tfds.builder("imagenet2012", data_dir=str(tmp_path / "tfds"))
+    builder.download_and_prepare(
+        download_config=tfds.download.DownloadConfig(manual_dir=os.path.dirname(clean_archives.train_archive))
+    )
+    out = tmp_path / "out"
+    assert _run_cli(["--tfds-data-dir", tmp_path / "tfds", "--output-dir", out, "--num-hosts", 2]) == 0
+    with open(out / "manifest.json") as f:
+        manifest = json.load(f)
+    # tensorflow-datasets labels validation images by zipping the sorted member names with the official list,
+    # which assumes all 50,000 are present: on a partial archive its labels differ from the official ones.
+    # Resharding keeps the labels the tfds copy holds.
+    tfds_validation = dict(zip(sorted(clean_archives.validation), schema.validation_synsets(), strict=False))
+    for split, expected in ((schema.TRAIN, clean_archives.train), (schema.VALIDATION, tfds_validation)):
+        parsed = [_parse(r) for s in manifest["splits"][split]["shards"] for r in _records(out / s["path"])]
+        assert {e["filename"]: e["synset"] for e in parsed} == expected
+        assert manifest["splits"][split]["num_shards"] == 2
+
+
+def test_cli_help_lists_inputs_and_beam_options():
+    result = subprocess.run(
+        [sys.executable, "-m", "beam_preprocess", "--help"],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=120,
+    )
+    for flag in (
+        "--train-archive",
+        "--val-archive",
+        "--train-dir",
+        "--tfds-data-dir",
+        "--num-hosts",
+        "--shard-mb",
+    ):
+        assert flag in result.stdout
+    assert "DataflowRunner" in result.stdout

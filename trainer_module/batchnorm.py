@@ -1,0 +1,215 @@
+"""Grouped synchronised batch normalisation (REFERENCE.md section 5).
+
+In training mode the statistics of a batch-norm layer are those of the union of the batches of a *group* of
+replicas: group size 1 is per-replica batch norm, group size = all replicas is global (sync) batch norm. From
+the group's sums, mean = E[x] and variance = E[x^2] - E[x]^2 (never the average of per-replica variances).
+Sums and element counts are reduced rather than per-replica means, so the statistics are exact even if
+replicas held unequal batches; the moving statistics, however, average the groups' statistics with equal
+weight, which is the average over all replicas because every group has the same number of replicas (and
+exact when per-replica batches are equal, as the input pipeline guarantees). Every replica therefore holds
+the same moving mean and variance.
+
+Cross-replica communication:
+
+- non-TPU strategies (MirroredStrategy, MultiWorkerMirroredStrategy, the default strategy): one all-reduce
+  (SUM) of a ``[num_groups, 2 * channels + 1]`` table in which each replica fills only its own group's row
+  with its (sum, sum of squares, count); it yields every group's sums at once, so the replica reads its own
+  row for normalising and averages all rows' statistics for the moving averages.
+- TPUStrategy: ``CrossReplicaSum`` with the group assignment, plus one all-replica ``CrossReplicaSum`` for the
+  moving averages (the reference's "one extra all-reduce per layer").
+
+Both reductions are differentiable, so gradients flow through the group statistics as in sync batch norm.
+"""
+
+from typing import NamedTuple
+
+import keras
+import tensorflow as tf
+
+from trainer_module.replica_groups import LAYOUTS, group_assignment
+
+__all__ = ["GroupedBatchNormalization", "GroupMoments", "group_assignment", "grouped_moments"]
+
+
+class GroupMoments(NamedTuple):
+    """Batch statistics of one replica's group, each of shape ``[channels]``."""
+
+    mean: tf.Tensor  # this replica's group mean, used to normalise
+    variance: tf.Tensor  # this replica's group (biased) variance, used to normalise
+    moving_mean_update: tf.Tensor  # average over all replicas of the group means; same on every replica
+    moving_variance_update: tf.Tensor  # average over all replicas of the group variances
+
+
+def grouped_moments(x, group_size, layout="consecutive"):
+    """Batch statistics of channels-last ``x`` over this replica's group of replicas.
+
+    Must run in a replica context: inside ``strategy.run`` or with no strategy at all (one replica).
+
+    Args:
+        x: Float tensor ``[batch, ..., channels]``, this replica's batch.
+        group_size: Replicas per group; must divide ``num_replicas_in_sync``.
+        layout: How replica ids form groups: ``"consecutive"`` or ``"torus2d"`` (see
+            ``trainer_module.replica_groups``).
+
+    Returns:
+        ``GroupMoments`` of float tensors of shape ``[channels]`` (biased variance, as Keras uses).
+
+    Raises:
+        ValueError: outside a replica context, on a group size that does not divide the number of replicas,
+            or on an empty batch.
+    """
+    context = tf.distribute.get_replica_context()
+    if context is None:
+        raise ValueError(
+            "Grouped batch norm in training mode must run in a replica context (inside strategy.run, or with "
+            "no strategy); it was called in a cross-replica context, where it cannot tell its replica."
+        )
+    num_replicas = context.num_replicas_in_sync
+    groups = group_assignment(num_replicas, group_size, layout)
+    local_sums = _local_sums(x)
+    channels = x.shape[-1]
+    if isinstance(tf.distribute.get_strategy(), _TPU_STRATEGIES):
+        return _moments_by_cross_replica_sum(local_sums, channels, groups, num_replicas)
+    return _moments_by_all_reduce(local_sums, channels, groups, context)
+
+
+@keras.saving.register_keras_serializable(package="effnet_pipeline")
+class GroupedBatchNormalization(keras.layers.BatchNormalization):
+    """Keras batch normalisation whose training statistics are shared by a group of replicas.
+
+    Same variables (``gamma``, ``beta``, ``moving_mean``, ``moving_variance``), parameter count and inference
+    behaviour as ``keras.layers.BatchNormalization``; channels-last only. In training mode the batch mean and
+    (biased) variance come from ``grouped_moments``, and the moving statistics follow Keras' convention
+    ``moving = moving * momentum + statistic * (1 - momentum)`` with the all-replica average of the group
+    statistics, so they stay identical on every replica. With no strategy (one replica) and ``group_size=1``
+    it computes what ``keras.layers.BatchNormalization`` computes.
+
+    Args:
+        group_size: Replicas whose batches form one statistics group: 1 = per replica, the number of
+            replicas = global. Must divide ``num_replicas_in_sync``; checked when the layer is called.
+        layout: ``"consecutive"`` (replicas ``[0..k-1], [k..2k-1], ...``) or ``"torus2d"`` (compact 2-D tiles
+            of TPU chips, see ``trainer_module.replica_groups``).
+        momentum: Momentum of the moving averages.
+        epsilon: Added to the variance before the square root.
+        name: Layer name.
+        **batch_norm_options: Other ``keras.layers.BatchNormalization`` arguments (``center``, ``scale``,
+            initialisers, regularisers, constraints, ``dtype``...). ``axis`` must be -1; ``synchronized`` and
+            ``renorm`` are not supported (grouping replaces the former; the latter changes the statistics).
+    """
+
+    def __init__(
+        self, group_size=1, layout="consecutive", momentum=0.99, epsilon=1e-3, name=None, **batch_norm_options
+    ):
+        if isinstance(group_size, bool) or not isinstance(group_size, int) or group_size < 1:
+            raise ValueError(
+                f"GroupedBatchNormalization group_size must be an integer >= 1, got {group_size!r}"
+            )
+        if layout not in LAYOUTS:
+            raise ValueError(f"GroupedBatchNormalization layout must be one of {LAYOUTS}, got {layout!r}.")
+        axis = batch_norm_options.get("axis", -1)
+        if axis != -1:
+            raise ValueError(f"GroupedBatchNormalization is channels-last only (axis=-1), got axis={axis}.")
+        for unsupported in ("synchronized", "renorm"):
+            if batch_norm_options.get(unsupported):
+                raise ValueError(f"GroupedBatchNormalization does not support {unsupported}=True.")
+        super().__init__(momentum=momentum, epsilon=epsilon, name=name, **batch_norm_options)
+        self.group_size = group_size
+        self.layout = layout
+
+    def call(self, inputs, training=None, mask=None):
+        if not (training and self.trainable):
+            # Inference (or a frozen layer): moving statistics, exactly as Keras does it.
+            return super().call(inputs, training=False, mask=mask)
+        if mask is not None:
+            raise ValueError(f"Batch-norm layer {self.name!r}: masks are not supported in training mode.")
+
+        compute_dtype = keras.backend.result_type(inputs.dtype, "float32")
+        inputs = keras.ops.cast(inputs, compute_dtype)
+        try:
+            moments = grouped_moments(inputs, self.group_size, self.layout)
+        except ValueError as error:
+            raise ValueError(f"Batch-norm layer {self.name!r}: {error}") from error
+
+        self._update_moving_average(self.moving_mean, moments.moving_mean_update)
+        self._update_moving_average(self.moving_variance, moments.moving_variance_update)
+        outputs = keras.ops.batch_normalization(
+            x=inputs,
+            mean=moments.mean,
+            variance=moments.variance,
+            axis=-1,
+            offset=keras.ops.cast(self.beta, compute_dtype) if self.center else None,
+            scale=keras.ops.cast(self.gamma, compute_dtype) if self.scale else None,
+            epsilon=self.epsilon,
+        )
+        return keras.ops.cast(outputs, self.compute_dtype)
+
+    def _update_moving_average(self, variable, statistic):
+        """Keras' convention: ``moving = moving * momentum + statistic * (1 - momentum)``."""
+        statistic = keras.ops.cast(statistic, variable.dtype)
+        variable.assign(variable * self.momentum + statistic * (1.0 - self.momentum))
+
+    def get_config(self):
+        return {**super().get_config(), "group_size": self.group_size, "layout": self.layout}
+
+
+# Statistics from per-replica sums.
+
+
+def _local_sums(x):
+    """This replica's per-channel ``sum(x)``, ``sum(x^2)`` and element count, shape ``[2 * channels + 1]``."""
+    if x.shape.rank is None or x.shape.rank < 2:
+        raise ValueError(f"Grouped batch norm needs inputs [batch, ..., channels], got shape {x.shape}.")
+    if x.shape[0] == 0:
+        raise ValueError(f"Grouped batch norm got an empty per-replica batch (input shape {x.shape}).")
+    reduction_axes = list(range(x.shape.rank - 1))
+    count = tf.cast(tf.reduce_prod(tf.shape(x)[:-1]), x.dtype)
+    # A batch size only known at run time is checked there (XLA drops the check, which then costs nothing).
+    with tf.control_dependencies(
+        [tf.debugging.assert_positive(count, message="Grouped batch norm got an empty per-replica batch.")]
+    ):
+        sums = tf.reduce_sum(x, reduction_axes)
+        square_sums = tf.reduce_sum(tf.square(x), reduction_axes)
+        return tf.concat([sums, square_sums, count[None]], axis=0)
+
+
+def _moments_from_sums(sums, channels):
+    """Mean and biased variance from ``[..., 2 * channels + 1]`` sums (last entry: element count)."""
+    count = sums[..., 2 * channels :]
+    mean = sums[..., :channels] / count
+    mean_of_squares = sums[..., channels : 2 * channels] / count
+    # E[x^2] - E[x]^2 can round to slightly below zero for a near-constant channel.
+    return mean, tf.maximum(mean_of_squares - tf.square(mean), 0.0)
+
+
+# Non-TPU strategies: one all-reduce of a per-group table.
+
+
+def _moments_by_all_reduce(local_sums, channels, groups, context):
+    group_of_replica = [0] * sum(len(members) for members in groups)
+    for group_index, members in enumerate(groups):
+        for replica in members:
+            group_of_replica[replica] = group_index
+    own_group = tf.gather(tf.constant(group_of_replica), context.replica_id_in_sync_group)
+    # Only the own group's row is non-zero, so after the SUM row g holds group g's sums.
+    table = tf.one_hot(own_group, len(groups), dtype=local_sums.dtype)[:, None] * local_sums[None, :]
+    group_sums = context.all_reduce(tf.distribute.ReduceOp.SUM, table)
+    means, variances = _moments_from_sums(group_sums, channels)
+    return GroupMoments(
+        mean=tf.gather(means, own_group),
+        variance=tf.gather(variances, own_group),
+        moving_mean_update=tf.stop_gradient(tf.reduce_mean(means, axis=0)),
+        moving_variance_update=tf.stop_gradient(tf.reduce_mean(variances, axis=0)),
+    )
+
+
+# TPU: CrossReplicaSum with a group assignment (cannot run on this project's CPU test machines).
+
+_TPU_STRATEGIES = (tf.distribute.TPUStrategy, tf.distribute.experimental.TPUStrategy)
+
+
+def _moments_by_cross_replica_sum(local_sums, channels, groups, num_replicas):
+    group_sums = tf.compat.v1.tpu.cross_replica_sum(local_sums, group_assignment=groups)
+    mean, variance = _moments_from_sums(group_sums, channels)
+    statistics = tf.stop_gradient(tf.concat([mean, variance], axis=0))
+    replica_average = tf.compat.v1.tpu.cross_replica_sum(statistics) / num_replicas
+    return GroupMoments(mean, variance, replica_average[:channels], replica_average[channels:])
