@@ -1,0 +1,283 @@
+"""Trainer config: derived values, presets against the paper's Table 2, JSON round trip, overrides, errors."""
+
+import dataclasses
+
+import pytest
+
+from trainer_module.config import (
+    DataConfig,
+    LoopConfig,
+    ModelConfig,
+    OptimizerConfig,
+    ScheduleConfig,
+    TrainerConfig,
+    with_overrides,
+)
+from trainer_module.presets import PRESETS, get_preset, preset_names
+
+# The paper's Table 2, one row per preset, with the derived values worked out by hand:
+# steps/epoch = 1,281,167 // batch, warmup steps = int(warmup epochs * steps/epoch), peak = lr/256 * batch/256,
+# batch-norm group = 128 // (batch / cores).
+# name, variant, optimizer, schedule, cores, batch, lr/256, warmup epochs, target,
+#   steps/epoch, warmup steps, peak LR, BN group
+TABLE2 = [
+    ("b2-rmsprop-128x4096", "b2", "rmsprop", "exponential", 128, 4096, 0.016, 5, 0.801, 312, 1560, 0.256, 4),
+    ("b2-rmsprop-256x8192", "b2", "rmsprop", "exponential", 256, 8192, 0.016, 5, 0.800, 156, 780, 0.512, 4),
+    ("b2-rmsprop-512x16384", "b2", "rmsprop", "exponential", 512, 16384, 0.016, 5, 0.799, 78, 390, 1.024, 4),
+    ("b2-lars-512x16384", "b2", "lars", "polynomial", 512, 16384, 0.236, 50, 0.795, 78, 3900, 15.104, 4),
+    ("b2-lars-1024x32768", "b2", "lars", "polynomial", 1024, 32768, 0.118, 50, 0.797, 39, 1950, 15.104, 4),
+    ("b5-rmsprop-128x4096", "b5", "rmsprop", "exponential", 128, 4096, 0.016, 5, 0.835, 312, 1560, 0.256, 4),
+    ("b5-rmsprop-256x8192", "b5", "rmsprop", "exponential", 256, 8192, 0.016, 5, 0.834, 156, 780, 0.512, 4),
+    ("b5-rmsprop-512x16384", "b5", "rmsprop", "exponential", 512, 16384, 0.016, 5, 0.834, 78, 390, 1.024, 4),
+    ("b5-lars-512x16384", "b5", "lars", "polynomial", 512, 16384, 0.236, 50, 0.833, 78, 3900, 15.104, 4),
+    ("b5-lars-1024x32768", "b5", "lars", "polynomial", 1024, 32768, 0.118, 50, 0.832, 39, 1950, 15.104, 4),
+    # 64 examples per core on this row, hence groups of 2.
+    ("b5-lars-1024x65536", "b5", "lars", "polynomial", 1024, 65536, 0.081, 43, 0.830, 19, 817, 20.736, 2),
+]
+
+
+@pytest.mark.parametrize("row", TABLE2, ids=[row[0] for row in TABLE2])
+def test_table2_preset(row):
+    (name, variant, optimizer, kind, cores, batch, lr_per_256, warmup_epochs, target) = row[:9]
+    steps_per_epoch, warmup_steps, peak, bn_group = row[9:]
+    config = get_preset(name)
+
+    assert config.name == name
+    assert config.model.variant == variant
+    assert config.optimizer.name == optimizer
+    assert config.schedule.kind == kind
+    assert (config.data.num_cores, config.data.global_batch_size) == (cores, batch)
+    assert config.schedule.lr_per_256 == lr_per_256
+    assert config.schedule.warmup_epochs == warmup_epochs
+    assert config.loop.target_top1 == target
+
+    assert config.steps_per_epoch == steps_per_epoch
+    assert config.warmup_steps == warmup_steps
+    assert config.total_steps == 350 * steps_per_epoch
+    assert config.peak_learning_rate == pytest.approx(peak, rel=1e-12)
+    assert config.bn_group_size == bn_group
+    assert config.per_replica_batch_size == 128 // bn_group
+
+    # Shared by every row.
+    assert config.loop.train_epochs == 350
+    assert config.optimizer.weight_decay == 1e-5
+    assert config.optimizer.label_smoothing == 0.1
+    assert config.optimizer.momentum == 0.9
+    assert config.optimizer.ema_decay == 0.9999
+    assert config.model.precision == "bfloat16"
+    assert config.data.num_train_examples == 1_281_167
+    assert config.data.num_eval_examples == 50_000
+    if optimizer == "rmsprop":
+        assert (config.schedule.decay_epochs, config.schedule.decay_rate) == (2.4, 0.97)
+        assert config.optimizer.l2_loss_weight == 1e-5
+    else:
+        assert config.optimizer.l2_loss_weight == 0.0  # LARS decays the weights itself.
+        assert config.schedule.end_lr == 1e-4
+
+
+def test_preset_registry_holds_table2_demo_and_smoke():
+    assert preset_names() == [row[0] for row in TABLE2] + ["demo", "smoke"]
+    with pytest.raises(ValueError, match="unknown preset 'b9-adam'.*b2-rmsprop-128x4096"):
+        get_preset("b9-adam")
+
+
+def test_demo_preset():
+    config = get_preset("demo")
+    assert (config.model.variant, config.image_size, config.model.num_classes) == ("tiny", 32, 1000)
+    assert config.model.bn_momentum == 0.9
+    assert config.model.precision == "float32"
+    assert (config.optimizer.name, config.schedule.kind) == ("lars", "polynomial")
+    assert (config.data.num_train_examples, config.data.num_eval_examples) == (1437, 360)
+    assert (config.data.num_cores, config.loop.strategy, config.bn_group_size) == (1, "one_device", 1)
+    assert config.steps_per_epoch == 1437 // 64
+    assert config.total_steps == 15 * 22
+
+
+def test_smoke_preset_runs_two_steps():
+    config = get_preset("smoke")
+    assert (config.model.variant, config.loop.strategy) == ("tiny", "one_device")
+    assert (config.steps_per_epoch, config.warmup_steps, config.total_steps) == (2, 1, 2)
+    assert config.eval_steps == 2
+
+
+@pytest.mark.parametrize("name", list(PRESETS))
+def test_every_preset_round_trips_through_json(name):
+    config = get_preset(name)
+    restored = TrainerConfig.from_json(config.to_json())
+    assert restored == config
+    assert restored.to_json() == config.to_json()
+    assert restored.derived() == config.derived()
+
+
+def test_json_round_trip_keeps_optional_and_float_types():
+    config = with_overrides(get_preset("demo"), ["model.dropout_rate=0.25", "loop.target_top1=0.9"])
+    restored = TrainerConfig.from_json(config.to_json())
+    assert restored == config
+    assert isinstance(restored.schedule.warmup_epochs, float)  # written as 3.0, not 3
+    assert TrainerConfig.from_json(get_preset("smoke").to_json()).model.dropout_rate is None
+
+
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ('{"optimizer": {"weight_decy": 1e-4}}', "unknown config key 'optimizer.weight_decy'"),
+        ('{"epochs": 3}', "unknown config key 'epochs'"),
+        ('{"loop": {"train_epochs": 3.5}}', r"loop.train_epochs=3.5 must be int"),
+        ('{"loop": [1, 2]}', "config section loop must be a JSON object"),
+        ("{not json", "not valid JSON"),
+    ],
+)
+def test_from_json_errors_name_the_key(text, message):
+    with pytest.raises((ValueError, TypeError), match=message):
+        TrainerConfig.from_json(text)
+
+
+def test_from_json_takes_defaults_for_missing_keys():
+    assert TrainerConfig.from_json("{}") == TrainerConfig()
+
+
+def test_with_overrides_parses_by_field_type():
+    base = get_preset("b2-lars-512x16384")
+    config = with_overrides(
+        base,
+        [
+            "optimizer.weight_decay=1e-4",
+            "loop.train_epochs=3",
+            "optimizer.lars_nesterov=true",
+            "loop.target_top1=none",
+            "model.image_size=224",
+            "loop.strategy=mirrored",
+            "data.global_batch_size=8192",
+            "schedule.warmup_epochs=1",
+            "name=my-run",
+        ],
+    )
+    assert config.optimizer.weight_decay == 1e-4
+    assert config.loop.train_epochs == 3
+    assert config.optimizer.lars_nesterov is True
+    assert config.loop.target_top1 is None
+    assert config.model.image_size == config.image_size == 224
+    assert config.loop.strategy == "mirrored"
+    assert config.schedule.warmup_epochs == 1.0
+    assert config.name == "my-run"
+    # Derived values follow the overrides.
+    assert config.peak_learning_rate == pytest.approx(0.236 * 8192 / 256)
+    assert config.per_replica_batch_size == 16
+    assert config.bn_group_size == 8
+    assert (config.steps_per_epoch, config.warmup_steps, config.total_steps) == (156, 156, 468)
+    # The original is untouched (frozen).
+    assert base.optimizer.weight_decay == 1e-5
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        base.loop.train_epochs = 1
+
+
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("optimizer.weight_decy=1e-4", "override 'optimizer.weight_decy': unknown config field"),
+        ("optimiser.weight_decay=1e-4", "unknown config section 'optimiser'"),
+        ("epochs=3", "override 'epochs': unknown config field"),
+        ("model=b5", "override 'model': unknown config field"),
+        ("loop.train_epochs=three", r"override loop.train_epochs='three': expected int"),
+        ("optimizer.weight_decay=tiny", r"override optimizer.weight_decay='tiny': expected float"),
+        ("optimizer.lars_nesterov=maybe", "expected a bool"),
+        ("loop.train_epochs", "not of the form section.field=value"),
+        ("optimizer.name=adam", "optimizer.name='adam' is not one of 'lars', 'rmsprop', 'sgd'"),
+        ("model.variant=b8", "model.variant='b8' is not one of"),
+        ("model.bn_group_layout=ring", "model.bn_group_layout='ring'"),
+        ("loop.strategy=gpu", "loop.strategy='gpu'"),
+    ],
+)
+def test_with_overrides_errors(override, message):
+    with pytest.raises(ValueError, match=message):
+        with_overrides(get_preset("demo"), [override])
+
+
+def _config(**sections):
+    base = {
+        "data": DataConfig(global_batch_size=256, num_cores=8),
+        "loop": LoopConfig(train_epochs=10),
+    }
+    base.update(sections)
+    return TrainerConfig(**base)
+
+
+@pytest.mark.parametrize(
+    "batch, cores, explicit, expected",
+    [
+        (256, 8, 0, 4),  # 32 per replica -> 128 // 32
+        (512, 8, 0, 2),  # 64 per replica
+        (1024, 8, 0, 1),  # 128 per replica
+        (4096, 8, 0, 1),  # 512 per replica: never below 1
+        (64, 4, 0, 4),  # 16 per replica would give 8, capped at the 4 replicas
+        (256, 8, 8, 8),  # explicit
+    ],
+)
+def test_bn_group_size(batch, cores, explicit, expected):
+    config = _config(
+        data=DataConfig(global_batch_size=batch, num_cores=cores), model=ModelConfig(bn_group_size=explicit)
+    )
+    assert config.bn_group_size == expected
+
+
+@pytest.mark.parametrize(
+    "build, error, message",
+    [
+        (
+            lambda: _config(data=DataConfig(global_batch_size=1000, num_cores=3)),
+            ValueError,
+            "data.global_batch_size=1000 is not divisible by data.num_cores=3",
+        ),
+        (
+            lambda: _config(data=DataConfig(global_batch_size=192, num_cores=6)),
+            ValueError,
+            "derived batch-norm group size=4 does not divide data.num_cores=6",
+        ),
+        (
+            lambda: _config(model=ModelConfig(bn_group_size=3)),
+            ValueError,
+            "model.bn_group_size=3 does not divide data.num_cores=8",
+        ),
+        (
+            lambda: _config(data=DataConfig(global_batch_size=256, eval_batch_size=100, num_cores=8)),
+            ValueError,
+            "data.eval_batch_size=100 is not divisible by data.num_cores=8",
+        ),
+        (
+            lambda: _config(data=DataConfig(num_train_examples=100, global_batch_size=256, num_cores=8)),
+            ValueError,
+            "exceeds data.num_train_examples=100",
+        ),
+        (
+            lambda: _config(schedule=ScheduleConfig(kind="polynomial", warmup_epochs=10)),
+            ValueError,
+            "schedule.warmup_epochs=10.0 leaves no steps to decay",
+        ),
+        (
+            lambda: _config(loop=LoopConfig(train_epochs=2, eval_every_epochs=3)),
+            ValueError,
+            "loop.eval_every_epochs=3 exceeds loop.train_epochs=2",
+        ),
+        (lambda: ModelConfig(num_classes=True), TypeError, "model.num_classes=True must be int, not a bool"),
+        (lambda: ModelConfig(bn_momentum=1.0), ValueError, r"model.bn_momentum=1.0 is outside \[0.0, 1.0\)"),
+        (
+            lambda: OptimizerConfig(weight_decay=-1e-5),
+            ValueError,
+            "optimizer.weight_decay=-1e-05 must be >= 0",
+        ),
+        (lambda: ScheduleConfig(lr_per_256=0.0), ValueError, "schedule.lr_per_256=0.0 must be positive"),
+        (lambda: DataConfig(num_cores=0), ValueError, "data.num_cores=0 must be at least 1"),
+        (lambda: LoopConfig(target_top1=1.5), ValueError, "loop.target_top1=1.5 is outside"),
+        (lambda: TrainerConfig(model="b0"), TypeError, "model='b0' must be ModelConfig"),
+    ],
+)
+def test_validation_errors_name_the_setting(build, error, message):
+    with pytest.raises(error, match=message):
+        build()
+
+
+def test_default_config_is_valid_and_derives_from_the_variant():
+    config = TrainerConfig()
+    assert (config.image_size, config.dropout_rate) == (224, 0.2)
+    b7 = with_overrides(config, ["model.variant=b7"])
+    assert (b7.image_size, b7.dropout_rate) == (600, 0.5)

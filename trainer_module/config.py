@@ -1,0 +1,578 @@
+"""The trainer stage's configuration: one frozen dataclass, serialised to JSON across the TFX boundary.
+
+``TrainerConfig`` nests five sections (model, optimizer, schedule, data, loop) that hold plain values only.
+Everything that follows from them (per-replica batch, steps per epoch, warmup and total steps, peak learning
+rate, batch-norm group size, image size) is computed by properties, never stored, so a preset or a
+``--set`` override cannot leave them inconsistent. Validation happens at construction and names the setting.
+
+    config = TrainerConfig.from_json(text)
+    config = with_overrides(config, ["optimizer.weight_decay=1e-4", "loop.train_epochs=3"])
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import types
+import typing
+from collections.abc import Iterable
+
+from trainer_module.schedules import DEFAULT_END_LEARNING_RATE, POLYNOMIAL_POWER, scaled_learning_rate
+
+# EfficientNet variants: default input resolution and dropout before the classifier (REFERENCE.md section 4).
+# 'tiny' is the CI / CPU-demo variant of trainer_module.models, run on 32-pixel images.
+VARIANT_DEFAULTS = {
+    "b0": {"image_size": 224, "dropout_rate": 0.2},
+    "b1": {"image_size": 240, "dropout_rate": 0.2},
+    "b2": {"image_size": 260, "dropout_rate": 0.3},
+    "b3": {"image_size": 300, "dropout_rate": 0.3},
+    "b4": {"image_size": 380, "dropout_rate": 0.4},
+    "b5": {"image_size": 456, "dropout_rate": 0.4},
+    "b6": {"image_size": 528, "dropout_rate": 0.5},
+    "b7": {"image_size": 600, "dropout_rate": 0.5},
+    "tiny": {"image_size": 32, "dropout_rate": 0.2},
+}
+BN_GROUP_LAYOUTS = ("consecutive", "torus2d")
+PRECISIONS = ("float32", "bfloat16")
+OPTIMIZERS = ("lars", "rmsprop", "sgd")
+SCHEDULE_KINDS = ("polynomial", "exponential")
+STRATEGIES = ("tpu", "multi_worker", "mirrored", "one_device")
+
+# The reference LARS runs size batch-norm groups to hold about this many examples (REFERENCE.md section 5).
+EXAMPLES_PER_BN_GROUP = 128
+IMAGENET_TRAIN_EXAMPLES = 1_281_167
+IMAGENET_EVAL_EXAMPLES = 50_000
+
+
+def _check_choice(key: str, value: str, choices: Iterable[str]) -> None:
+    choices = tuple(choices)
+    if value not in choices:
+        raise ValueError(f"{key}={value!r} is not one of {', '.join(repr(c) for c in choices)}")
+
+
+def _check_range(key: str, value: float, low: float, high: float, *, high_inclusive: bool = True) -> None:
+    inside = low <= value <= high if high_inclusive else low <= value < high
+    if not inside:
+        closing = "]" if high_inclusive else ")"
+        raise ValueError(f"{key}={value!r} is outside [{low}, {high}{closing}")
+
+
+def _allowed_types(annotation) -> tuple[type, ...]:
+    """The runtime types a field annotation admits ('float | None' -> (float, NoneType))."""
+    if isinstance(annotation, types.UnionType) or typing.get_origin(annotation) is typing.Union:
+        return tuple(typing.get_args(annotation))
+    return (annotation,)
+
+
+class _Section:
+    """Shared behaviour of the config sections: field type checks and (de)serialisation."""
+
+    def __post_init__(self):
+        hints = typing.get_type_hints(type(self))
+        for field in dataclasses.fields(self):
+            value = getattr(self, field.name)
+            allowed = _allowed_types(hints[field.name])
+            key = f"{self._section_name()}{field.name}"
+            if isinstance(value, _Section) and type(value) in allowed:
+                continue
+            # bool is an int subclass: reject it for numeric fields so 'True' never becomes 1.
+            if isinstance(value, bool) and bool not in allowed:
+                raise TypeError(f"{key}={value!r} must be {_type_names(allowed)}, not a bool")
+            if float in allowed and isinstance(value, int) and not isinstance(value, bool):
+                # warmup_epochs=50 is stored as 50.0, so the JSON round trip keeps the type.
+                object.__setattr__(self, field.name, float(value))
+                continue
+            if not isinstance(value, allowed):
+                raise TypeError(f"{key}={value!r} must be {_type_names(allowed)}")
+        self._validate()
+
+    def _validate(self) -> None:
+        """Section-specific checks; raise ValueError naming the setting."""
+
+    @classmethod
+    def _section_name(cls) -> str:
+        return f"{SECTION_NAMES[cls]}." if cls in SECTION_NAMES else ""
+
+    def to_dict(self) -> dict:
+        """Plain nested dict of the stored fields (no derived values)."""
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, values: dict, prefix: str = ""):
+        """Builds the section from a dict; unknown keys raise, missing keys take their defaults.
+
+        Args:
+          values: mapping of field name to value (nested dicts for sections).
+          prefix: dotted path of this section, for error messages.
+        """
+        if not isinstance(values, dict):
+            raise TypeError(f"config section {prefix.rstrip('.') or '<root>'} must be a JSON object")
+        fields = {field.name: field for field in dataclasses.fields(cls)}
+        hints = typing.get_type_hints(cls)
+        unknown = sorted(set(values) - set(fields))
+        if unknown:
+            raise ValueError(
+                f"unknown config key '{prefix}{unknown[0]}'"
+                + (f" (and {len(unknown) - 1} more)" if len(unknown) > 1 else "")
+                + f"; known keys here: {', '.join(sorted(fields))}"
+            )
+        kwargs = {}
+        for name, value in values.items():
+            section_type = hints[name]
+            if isinstance(section_type, type) and issubclass(section_type, _Section):
+                value = section_type.from_dict(value, prefix=f"{prefix}{name}.")
+            kwargs[name] = value
+        return cls(**kwargs)
+
+
+def _type_names(allowed: tuple[type, ...]) -> str:
+    return " or ".join("None" if t is type(None) else t.__name__ for t in allowed)
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig(_Section):
+    """Network and normalisation settings.
+
+    Attributes:
+      variant: 'b0'..'b7' or 'tiny' (the CI / demo network).
+      num_classes: logits of the classifier; 1000 for ImageNet and for the demo, whose labels are positions in
+        the 1000 ImageNet synsets.
+      image_size: input resolution in pixels; None takes the variant's (224 for b0, ..., 32 for tiny).
+      dropout_rate: dropout before the classifier; None takes the variant's (0.2 for b0 ... 0.5 for b7).
+      drop_connect_rate: stochastic-depth rate of the last block, ramped linearly with block index.
+      bn_momentum: batch-norm moving-statistics momentum (0.99 in the recipe; 0.9 for short CPU runs).
+      bn_epsilon: batch-norm epsilon.
+      bn_group_size: replicas per batch-norm group; 0 derives max(1, 128 // per-replica batch).
+      bn_group_layout: how replicas form groups: 'consecutive' ids or 'torus2d' tiles of the TPU torus.
+      precision: 'float32', or 'bfloat16' compute with float32 variables, logits and loss.
+    """
+
+    variant: str = "b0"
+    num_classes: int = 1000
+    image_size: int | None = None
+    dropout_rate: float | None = None
+    drop_connect_rate: float = 0.2
+    bn_momentum: float = 0.99
+    bn_epsilon: float = 1e-3
+    bn_group_size: int = 0
+    bn_group_layout: str = "consecutive"
+    precision: str = "float32"
+
+    def _validate(self):
+        _check_choice("model.variant", self.variant, VARIANT_DEFAULTS)
+        if self.num_classes < 2:
+            raise ValueError(f"model.num_classes={self.num_classes} must be at least 2")
+        if self.image_size is not None and self.image_size < 8:
+            raise ValueError(f"model.image_size={self.image_size} must be at least 8 pixels (or None)")
+        if self.dropout_rate is not None:
+            _check_range("model.dropout_rate", self.dropout_rate, 0.0, 1.0, high_inclusive=False)
+        _check_range("model.drop_connect_rate", self.drop_connect_rate, 0.0, 1.0, high_inclusive=False)
+        _check_range("model.bn_momentum", self.bn_momentum, 0.0, 1.0, high_inclusive=False)
+        if self.bn_epsilon <= 0.0:
+            raise ValueError(f"model.bn_epsilon={self.bn_epsilon} must be positive")
+        if self.bn_group_size < 0:
+            raise ValueError(f"model.bn_group_size={self.bn_group_size} must be >= 0 (0 derives it)")
+        _check_choice("model.bn_group_layout", self.bn_group_layout, BN_GROUP_LAYOUTS)
+        _check_choice("model.precision", self.precision, PRECISIONS)
+
+    @property
+    def resolved_image_size(self) -> int:
+        """Input resolution: ``image_size`` or the variant's default."""
+        return self.image_size or VARIANT_DEFAULTS[self.variant]["image_size"]
+
+    @property
+    def resolved_dropout_rate(self) -> float:
+        """Dropout rate: ``dropout_rate`` or the variant's default."""
+        if self.dropout_rate is None:
+            return VARIANT_DEFAULTS[self.variant]["dropout_rate"]
+        return self.dropout_rate
+
+
+@dataclasses.dataclass(frozen=True)
+class OptimizerConfig(_Section):
+    """Optimizer, regularisation and weight averaging.
+
+    Attributes:
+      name: 'lars', 'rmsprop' or 'sgd' (momentum SGD).
+      momentum: momentum of all three optimizers.
+      weight_decay: applied inside the update by LARS, as an L2 loss term otherwise (see ``l2_loss_weight``).
+      lars_eeta: LARS trust coefficient.
+      lars_epsilon: LARS trust-ratio epsilon.
+      lars_nesterov: Nesterov momentum in LARS.
+      rmsprop_rho: RMSProp mean-square decay ("decay" in TF1).
+      rmsprop_epsilon: RMSProp epsilon.
+      label_smoothing: label smoothing of the cross-entropy.
+      ema_decay: exponential moving average of the weights; 0 turns it off.
+    """
+
+    name: str = "rmsprop"
+    momentum: float = 0.9
+    weight_decay: float = 1e-5
+    lars_eeta: float = 0.001
+    lars_epsilon: float = 0.0
+    lars_nesterov: bool = False
+    rmsprop_rho: float = 0.9
+    rmsprop_epsilon: float = 1e-3
+    label_smoothing: float = 0.1
+    ema_decay: float = 0.0
+
+    def _validate(self):
+        _check_choice("optimizer.name", self.name, OPTIMIZERS)
+        _check_range("optimizer.momentum", self.momentum, 0.0, 1.0, high_inclusive=False)
+        if self.weight_decay < 0.0:
+            raise ValueError(f"optimizer.weight_decay={self.weight_decay} must be >= 0")
+        if self.lars_eeta <= 0.0:
+            raise ValueError(f"optimizer.lars_eeta={self.lars_eeta} must be positive")
+        if self.lars_epsilon < 0.0:
+            raise ValueError(f"optimizer.lars_epsilon={self.lars_epsilon} must be >= 0")
+        _check_range("optimizer.rmsprop_rho", self.rmsprop_rho, 0.0, 1.0, high_inclusive=False)
+        if self.rmsprop_epsilon <= 0.0:
+            raise ValueError(f"optimizer.rmsprop_epsilon={self.rmsprop_epsilon} must be positive")
+        _check_range("optimizer.label_smoothing", self.label_smoothing, 0.0, 1.0, high_inclusive=False)
+        _check_range("optimizer.ema_decay", self.ema_decay, 0.0, 1.0, high_inclusive=False)
+
+    @property
+    def l2_loss_weight(self) -> float:
+        """Weight of the L2 term the loss must carry: 0 under LARS, which decays the weights itself."""
+        return 0.0 if self.name == "lars" else self.weight_decay
+
+
+@dataclasses.dataclass(frozen=True)
+class ScheduleConfig(_Section):
+    """Learning-rate schedule (see trainer_module.schedules).
+
+    Attributes:
+      kind: 'polynomial' (LARS runs) or 'exponential' (RMSProp runs).
+      lr_per_256: learning rate per 256 examples; the peak is this times global batch / 256.
+      warmup_epochs: linear warmup from 0 to the peak.
+      end_lr: rate at the end of the polynomial decay.
+      polynomial_power: exponent of the polynomial decay.
+      decay_epochs: epochs between two exponential decays (staircase).
+      decay_rate: factor of each exponential decay.
+    """
+
+    kind: str = "exponential"
+    lr_per_256: float = 0.016
+    warmup_epochs: float = 5.0
+    end_lr: float = DEFAULT_END_LEARNING_RATE
+    polynomial_power: float = POLYNOMIAL_POWER
+    decay_epochs: float = 2.4
+    decay_rate: float = 0.97
+
+    def _validate(self):
+        _check_choice("schedule.kind", self.kind, SCHEDULE_KINDS)
+        if self.lr_per_256 <= 0.0:
+            raise ValueError(f"schedule.lr_per_256={self.lr_per_256} must be positive")
+        if self.warmup_epochs < 0.0:
+            raise ValueError(f"schedule.warmup_epochs={self.warmup_epochs} must be >= 0")
+        if self.end_lr < 0.0:
+            raise ValueError(f"schedule.end_lr={self.end_lr} must be >= 0")
+        if self.polynomial_power <= 0.0:
+            raise ValueError(f"schedule.polynomial_power={self.polynomial_power} must be positive")
+        if self.decay_epochs <= 0.0:
+            raise ValueError(f"schedule.decay_epochs={self.decay_epochs} must be positive")
+        if not 0.0 < self.decay_rate <= 1.0:
+            raise ValueError(f"schedule.decay_rate={self.decay_rate} is outside (0, 1]")
+
+
+@dataclasses.dataclass(frozen=True)
+class DataConfig(_Section):
+    """Dataset sizes and batching.
+
+    Attributes:
+      num_train_examples: training examples per epoch (1,281,167 for ImageNet).
+      num_eval_examples: examples counted per evaluation pass (50,000 for ImageNet); the evaluation set is
+        padded up to whole batches and the padding masked out.
+      global_batch_size: training examples per step over all replicas.
+      eval_batch_size: evaluation examples per step over all replicas; 0 uses ``global_batch_size``.
+      num_cores: replicas (TPU cores or devices) that share the global batch.
+    """
+
+    num_train_examples: int = IMAGENET_TRAIN_EXAMPLES
+    num_eval_examples: int = IMAGENET_EVAL_EXAMPLES
+    global_batch_size: int = 4096
+    eval_batch_size: int = 0
+    num_cores: int = 128
+
+    def _validate(self):
+        for name in ("num_train_examples", "num_eval_examples", "global_batch_size", "num_cores"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"data.{name}={getattr(self, name)} must be at least 1")
+        if self.eval_batch_size < 0:
+            raise ValueError(f"data.eval_batch_size={self.eval_batch_size} must be >= 0 (0 = training batch)")
+
+
+@dataclasses.dataclass(frozen=True)
+class LoopConfig(_Section):
+    """The train-and-evaluate loop.
+
+    Attributes:
+      train_epochs: epoch budget (350 in the paper).
+      eval_every_epochs: epochs of training between two evaluations.
+      steps_per_loop: training steps per compiled loop call; 0 runs one evaluation interval per call.
+      target_top1: stop once evaluation top-1 reaches this; None runs the whole budget.
+      strategy: 'tpu', 'multi_worker', 'mirrored' or 'one_device'.
+      tpu_name: TPU to resolve when ``strategy`` is 'tpu' ('' = the local / environment default).
+      seed: seed of the training input order and augmentation; a resumed run continues the same stream.
+    """
+
+    train_epochs: int = 350
+    eval_every_epochs: int = 1
+    steps_per_loop: int = 0
+    target_top1: float | None = None
+    strategy: str = "tpu"
+    tpu_name: str = ""
+    seed: int = 0
+
+    def _validate(self):
+        if self.train_epochs < 1:
+            raise ValueError(f"loop.train_epochs={self.train_epochs} must be at least 1")
+        if self.eval_every_epochs < 1:
+            raise ValueError(f"loop.eval_every_epochs={self.eval_every_epochs} must be at least 1")
+        if self.steps_per_loop < 0:
+            raise ValueError(
+                f"loop.steps_per_loop={self.steps_per_loop} must be >= 0 (0 = one eval interval)"
+            )
+        if self.target_top1 is not None:
+            _check_range("loop.target_top1", self.target_top1, 0.0, 1.0)
+        _check_choice("loop.strategy", self.strategy, STRATEGIES)
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainerConfig(_Section):
+    """The whole trainer stage: plain settings in sections, derived values as properties.
+
+    Attributes:
+      name: label of the run (the preset's name, or 'custom').
+      model, optimizer, schedule, data, loop: the sections.
+    """
+
+    name: str = "custom"
+    model: ModelConfig = dataclasses.field(default_factory=ModelConfig)
+    optimizer: OptimizerConfig = dataclasses.field(default_factory=OptimizerConfig)
+    schedule: ScheduleConfig = dataclasses.field(default_factory=ScheduleConfig)
+    data: DataConfig = dataclasses.field(default_factory=DataConfig)
+    loop: LoopConfig = dataclasses.field(default_factory=LoopConfig)
+
+    def _validate(self):
+        data = self.data
+        if data.global_batch_size % data.num_cores:
+            raise ValueError(
+                f"data.global_batch_size={data.global_batch_size} is not divisible by "
+                f"data.num_cores={data.num_cores}"
+            )
+        if self.eval_batch_size % data.num_cores:
+            raise ValueError(
+                f"data.eval_batch_size={self.eval_batch_size} is not divisible by data.num_cores={data.num_cores}"
+            )
+        if data.global_batch_size > data.num_train_examples:
+            raise ValueError(
+                f"data.global_batch_size={data.global_batch_size} exceeds "
+                f"data.num_train_examples={data.num_train_examples}: an epoch would have no step"
+            )
+        group = self.bn_group_size
+        if data.num_cores % group:
+            how = "model.bn_group_size" if self.model.bn_group_size else "the derived batch-norm group size"
+            raise ValueError(
+                f"{how}={group} does not divide data.num_cores={data.num_cores}; "
+                "set model.bn_group_size to a divisor of the replica count"
+            )
+        if self.schedule.kind == "polynomial" and self.warmup_steps >= self.total_steps:
+            raise ValueError(
+                f"schedule.warmup_epochs={self.schedule.warmup_epochs} leaves no steps to decay: "
+                f"{self.warmup_steps} warmup steps >= {self.total_steps} total steps "
+                f"(loop.train_epochs={self.loop.train_epochs})"
+            )
+        if self.loop.eval_every_epochs > self.loop.train_epochs:
+            raise ValueError(
+                f"loop.eval_every_epochs={self.loop.eval_every_epochs} exceeds "
+                f"loop.train_epochs={self.loop.train_epochs}: the run would never evaluate"
+            )
+
+    # Derived values: computed from the stored settings, never stored themselves.
+
+    @property
+    def per_replica_batch_size(self) -> int:
+        """Training examples per replica per step."""
+        return self.data.global_batch_size // self.data.num_cores
+
+    @property
+    def eval_batch_size(self) -> int:
+        """Evaluation examples per step over all replicas."""
+        return self.data.eval_batch_size or self.data.global_batch_size
+
+    @property
+    def eval_steps(self) -> int:
+        """Evaluation steps per pass; the last batch is padded with masked examples."""
+        return math.ceil(self.data.num_eval_examples / self.eval_batch_size)
+
+    @property
+    def steps_per_epoch(self) -> int:
+        """Training steps per epoch (partial batches are dropped)."""
+        return self.data.num_train_examples // self.data.global_batch_size
+
+    @property
+    def warmup_steps(self) -> int:
+        """Steps of linear warmup (truncated, as in the reference)."""
+        return int(self.schedule.warmup_epochs * self.steps_per_epoch)
+
+    @property
+    def total_steps(self) -> int:
+        """Training steps of the whole epoch budget."""
+        return self.loop.train_epochs * self.steps_per_epoch
+
+    @property
+    def decay_steps(self) -> float:
+        """Steps between two exponential decays (fractional: 2.4 epochs)."""
+        return self.schedule.decay_epochs * self.steps_per_epoch
+
+    @property
+    def peak_learning_rate(self) -> float:
+        """Learning rate at the end of warmup, by the linear scaling rule."""
+        return scaled_learning_rate(self.schedule.lr_per_256, self.data.global_batch_size)
+
+    @property
+    def steps_per_eval(self) -> int:
+        """Training steps between two evaluations."""
+        return self.loop.eval_every_epochs * self.steps_per_epoch
+
+    @property
+    def steps_per_loop(self) -> int:
+        """Training steps per compiled loop call."""
+        return self.loop.steps_per_loop or self.steps_per_eval
+
+    @property
+    def bn_group_size(self) -> int:
+        """Replicas per batch-norm group.
+
+        ``model.bn_group_size`` when set, else max(1, 128 // per-replica batch) as in the reference LARS runs,
+        capped at the replica count (a group cannot span more replicas than exist).
+        """
+        if self.model.bn_group_size:
+            return self.model.bn_group_size
+        derived = max(1, EXAMPLES_PER_BN_GROUP // self.per_replica_batch_size)
+        return min(derived, self.data.num_cores)
+
+    @property
+    def image_size(self) -> int:
+        """Input resolution in pixels."""
+        return self.model.resolved_image_size
+
+    @property
+    def dropout_rate(self) -> float:
+        """Dropout before the classifier."""
+        return self.model.resolved_dropout_rate
+
+    def derived(self) -> dict:
+        """The derived values, for logging next to the stored config."""
+        return {
+            "per_replica_batch_size": self.per_replica_batch_size,
+            "steps_per_epoch": self.steps_per_epoch,
+            "warmup_steps": self.warmup_steps,
+            "total_steps": self.total_steps,
+            "decay_steps": self.decay_steps,
+            "peak_learning_rate": self.peak_learning_rate,
+            "steps_per_eval": self.steps_per_eval,
+            "steps_per_loop": self.steps_per_loop,
+            "eval_batch_size": self.eval_batch_size,
+            "eval_steps": self.eval_steps,
+            "bn_group_size": self.bn_group_size,
+            "image_size": self.image_size,
+            "dropout_rate": self.dropout_rate,
+            "l2_loss_weight": self.optimizer.l2_loss_weight,
+        }
+
+    def to_json(self) -> str:
+        """JSON of the stored settings; ``TrainerConfig.from_json`` restores an equal config."""
+        return json.dumps(self.to_dict(), indent=2, sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> TrainerConfig:
+        """Parses ``to_json`` output. Unknown keys raise naming the key; missing keys take defaults."""
+        try:
+            values = json.loads(text)
+        except json.JSONDecodeError as error:
+            raise ValueError(f"trainer config is not valid JSON: {error}") from error
+        return cls.from_dict(values)
+
+
+SECTION_NAMES = {
+    ModelConfig: "model",
+    OptimizerConfig: "optimizer",
+    ScheduleConfig: "schedule",
+    DataConfig: "data",
+    LoopConfig: "loop",
+}
+
+_TRUE_WORDS = ("true", "1", "yes", "on")
+_FALSE_WORDS = ("false", "0", "no", "off")
+_NONE_WORDS = ("none", "null")
+
+
+def _parse_value(key: str, text: str, annotation):
+    """Parses an override's text by the field's annotation, naming the key on failure."""
+    allowed = _allowed_types(annotation)
+    lowered = text.strip().lower()
+    if type(None) in allowed and lowered in _NONE_WORDS:
+        return None
+    value_type = next(t for t in allowed if t is not type(None))
+    if value_type is bool:
+        if lowered in _TRUE_WORDS:
+            return True
+        if lowered in _FALSE_WORDS:
+            return False
+        raise ValueError(f"override {key}={text!r}: expected a bool (true/false)")
+    if value_type is str:
+        return text
+    try:
+        return value_type(text)
+    except ValueError:
+        raise ValueError(f"override {key}={text!r}: expected {_type_names(allowed)}") from None
+
+
+def with_overrides(config: TrainerConfig, overrides: Iterable[str]) -> TrainerConfig:
+    """A copy of ``config`` with 'section.field=value' overrides applied (the CLI's ``--set``).
+
+    Values are parsed by the field's type (int, float, bool as true/false, str; 'none' for optional fields);
+    the result is validated like any config, so derived values and cross-checks follow the overrides.
+
+    Args:
+      config: the starting config.
+      overrides: strings such as 'optimizer.weight_decay=1e-4', 'loop.train_epochs=3' or 'name=my-run'.
+
+    Raises:
+      ValueError: an override without '=', an unknown section or field, or a value of the wrong type.
+    """
+    sections = {name: getattr(config, name) for name in SECTION_NAMES.values()}
+    top_level = {}
+    for override in overrides:
+        key, separator, text = override.partition("=")
+        key = key.strip()
+        if not separator:
+            raise ValueError(f"override {override!r} is not of the form section.field=value")
+        section_name, dot, field_name = key.rpartition(".")
+        if not dot:
+            target_type, section_name, field_name = TrainerConfig, "", key
+        elif section_name in sections:
+            target_type = type(sections[section_name])
+        else:
+            raise ValueError(
+                f"override {key!r}: unknown config section {section_name!r}; "
+                f"sections are {', '.join(sections)}"
+            )
+        fields = {
+            field.name
+            for field in dataclasses.fields(target_type)
+            if not (target_type is TrainerConfig and field.name in sections)
+        }
+        if field_name not in fields:
+            raise ValueError(
+                f"override {key!r}: unknown config field; known here: {', '.join(sorted(fields))}"
+            )
+        value = _parse_value(key, text, typing.get_type_hints(target_type)[field_name])
+        if section_name:
+            sections[section_name] = dataclasses.replace(sections[section_name], **{field_name: value})
+        else:
+            top_level[field_name] = value
+    return dataclasses.replace(config, **sections, **top_level)

@@ -1,0 +1,214 @@
+"""Optimizers of the recipe: LARS for the large-batch runs, RMSProp for the original baseline.
+
+``build_optimizer`` turns the optimizer section of the trainer config plus a learning-rate schedule into a
+Keras 3 optimizer.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+import keras
+import tensorflow as tf
+
+if TYPE_CHECKING:
+    from trainer_module.config import OptimizerConfig
+
+# Regular expressions searched (case-insensitively) in a variable's path, e.g. 'block1a_bn/gamma'.
+# Batch-norm layers are named '*_bn' in the EfficientNet graph ('stem_bn', 'block1a_project_bn', 'top_bn');
+# 'batch_?norm' catches Keras' default 'batch_normalization' and other norm layers; gamma/beta as the leaf
+# name catch normalisation scales and offsets under any layer name; 'bias' catches every bias.
+DEFAULT_EXCLUDE = (r"bn/", r"batch_?norm", r"(^|/)(gamma|beta)$", r"bias")
+
+
+def is_excluded(variable_path: str, patterns: Sequence[str] = DEFAULT_EXCLUDE) -> bool:
+    """Whether LARS leaves a variable out of trust scaling and weight decay.
+
+    Args:
+      variable_path: the variable's ``path`` (Keras 3, e.g. 'block1a_bn/gamma') or name.
+      patterns: regular expressions; the variable is excluded when any of them is found in the path.
+    """
+    return any(re.search(pattern, variable_path, flags=re.IGNORECASE) for pattern in patterns)
+
+
+def _variable_path(variable) -> str:
+    # Keras variables carry their layer path; a bare tf.Variable only has 'name:0'.
+    return getattr(variable, "path", None) or variable.name
+
+
+@keras.saving.register_keras_serializable(package="trainer_module")
+class LARS(keras.optimizers.Optimizer):
+    """Layer-wise Adaptive Rate Scaling (You et al., arXiv 1708.03888), in the tensorflow/tpu form.
+
+    For every variable w with gradient g, learning rate lr (the schedule's value at this step), momentum m,
+    weight decay wd, trust coefficient ``eeta`` and ``epsilon``; norms are L2 norms over the whole tensor::
+
+        trust = eeta * ||w|| / (||g|| + wd * ||w|| + epsilon)    (1.0 when ||w|| == 0 or ||g|| == 0)
+        g'    = g + wd * w
+        v     = m * v + lr * trust * g'
+        w     = w - v                                             (nesterov: w = w - (lr * trust * g' + m * v))
+
+    Variables whose path matches ``exclude`` (batch-norm gamma/beta and biases by default) get neither trust
+    scaling nor weight decay: ``v = m * v + lr * g``, then the same step on w. This is the update of
+    tensorflow/tpu ``efficientnet/lars_optimizer.py`` (the code behind the paper), not Model Garden's, which
+    takes the trust ratio as ``eeta * ||w|| / ||g + wd * w||``.
+
+    Weight decay is applied here, inside the update, and only here: the loss must carry no L2 term when LARS
+    is used. The reference adds ``weight_decay * L2`` to the loss as well, which decays the weights twice.
+    Keras' own decoupled ``weight_decay`` stays off (``self.weight_decay`` is None); the LARS value is
+    ``self.lars_weight_decay`` and is saved as ``weight_decay`` by ``get_config``.
+
+    Under ``tf.distribute`` the optimizer sums the replicas' gradients before the update (Keras' behaviour),
+    so each replica must pass its share of the global-batch mean, e.g. the gradient of a loss divided by the
+    global batch size. Build the optimizer (``optimizer.build(model.trainable_variables)``) under the
+    strategy's scope before calling ``apply_gradients`` inside ``strategy.run``.
+
+    Args:
+      learning_rate: float or ``keras.optimizers.schedules.LearningRateSchedule``; the base rate before trust
+        scaling.
+      momentum: momentum coefficient m, in [0, 1).
+      weight_decay: wd above, >= 0; 1e-5 in the EfficientNet recipe.
+      eeta: LARS trust coefficient (0.001 in the paper).
+      epsilon: added to the trust ratio's denominator; 0 in the reference.
+      nesterov: use the Nesterov form of the momentum step.
+      exclude: regular expressions matched against each variable's path (see ``is_excluded``).
+      name: optimizer name.
+      **kwargs: other ``keras.optimizers.Optimizer`` arguments (clipnorm, use_ema, loss_scale_factor, ...).
+    """
+
+    def __init__(
+        self,
+        learning_rate,
+        momentum: float = 0.9,
+        weight_decay: float = 1e-5,
+        eeta: float = 0.001,
+        epsilon: float = 0.0,
+        nesterov: bool = False,
+        exclude: Sequence[str] = DEFAULT_EXCLUDE,
+        name: str = "LARS",
+        **kwargs,
+    ):
+        super().__init__(learning_rate=learning_rate, weight_decay=None, name=name, **kwargs)
+        if not 0.0 <= momentum < 1.0:
+            raise ValueError(f"LARS momentum must be in [0, 1), got {momentum}")
+        if weight_decay < 0.0:
+            raise ValueError(f"LARS weight_decay must be >= 0, got {weight_decay}")
+        if eeta <= 0.0:
+            raise ValueError(f"LARS eeta must be positive, got {eeta}")
+        if epsilon < 0.0:
+            raise ValueError(f"LARS epsilon must be >= 0, got {epsilon}")
+        for pattern in exclude:
+            re.compile(pattern)  # Fail here, not at the first step, on a malformed pattern.
+        self.momentum = float(momentum)
+        self.lars_weight_decay = float(weight_decay)
+        self.eeta = float(eeta)
+        self.epsilon = float(epsilon)
+        self.nesterov = bool(nesterov)
+        self.exclude = tuple(exclude)
+
+    def build(self, variables):
+        """Creates one momentum slot per variable and decides, once, which variables are excluded."""
+        if self.built:
+            return
+        super().build(variables)
+        self.momentums = self.add_optimizer_variables(variables, "momentum")
+        # Decided from the path at build time: inside a distributed update the variable seen by update_step
+        # is a per-device component that no longer carries the Keras path.
+        self._excluded = [is_excluded(_variable_path(v), self.exclude) for v in variables]
+
+    def update_step(self, gradient, variable, learning_rate):
+        """Applies one LARS step to ``variable`` (see the class docstring for the rule)."""
+        index = self._get_variable_index(variable)
+        velocity = self.momentums[index]
+        dtype = variable.dtype
+        learning_rate = tf.cast(learning_rate, dtype)
+        gradient = tf.cast(gradient, dtype)
+        momentum = tf.cast(self.momentum, dtype)
+
+        if self._excluded[index]:
+            scaled_gradient = learning_rate * gradient
+        else:
+            weights = tf.convert_to_tensor(variable)
+            weight_decay = tf.cast(self.lars_weight_decay, dtype)
+            weight_norm = tf.norm(weights)
+            gradient_norm = tf.norm(gradient)
+            both_nonzero = tf.logical_and(weight_norm > 0.0, gradient_norm > 0.0)
+            # The ratio is only selected where both norms are positive, so its denominator is positive there.
+            ratio = self.eeta * weight_norm / (gradient_norm + weight_decay * weight_norm + self.epsilon)
+            trust = tf.where(both_nonzero, ratio, tf.ones_like(ratio))
+            scaled_gradient = learning_rate * trust * (gradient + weight_decay * weights)
+
+        new_velocity = momentum * velocity + scaled_gradient
+        self.assign(velocity, new_velocity)
+        if self.nesterov:
+            self.assign_sub(variable, scaled_gradient + momentum * new_velocity)
+        else:
+            self.assign_sub(variable, new_velocity)
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(
+            {
+                "momentum": self.momentum,
+                "weight_decay": self.lars_weight_decay,
+                "eeta": self.eeta,
+                "epsilon": self.epsilon,
+                "nesterov": self.nesterov,
+                "exclude": list(self.exclude),
+            }
+        )
+        return config
+
+
+def rmsprop(learning_rate, rho: float = 0.9, momentum: float = 0.9, epsilon: float = 1e-3):
+    """RMSProp with the original EfficientNet recipe's settings (decay 0.9, momentum 0.9, epsilon 0.001).
+
+    Keras' RMSprop keeps epsilon inside the square root like tf.compat.v1's RMSPropOptimizer, but starts its
+    mean-square accumulator at 0 where the TF1 optimizer started it at 1; the first steps are larger here.
+    Weight decay for this recipe is an L2 term in the loss (see ``OptimizerConfig.l2_loss_weight``).
+
+    Args:
+      learning_rate: float or ``LearningRateSchedule``.
+      rho: discounting factor of the mean square of gradients ("decay" in TF1).
+      momentum: momentum coefficient.
+      epsilon: added to the mean square under the square root.
+    """
+    return keras.optimizers.RMSprop(
+        learning_rate=learning_rate, rho=rho, momentum=momentum, epsilon=epsilon, name="RMSprop"
+    )
+
+
+def build_optimizer(optimizer_config: OptimizerConfig, learning_rate_schedule):
+    """The optimizer a trainer config asks for.
+
+    Args:
+      optimizer_config: the ``optimizer`` section of a ``trainer_module.config.TrainerConfig``; its ``name`` is
+        'lars', 'rmsprop' or 'sgd' (momentum SGD).
+      learning_rate_schedule: a ``LearningRateSchedule`` (or float) for the base learning rate.
+
+    Returns:
+      A Keras 3 optimizer. Only LARS applies weight decay itself; for the others the trainer adds
+      ``optimizer_config.l2_loss_weight`` times the L2 norm to the loss.
+    """
+    name = optimizer_config.name
+    if name == "lars":
+        return LARS(
+            learning_rate_schedule,
+            momentum=optimizer_config.momentum,
+            weight_decay=optimizer_config.weight_decay,
+            eeta=optimizer_config.lars_eeta,
+            epsilon=optimizer_config.lars_epsilon,
+            nesterov=optimizer_config.lars_nesterov,
+        )
+    if name == "rmsprop":
+        return rmsprop(
+            learning_rate_schedule,
+            rho=optimizer_config.rmsprop_rho,
+            momentum=optimizer_config.momentum,
+            epsilon=optimizer_config.rmsprop_epsilon,
+        )
+    if name == "sgd":
+        return keras.optimizers.SGD(learning_rate_schedule, momentum=optimizer_config.momentum)
+    raise ValueError(f"optimizer.name={name!r} is not one of 'lars', 'rmsprop', 'sgd'")

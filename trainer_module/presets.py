@@ -1,0 +1,168 @@
+"""Named trainer configs: the paper's Table 2 rows, a CPU demo and a CI smoke run.
+
+Each preset is a function returning a ``TrainerConfig``. Only the recipe's inputs appear here (variant, cores,
+global batch, optimizer, learning rate per 256 examples, warmup epochs, target); the peak learning rate, warmup
+steps, per-replica batch and batch-norm group size are derived by the config from the batch size.
+
+    config = get_preset("b5-lars-1024x65536")
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+
+from trainer_module.config import (
+    DataConfig,
+    LoopConfig,
+    ModelConfig,
+    OptimizerConfig,
+    ScheduleConfig,
+    TrainerConfig,
+)
+
+# Settings shared by every row of the paper (REFERENCE.md sections 1-3).
+PAPER_EPOCHS = 350
+PAPER_WEIGHT_DECAY = 1e-5
+PAPER_LABEL_SMOOTHING = 0.1
+PAPER_EMA_DECAY = 0.9999
+RMSPROP_LR_PER_256 = 0.016
+RMSPROP_WARMUP_EPOCHS = 5.0
+
+# The scikit-learn digits rendered as ImageNet-style JPEGs (1,797 images split 1,437 / 360).
+DEMO_TRAIN_EXAMPLES = 1437
+DEMO_EVAL_EXAMPLES = 360
+
+
+@dataclasses.dataclass(frozen=True)
+class Table2Row:
+    """One row of the paper's Table 2: a recipe and the peak top-1 it reached."""
+
+    variant: str
+    optimizer: str
+    cores: int
+    global_batch_size: int
+    lr_per_256: float
+    warmup_epochs: float
+    target_top1: float
+
+    @property
+    def name(self) -> str:
+        return f"{self.variant}-{self.optimizer}-{self.cores}x{self.global_batch_size}"
+
+
+def _rmsprop_row(variant, cores, batch, target):
+    return Table2Row(variant, "rmsprop", cores, batch, RMSPROP_LR_PER_256, RMSPROP_WARMUP_EPOCHS, target)
+
+
+def _lars_row(variant, cores, batch, lr_per_256, warmup_epochs, target):
+    return Table2Row(variant, "lars", cores, batch, lr_per_256, warmup_epochs, target)
+
+
+TABLE2_ROWS = (
+    _rmsprop_row("b2", 128, 4096, 0.801),
+    _rmsprop_row("b2", 256, 8192, 0.800),
+    _rmsprop_row("b2", 512, 16384, 0.799),
+    _lars_row("b2", 512, 16384, 0.236, 50.0, 0.795),
+    _lars_row("b2", 1024, 32768, 0.118, 50.0, 0.797),
+    _rmsprop_row("b5", 128, 4096, 0.835),
+    _rmsprop_row("b5", 256, 8192, 0.834),
+    _rmsprop_row("b5", 512, 16384, 0.834),
+    _lars_row("b5", 512, 16384, 0.236, 50.0, 0.833),
+    _lars_row("b5", 1024, 32768, 0.118, 50.0, 0.832),
+    _lars_row("b5", 1024, 65536, 0.081, 43.0, 0.830),
+)
+
+
+def paper_preset(row: Table2Row) -> TrainerConfig:
+    """The config of one Table 2 row: ImageNet, 350 epochs, bfloat16 on TPU, EMA 0.9999.
+
+    LARS rows decay polynomially (weight decay inside LARS, no L2 in the loss); RMSProp rows decay by 0.97
+    every 2.4 epochs (weight decay as an L2 loss term). The batch-norm group size is derived (4 replicas at
+    32 examples per core).
+    """
+    lars = row.optimizer == "lars"
+    return TrainerConfig(
+        name=row.name,
+        model=ModelConfig(variant=row.variant, precision="bfloat16"),
+        optimizer=OptimizerConfig(
+            name=row.optimizer,
+            weight_decay=PAPER_WEIGHT_DECAY,
+            label_smoothing=PAPER_LABEL_SMOOTHING,
+            ema_decay=PAPER_EMA_DECAY,
+        ),
+        schedule=ScheduleConfig(
+            kind="polynomial" if lars else "exponential",
+            lr_per_256=row.lr_per_256,
+            warmup_epochs=row.warmup_epochs,
+        ),
+        data=DataConfig(global_batch_size=row.global_batch_size, num_cores=row.cores),
+        loop=LoopConfig(train_epochs=PAPER_EPOCHS, target_top1=row.target_top1, strategy="tpu"),
+    )
+
+
+def demo() -> TrainerConfig:
+    """CPU demo: the 'tiny' network on 32-pixel digits rendered as ImageNet-style JPEGs, one device.
+
+    Labels are positions in the 1000 ImageNet synsets, so the classifier keeps 1000 outputs. Batch-norm
+    momentum is 0.9 because with 0.99 the moving statistics lag so far behind in a run this short that
+    evaluation stays at chance. LARS with the polynomial schedule, as in the large-batch runs (peak learning
+    rate 8 * 64 / 256 = 2). Measured on a 2-core CPU with the same model, optimizer and schedule under
+    ``model.fit`` on the digits held in memory: validation top-1 0.98 after 15 epochs, about 70 s
+    (peak 0.5 and 8 reached 0.96).
+    """
+    return TrainerConfig(
+        name="demo",
+        model=ModelConfig(variant="tiny", image_size=32, bn_momentum=0.9, precision="float32"),
+        optimizer=OptimizerConfig(
+            name="lars", weight_decay=PAPER_WEIGHT_DECAY, label_smoothing=PAPER_LABEL_SMOOTHING
+        ),
+        schedule=ScheduleConfig(kind="polynomial", lr_per_256=8.0, warmup_epochs=3.0),
+        data=DataConfig(
+            num_train_examples=DEMO_TRAIN_EXAMPLES,
+            num_eval_examples=DEMO_EVAL_EXAMPLES,
+            global_batch_size=64,
+            num_cores=1,
+        ),
+        loop=LoopConfig(train_epochs=15, eval_every_epochs=5, strategy="one_device"),
+    )
+
+
+def smoke() -> TrainerConfig:
+    """CI end-to-end run: the 'tiny' network for 2 training steps (1 warmup, 1 decay) and one evaluation.
+
+    The example counts are what the trainer reads per epoch / evaluation, not the dataset's size: 16 training
+    examples at batch 8 make an epoch of 2 steps.
+    """
+    return TrainerConfig(
+        name="smoke",
+        model=ModelConfig(variant="tiny", image_size=32, bn_momentum=0.9, precision="float32"),
+        optimizer=OptimizerConfig(name="lars", weight_decay=PAPER_WEIGHT_DECAY),
+        schedule=ScheduleConfig(kind="polynomial", lr_per_256=8.0, warmup_epochs=0.5),
+        data=DataConfig(num_train_examples=16, num_eval_examples=16, global_batch_size=8, num_cores=1),
+        loop=LoopConfig(train_epochs=1, eval_every_epochs=1, strategy="one_device"),
+    )
+
+
+def _paper_presets() -> dict[str, Callable[[], TrainerConfig]]:
+    # Bind each row now; a bare lambda in the loop would see only the last row.
+    return {row.name: (lambda row=row: paper_preset(row)) for row in TABLE2_ROWS}
+
+
+PRESETS: dict[str, Callable[[], TrainerConfig]] = {**_paper_presets(), "demo": demo, "smoke": smoke}
+
+
+def preset_names() -> list[str]:
+    """Names accepted by ``get_preset``, in registry order (Table 2 rows, then 'demo' and 'smoke')."""
+    return list(PRESETS)
+
+
+def get_preset(name: str) -> TrainerConfig:
+    """The config of a named preset, e.g. 'b2-rmsprop-128x4096', 'b5-lars-1024x65536', 'demo', 'smoke'.
+
+    Raises:
+      ValueError: naming the unknown preset and listing the known ones.
+    """
+    if name not in PRESETS:
+        raise ValueError(f"unknown preset {name!r}; known presets: {', '.join(PRESETS)}")
+    return PRESETS[name]()
