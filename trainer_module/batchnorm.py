@@ -66,6 +66,8 @@ def grouped_moments(x, group_size, layout="consecutive"):
         )
     num_replicas = context.num_replicas_in_sync
     groups = group_assignment(num_replicas, group_size, layout)
+    if group_size == 1:
+        return _per_replica_moments(x, context)
     local_sums = _local_sums(x)
     channels = x.shape[-1]
     if isinstance(tf.distribute.get_strategy(), _TPU_STRATEGIES):
@@ -179,6 +181,19 @@ def _moments_from_sums(sums, channels):
     mean_of_squares = sums[..., channels : 2 * channels] / count
     # E[x^2] - E[x]^2 can round to slightly below zero for a near-constant channel.
     return mean, tf.maximum(mean_of_squares - tf.square(mean), 0.0)
+
+
+# Groups of one replica: local statistics; only the moving averages cross replicas (no gradient needed).
+
+
+def _per_replica_moments(x, context):
+    _local_sums(x[..., :1])  # the shape and empty-batch checks, on one channel
+    mean, variance = tf.nn.moments(x, axes=list(range(x.shape.rank - 1)))
+    statistics = tf.stop_gradient(tf.concat([mean, variance], axis=0))
+    if context.num_replicas_in_sync > 1:
+        statistics = context.all_reduce(tf.distribute.ReduceOp.MEAN, statistics)
+    channels = x.shape[-1]
+    return GroupMoments(mean, variance, statistics[:channels], statistics[channels:])
 
 
 # Non-TPU strategies: one all-reduce of a per-group table.
