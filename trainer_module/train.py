@@ -1,0 +1,397 @@
+"""The train-and-evaluate loop of the recipe, read top to bottom:
+
+strategy -> datasets -> model and optimizer under the strategy's scope -> compiled train and eval steps ->
+loop (train one evaluation interval, several steps per compiled call; evaluate on the same replicas; log;
+checkpoint; stop at the target top-1 or the epoch budget) -> metrics.json and the exported SavedModel.
+
+Time to accuracy is measured the way the paper does: from the start of the train-and-eval loop to the
+evaluation that reached peak top-1. A run killed at any point resumes from its last checkpoint with the right
+step, learning rate and data position (the training stream is seeded and skips what was already consumed).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import time
+
+import keras
+import tensorflow as tf
+
+from trainer_module import input_pipeline, optimizers, schedules
+from trainer_module.batchnorm import GroupedBatchNormalization
+from trainer_module.config import TrainerConfig
+from trainer_module.models import efficientnet
+from trainer_module.run_log import RunLog
+
+CHECKPOINT_DIR = "checkpoints"
+METRICS_FILE = "metrics.json"
+CONFIG_FILE = "config.json"
+
+
+class NonFiniteLossError(RuntimeError):
+    """Training produced a NaN or infinite loss; the last good checkpoint is kept."""
+
+
+@dataclasses.dataclass(frozen=True)
+class RunPaths:
+    """Where a run writes: checkpoints, logs, TensorBoard, the export, metrics."""
+
+    model_dir: str
+    tensorboard_dir: str = ""
+    export_dir: str = ""
+
+    @property
+    def checkpoint_dir(self) -> str:
+        return os.path.join(self.model_dir, CHECKPOINT_DIR)
+
+    @property
+    def metrics_path(self) -> str:
+        return os.path.join(self.model_dir, METRICS_FILE)
+
+    @property
+    def resolved_tensorboard_dir(self) -> str:
+        return self.tensorboard_dir or os.path.join(self.model_dir, "tensorboard")
+
+    @property
+    def resolved_export_dir(self) -> str:
+        return self.export_dir or os.path.join(self.model_dir, "export")
+
+
+def build_model(config: TrainerConfig) -> keras.Model:
+    """EfficientNet of the config with grouped synchronised batch norm as its normalisation layer."""
+
+    def norm_layer(name: str) -> keras.layers.Layer:
+        return GroupedBatchNormalization(
+            group_size=config.bn_group_size,
+            layout=config.model.bn_group_layout,
+            momentum=config.model.bn_momentum,
+            epsilon=config.model.bn_epsilon,
+            name=name,
+        )
+
+    return efficientnet(
+        config.model.variant,
+        num_classes=config.model.num_classes,
+        input_size=config.image_size,
+        dropout_rate=config.dropout_rate,
+        drop_connect_rate=config.model.drop_connect_rate,
+        norm_layer=norm_layer,
+        precision=config.model.precision,
+    )
+
+
+def _l2_variables(model: keras.Model) -> list:
+    """Weights that carry the L2 term when the optimizer does not decay them itself (not BN, not biases)."""
+    return [v for v in model.trainable_variables if not optimizers.is_excluded(v.path)]
+
+
+class Trainer:
+    """Holds the model, optimizer and compiled steps of one run on one strategy."""
+
+    def __init__(self, config: TrainerConfig, strategy: tf.distribute.Strategy):
+        self.config = config
+        self.strategy = strategy
+        with strategy.scope():
+            self.model = build_model(config)
+            self.optimizer = optimizers.build_optimizer(config.optimizer, schedules.build_schedule(config))
+            self.optimizer.build(self.model.trainable_variables)
+            # Seconds already spent in the train-and-eval loop by earlier attempts of this run.
+            self.elapsed = tf.Variable(0.0, dtype=tf.float64, trainable=False, name="elapsed_seconds")
+        self._l2_vars = _l2_variables(self.model)
+        self.checkpoint = tf.train.Checkpoint(
+            model=self.model, optimizer=self.optimizer, elapsed=self.elapsed
+        )
+
+    @property
+    def step(self) -> int:
+        return int(self.optimizer.iterations.numpy())
+
+    def _loss(self, labels, logits):
+        """Per-replica share of the global-batch mean loss (+ L2 when the optimizer does not decay)."""
+        config = self.config
+        one_hot = tf.one_hot(labels, config.model.num_classes, dtype=tf.float32)
+        per_example = keras.losses.categorical_crossentropy(
+            one_hot,
+            tf.cast(logits, tf.float32),
+            from_logits=True,
+            label_smoothing=config.optimizer.label_smoothing,
+        )
+        loss = tf.nn.compute_average_loss(per_example, global_batch_size=config.data.global_batch_size)
+        if config.optimizer.l2_loss_weight:
+            l2 = tf.add_n([tf.nn.l2_loss(v) for v in self._l2_vars])
+            loss += config.optimizer.l2_loss_weight * l2 / self.strategy.num_replicas_in_sync
+        return loss
+
+    def _train_step(self, batch):
+        images, labels = batch
+        with tf.GradientTape() as tape:
+            logits = self.model(images, training=True)
+            loss = self._loss(labels, logits)
+        grads = tape.gradient(loss, self.model.trainable_variables)
+        # Keras sums the per-replica gradients across replicas before the update.
+        self.optimizer.apply_gradients(zip(grads, self.model.trainable_variables, strict=True))
+        return loss
+
+    @tf.function
+    def train_loop(self, iterator, num_steps):
+        """``num_steps`` training steps in one compiled call (the on-device loop of the TPU recipe)."""
+        total = tf.constant(0.0)
+        for _ in tf.range(num_steps):
+            per_replica = self.strategy.run(self._train_step, args=(next(iterator),))
+            total += self.strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None)
+        return total / tf.cast(num_steps, tf.float32)
+
+    def _eval_step(self, batch):
+        images, labels, mask = (
+            batch[input_pipeline.IMAGES],
+            batch[input_pipeline.LABELS],
+            batch[input_pipeline.MASK],
+        )
+        logits = tf.cast(self.model(images, training=False), tf.float32)
+        safe_labels = tf.maximum(labels, 0)  # padding carries label -1 and mask 0
+        per_example = keras.losses.sparse_categorical_crossentropy(safe_labels, logits, from_logits=True)
+        top1 = tf.cast(tf.math.in_top_k(safe_labels, logits, 1), tf.float32)
+        top5 = tf.cast(
+            tf.math.in_top_k(safe_labels, logits, min(5, self.config.model.num_classes)), tf.float32
+        )
+        return tf.stack(
+            [
+                tf.reduce_sum(top1 * mask),
+                tf.reduce_sum(top5 * mask),
+                tf.reduce_sum(per_example * mask),
+                tf.reduce_sum(mask),
+            ]
+        )
+
+    @tf.function
+    def eval_loop(self, iterator, num_steps):
+        """Sums of [top-1 hits, top-5 hits, loss, real examples] over ``num_steps`` batches on all replicas."""
+        totals = tf.zeros([4])
+        for _ in tf.range(num_steps):
+            per_replica = self.strategy.run(self._eval_step, args=(next(iterator),))
+            totals += self.strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None)
+        return totals
+
+
+def is_chief(strategy: tf.distribute.Strategy) -> bool:
+    """Whether this task writes the run's files (under MultiWorkerMirroredStrategy only worker 0 does)."""
+    resolver = getattr(strategy, "cluster_resolver", None)
+    if resolver is None or not resolver.task_type or isinstance(strategy, tf.distribute.TPUStrategy):
+        return True
+    return resolver.task_type == "chief" or (
+        resolver.task_type == "worker"
+        and resolver.task_id == 0
+        and "chief" not in resolver.cluster_spec().as_dict()
+    )
+
+
+def _task_dir(paths: RunPaths, strategy) -> str:
+    """model_dir for the chief; other workers keep their own (identical) checkpoints and log beside it."""
+    if is_chief(strategy):
+        return paths.model_dir
+    resolver = strategy.cluster_resolver
+    return os.path.join(paths.model_dir, "workers", f"{resolver.task_type}-{resolver.task_id}")
+
+
+def _format_eta(seconds: float) -> str:
+    seconds = max(0, int(seconds))
+    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m{seconds % 60:02d}s"
+
+
+def train_and_evaluate(
+    config: TrainerConfig,
+    train_files: list[str],
+    eval_files: list[str],
+    paths: RunPaths,
+    strategy: tf.distribute.Strategy,
+) -> dict:
+    """Trains with in-loop evaluation until the target top-1 or the epoch budget; returns the metrics.
+
+    Args:
+      config: the resolved trainer config (saved beside the run as config.json).
+      train_files / eval_files: file patterns of the TFRecord shards written by beam_preprocess.
+      paths: where checkpoints, logs, TensorBoard summaries, metrics.json and the export go.
+      strategy: the strategy built by ``trainer_module.strategies.build_strategy``.
+    """
+    chief = is_chief(strategy)
+    task_dir = _task_dir(paths, strategy)
+    os.makedirs(task_dir, exist_ok=True)
+    log = RunLog(os.path.join(task_dir, "run_log.jsonl"))
+    trainer = Trainer(config, strategy)
+    manager = tf.train.CheckpointManager(
+        trainer.checkpoint, os.path.join(task_dir, CHECKPOINT_DIR), max_to_keep=3
+    )
+    restored = manager.restore_or_initialize()
+    start_step = trainer.step
+    history = _load_history(paths, start_step) if restored else []
+    if chief:
+        with open(os.path.join(paths.model_dir, CONFIG_FILE), "w") as f:
+            json.dump({"config": json.loads(config.to_json()), "derived": config.derived()}, f, indent=2)
+
+    def train_dataset(ctx):
+        files = input_pipeline.pipeline_files(
+            input_pipeline.list_files(train_files), ctx.num_input_pipelines, ctx.input_pipeline_id
+        )
+        log.event("train_files", input_pipeline_id=ctx.input_pipeline_id, files=files)
+        # A resumed run skips the records earlier attempts consumed (before decoding, so it is cheap).
+        consumed = start_step * ctx.get_per_replica_batch_size(config.data.global_batch_size)
+        consumed *= input_pipeline.replicas_per_pipeline(ctx)
+        return input_pipeline.build_train_dataset(
+            train_files,
+            ctx,
+            config.data.global_batch_size,
+            config.image_size,
+            seed=config.loop.seed,
+            skip_records=consumed,
+        )
+
+    plans = []
+
+    def eval_dataset(ctx):
+        plans.append(input_pipeline.eval_plan(eval_files, config.eval_batch_size, ctx))
+        return input_pipeline.build_eval_dataset(eval_files, ctx, config.eval_batch_size, config.image_size)
+
+    train_dist = strategy.distribute_datasets_from_function(train_dataset)
+    eval_dist = strategy.distribute_datasets_from_function(eval_dataset)
+    eval_plan = plans[0]
+    train_iterator = iter(train_dist)
+    summary = (
+        tf.summary.create_file_writer(paths.resolved_tensorboard_dir)
+        if chief
+        else tf.summary.create_noop_writer()
+    )
+
+    total_steps = config.total_steps
+    target = config.loop.target_top1
+    log.event(
+        "start",
+        step=start_step,
+        total_steps=total_steps,
+        resumed=bool(restored),
+        replicas=strategy.num_replicas_in_sync,
+        eval_examples=eval_plan.num_examples,
+        eval_steps=eval_plan.steps,
+    )
+    loop_start = time.time() - float(trainer.elapsed.numpy())
+    train_seconds = 0.0
+    trained_images = 0
+    first_call_seconds = None
+    step = start_step
+    reached = bool(history) and target is not None and max(h["top1"] for h in history) >= target
+    while step < total_steps and not reached:
+        next_eval = min(total_steps, (step // config.steps_per_eval + 1) * config.steps_per_eval)
+        while step < next_eval:
+            num = min(config.steps_per_loop, next_eval - step)
+            t0 = time.time()
+            loss = float(trainer.train_loop(train_iterator, tf.constant(num)))
+            dt = time.time() - t0
+            if not math.isfinite(loss):
+                log.event("non_finite_loss", step=step, loss=loss)
+                raise NonFiniteLossError(
+                    f"training loss became {loss} between steps {step} and {step + num}; the last good checkpoint "
+                    f"({manager.latest_checkpoint}) is kept. Lower schedule.lr_per_256 or check the input data."
+                )
+            step += num
+            if first_call_seconds is None:
+                first_call_seconds = dt  # includes tracing and compilation: kept out of the throughput
+            else:
+                train_seconds += dt
+                trained_images += num * config.data.global_batch_size
+            rate = num * config.data.global_batch_size / dt
+            lr = (
+                float(trainer.optimizer.learning_rate.numpy())
+                if hasattr(trainer.optimizer.learning_rate, "numpy")
+                else 0.0
+            )
+            eta = (total_steps - step) * dt / num
+            log.progress(
+                step=step,
+                total_steps=total_steps,
+                epoch=step / config.steps_per_epoch,
+                loss=loss,
+                learning_rate=lr,
+                images_per_second=rate,
+                eta=_format_eta(eta),
+            )
+            with summary.as_default(step=step):
+                tf.summary.scalar("train/loss", loss)
+                tf.summary.scalar("train/learning_rate", lr)
+                tf.summary.scalar("train/images_per_second", rate)
+        result = _evaluate(trainer, eval_dist, eval_plan)
+        trainer.elapsed.assign(time.time() - loop_start)
+        entry = {
+            "step": step,
+            "epoch": step / config.steps_per_epoch,
+            "elapsed_seconds": float(trainer.elapsed.numpy()),
+            **result,
+        }
+        history.append(entry)
+        log.event("eval", **entry)
+        with summary.as_default(step=step):
+            for key in ("top1", "top5", "loss"):
+                tf.summary.scalar(f"eval/{key}", result[key])
+        manager.save(checkpoint_number=step)
+        if chief:
+            _save_history(paths, history)
+        reached = target is not None and result["top1"] >= target
+
+    metrics = _final_metrics(config, history, trained_images, train_seconds, target, eval_plan, strategy)
+    metrics["first_call_seconds"] = first_call_seconds
+    log.event("end", **{k: v for k, v in metrics.items() if k != "history"})
+    if chief:
+        with open(paths.metrics_path, "w") as f:
+            json.dump(metrics, f, indent=2)
+    return metrics, trainer
+
+
+def _evaluate(trainer: Trainer, eval_dist, eval_plan) -> dict:
+    top1, top5, loss, count = (
+        trainer.eval_loop(iter(eval_dist), tf.constant(eval_plan.steps)).numpy().tolist()
+    )
+    if int(round(count)) != eval_plan.num_examples:
+        raise RuntimeError(f"evaluation counted {count} examples, expected exactly {eval_plan.num_examples}")
+    return {"top1": top1 / count, "top5": top5 / count, "loss": loss / count, "examples": int(round(count))}
+
+
+def _history_path(paths: RunPaths) -> str:
+    return os.path.join(paths.checkpoint_dir, "history.json")
+
+
+def _save_history(paths: RunPaths, history: list[dict]) -> None:
+    tmp = _history_path(paths) + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(history, f)
+    os.replace(tmp, _history_path(paths))
+
+
+def _load_history(paths: RunPaths, step: int) -> list[dict]:
+    """Evaluations up to the restored step (a later entry belongs to a checkpoint that was not kept)."""
+    if not os.path.exists(_history_path(paths)):
+        return []
+    with open(_history_path(paths)) as f:
+        return [h for h in json.load(f) if h["step"] <= step]
+
+
+def _final_metrics(config, history, trained_images, train_seconds, target, eval_plan, strategy) -> dict:
+    peak = max(history, key=lambda h: h["top1"]) if history else None
+    reached = next((h for h in history if target is not None and h["top1"] >= target), None)
+    images_per_second = trained_images / train_seconds if train_seconds else None
+    return {
+        "final_top1": history[-1]["top1"] if history else None,
+        "final_top5": history[-1]["top5"] if history else None,
+        "peak_top1": peak["top1"] if peak else None,
+        "peak_step": peak["step"] if peak else None,
+        "time_to_peak_seconds": peak["elapsed_seconds"] if peak else None,
+        "target_top1": target,
+        "target_reached": reached is not None,
+        "time_to_target_seconds": reached["elapsed_seconds"] if reached else None,
+        "images_per_second": images_per_second,
+        "images_per_ms": images_per_second / 1000 if images_per_second else None,
+        "replicas": strategy.num_replicas_in_sync,
+        "eval_examples": eval_plan.num_examples,
+        "steps": history[-1]["step"] if history else 0,
+        "history": history,
+    }
