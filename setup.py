@@ -20,6 +20,8 @@ INSTALL_REQUIRES = [
     "protobuf>=4.25.2,<5",
     "pyarrow>=10,<11",
     "pillow>=10",
+    # CRC32C of the TFRecord framing, written without TensorFlow in Beam workers.
+    "google-crc32c>=1.5",
     "numpy<2",
     # scikit-learn ships the real scanned digits the embedded demo data is rendered from.
     "scikit-learn",

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 
-from beam_preprocess import schema, sources
+from beam_preprocess import schema, sources, storage
 
 
 @dataclasses.dataclass(frozen=True)
@@ -95,15 +94,15 @@ class ShardingConfig:
         return self.train_shards if split == schema.TRAIN else self.val_shards
 
     def split_dir(self, split: str) -> str:
-        return _join(self.output_dir, self.split_dir_template.format(split=split))
+        return storage.join(self.output_dir, self.split_dir_template.format(split=split))
 
     @property
     def manifest_path(self) -> str:
-        return _join(self.output_dir, "manifest.json")
+        return storage.join(self.output_dir, "manifest.json")
 
     @property
     def temp_dir(self) -> str:
-        return _join(self.output_dir, ".beam_preprocess-tmp")
+        return storage.join(self.output_dir, ".beam_preprocess-tmp")
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self), sort_keys=True)
@@ -116,7 +115,3 @@ class ShardingConfig:
         if unknown:
             raise ValueError(f"unknown ShardingConfig fields {unknown}; known: {sorted(known)}")
         return cls(**values)
-
-
-def _join(directory: str, name: str) -> str:
-    return f"{directory.rstrip('/')}/{name}" if "://" in directory else os.path.join(directory, name)

@@ -1,8 +1,10 @@
 """Pure functions: check that an image decodes, fix the quirks of ILSVRC2012, build the tf.train.Example.
 
-Every image is decoded in full, so a truncated or corrupt file is caught here rather than in the middle of a
-training run. Only images that are not already RGB JPEGs are re-encoded (the PNG named ``.JPEG``, the CMYK
-JPEGs, grayscale JPEGs); every other image's bytes pass through untouched.
+Every image is decoded, so a truncated or corrupt file is caught here rather than in the middle of a training
+run. An RGB JPEG, whose bytes pass through untouched, is decoded at 1/8 scale: libjpeg still entropy-decodes
+every coefficient of the whole stream (so truncation and broken Huffman data fail exactly as in a full decode)
+but skips most of the inverse DCT and colour conversion, 1.6x cheaper. Images that are not RGB JPEGs (the PNG
+named ``.JPEG``, the CMYK JPEGs, grayscale JPEGs) are decoded in full and re-encoded as RGB JPEGs.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ import warnings
 
 from PIL import Image
 
-from beam_preprocess import schema
+from beam_preprocess import schema, tfrecord
 
 # Re-encoding quality for the few fixed images; tensorflow-datasets and the tensorflow/tpu converter use 100.
 FIXED_JPEG_QUALITY = 100
@@ -56,9 +58,13 @@ def check_and_fix(data: bytes) -> CheckedImage:
             warnings.simplefilter("error", Image.DecompressionBombWarning)
             image = Image.open(io.BytesIO(data))
             image_format, mode = image.format, image.mode
-            if image.width * image.height > MAX_PIXELS:
-                raise BadImageError(f"{image.width}x{image.height} pixels is more than {MAX_PIXELS}")
-            image.load()  # full decode: raises on truncated or corrupt data
+            width, height = image.size
+            if width * height > MAX_PIXELS:
+                raise BadImageError(f"{width}x{height} pixels is more than {MAX_PIXELS}")
+            passes_through = image_format == "JPEG" and mode == "RGB"
+            if passes_through:
+                image.draft(mode, (max(1, width // 8), max(1, height // 8)))
+            image.load()  # raises on truncated or corrupt data
     except BadImageError:
         raise
     except Image.UnidentifiedImageError:
@@ -68,8 +74,8 @@ def check_and_fix(data: bytes) -> CheckedImage:
     except Exception as e:  # noqa: BLE001 - decoders raise assorted errors on hostile input
         raise BadImageError(f"does not decode: {type(e).__name__}: {e}") from None
 
-    if image_format == "JPEG" and mode == "RGB":
-        return CheckedImage(data, image.height, image.width, FIX_NONE)
+    if passes_through:
+        return CheckedImage(data, height, width, FIX_NONE)
     if image_format == "PNG":
         fix = FIX_PNG
     elif mode == "CMYK":
@@ -80,39 +86,21 @@ def check_and_fix(data: bytes) -> CheckedImage:
         fix = FIX_OTHER
     out = io.BytesIO()
     image.convert("RGB").save(out, format="JPEG", quality=FIXED_JPEG_QUALITY)
-    return CheckedImage(out.getvalue(), image.height, image.width, fix)
-
-
-def _bytes_feature(value: bytes):
-    import tensorflow as tf
-
-    return tf.train.Feature(bytes_list=tf.train.BytesList(value=[value]))
-
-
-def _int64_feature(value: int):
-    import tensorflow as tf
-
-    return tf.train.Feature(int64_list=tf.train.Int64List(value=[value]))
+    return CheckedImage(out.getvalue(), height, width, fix)
 
 
 def build_example(image: CheckedImage, filename: str, synset: str) -> bytes:
     """The serialized tf.train.Example of the reference schema (keys in ``beam_preprocess.schema``)."""
-    import tensorflow as tf
-
-    label = schema.synset_to_label()[synset]
-    example = tf.train.Example(
-        features=tf.train.Features(
-            feature={
-                schema.IMAGE_ENCODED: _bytes_feature(image.jpeg),
-                schema.IMAGE_FORMAT: _bytes_feature(b"JPEG"),
-                schema.LABEL: _int64_feature(label),
-                schema.SYNSET: _bytes_feature(synset.encode()),
-                schema.HEIGHT: _int64_feature(image.height),
-                schema.WIDTH: _int64_feature(image.width),
-                schema.CHANNELS: _int64_feature(3),
-                schema.COLORSPACE: _bytes_feature(b"RGB"),
-                schema.FILENAME: _bytes_feature(filename.encode()),
-            }
-        )
+    return tfrecord.encode_example(
+        {
+            schema.IMAGE_ENCODED: image.jpeg,
+            schema.IMAGE_FORMAT: b"JPEG",
+            schema.LABEL: schema.synset_to_label()[synset],
+            schema.SYNSET: synset.encode(),
+            schema.HEIGHT: image.height,
+            schema.WIDTH: image.width,
+            schema.CHANNELS: 3,
+            schema.COLORSPACE: b"RGB",
+            schema.FILENAME: filename.encode(),
+        }
     )
-    return example.SerializeToString(deterministic=True)

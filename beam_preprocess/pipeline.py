@@ -26,7 +26,7 @@ import typing
 import apache_beam as beam
 from apache_beam.metrics import Metrics
 
-from beam_preprocess import images, schema, sources
+from beam_preprocess import images, schema, sources, storage, tfrecord
 from beam_preprocess.config import ShardingConfig
 
 NAMESPACE = "beam_preprocess"
@@ -56,36 +56,6 @@ class ShardTask:
     index: int
     count: int
     records: tuple[tuple[str, int, int], ...]  # (spill path, offset, length) in output order
-
-
-def _join(directory: str, name: str) -> str:
-    return f"{directory.rstrip('/')}/{name}" if "://" in directory else os.path.join(directory, name)
-
-
-def _makedirs(path: str) -> None:
-    if "://" in path:
-        import tensorflow as tf
-
-        tf.io.gfile.makedirs(path)
-    else:
-        os.makedirs(path, exist_ok=True)
-
-
-def _rename(src: str, dst: str) -> None:
-    if "://" in src:
-        import tensorflow as tf
-
-        tf.io.gfile.rename(src, dst, overwrite=True)
-    else:
-        os.replace(src, dst)
-
-
-def _open_write(path: str):
-    if "://" in path:
-        import tensorflow as tf
-
-        return tf.io.gfile.GFile(path, "wb")
-    return open(path, "wb")
 
 
 def train_sort_key(seed: int, filename: str) -> str:
@@ -125,14 +95,14 @@ class ProcessUnitFn(beam.DoFn):
 
     def process(self, unit: sources.WorkUnit):
         start = time.time()
-        spill_dir = _join(self._temp_dir, unit.split)
-        _makedirs(spill_dir)
-        spill_path = _join(spill_dir, f"{unit.unit_id}.examples")
+        spill_dir = storage.join(self._temp_dir, unit.split)
+        storage.makedirs(spill_dir)
+        spill_path = storage.join(spill_dir, f"{unit.unit_id}.examples")
         stats = collections.Counter()
         metas = []
         failures = []
         offset = 0
-        with _open_write(spill_path + ".inprogress") as spill:
+        with storage.open_write(spill_path + ".inprogress") as spill:
             for item in sources.read_unit(unit):
                 stats["read"] += 1
                 self._read.inc()
@@ -161,7 +131,7 @@ class ProcessUnitFn(beam.DoFn):
                 offset += len(record)
                 stats["processed"] += 1
                 self._written.inc()
-        _rename(spill_path + ".inprogress", spill_path)
+        storage.rename(spill_path + ".inprogress", spill_path)
         logging.info(
             "%s: %d images, %d fixed, %d failed (%.1fs)",
             unit.description,
@@ -213,35 +183,35 @@ class WriteShardFn(beam.DoFn):
         self._shards = Metrics.counter(NAMESPACE, "shards_written")
 
     def process(self, task: ShardTask):
-        import tensorflow as tf
-
         split_dir = self._config.split_dir(task.split)
-        _makedirs(split_dir)
-        path = _join(split_dir, schema.shard_name(task.split, task.index, task.count))
+        storage.makedirs(split_dir)
+        path = storage.join(split_dir, schema.shard_name(task.split, task.index, task.count))
         handles = {}
+        size = 0
         try:
-            with tf.io.TFRecordWriter(path + ".inprogress") as writer:
+            with storage.open_write(path + ".inprogress") as out:
                 for spill_path, offset, length in task.records:
                     f = handles.get(spill_path)
                     if f is None:
-                        f = handles[spill_path] = sources.open_binary(spill_path)
+                        f = handles[spill_path] = storage.open_read(spill_path)
                     f.seek(offset)
                     record = f.read(length)
                     if len(record) != length:
                         raise OSError(f"spill file {spill_path} is cut short at offset {offset}")
-                    writer.write(record)
+                    framed = tfrecord.frame_record(record)
+                    out.write(framed)
+                    size += len(framed)
         finally:
             for f in handles.values():
                 f.close()
-        _rename(path + ".inprogress", path)
-        size = tf.io.gfile.stat(path).length
+        storage.rename(path + ".inprogress", path)
         self._written.inc(len(task.records))
         self._bytes.inc(size)
         self._shards.inc()
         yield {
             "split": task.split,
             "index": task.index,
-            "path": os.path.relpath(path, self._config.output_dir) if "://" not in path else path,
+            "path": path if storage.is_remote(path) else os.path.relpath(path, self._config.output_dir),
             "records": len(task.records),
             "bytes": size,
         }
@@ -255,9 +225,8 @@ class WriteManifestFn(beam.DoFn):
 
     def process(self, _, shards, failures, stats, summaries):
         manifest = build_manifest(self._config, shards, failures, stats, summaries)
-        with _open_write(self._config.manifest_path) as f:
-            f.write(json.dumps(manifest, indent=2, sort_keys=True).encode())
-        remove_tree(self._config.temp_dir)
+        storage.write_text(self._config.manifest_path, json.dumps(manifest, indent=2, sort_keys=True))
+        storage.remove_tree(self._config.temp_dir)
         yield manifest
 
 
@@ -300,13 +269,6 @@ def build_manifest(config: ShardingConfig, shards, failures, stats, summaries) -
         "splits": splits,
         "failures": [f._asdict() for f in sorted(failures)],
     }
-
-
-def remove_tree(path: str) -> None:
-    import tensorflow as tf
-
-    if tf.io.gfile.exists(path):
-        tf.io.gfile.rmtree(path)
 
 
 @beam.ptransform_fn

@@ -8,7 +8,7 @@ import json
 import apache_beam as beam
 from apache_beam.options.pipeline_options import PipelineOptions
 
-from beam_preprocess import pipeline, schema
+from beam_preprocess import pipeline, schema, storage
 from beam_preprocess.config import ShardingConfig
 
 
@@ -39,11 +39,9 @@ def check_failure_budget(manifest: dict, max_failures: int, manifest_path: str) 
 
 def prepare_output_dir(config: ShardingConfig) -> None:
     """Refuses to mix with an earlier run's shards, or clears them when ``overwrite`` is set."""
-    import tensorflow as tf
-
-    stale = [config.manifest_path] if tf.io.gfile.exists(config.manifest_path) else []
+    stale = [config.manifest_path] if storage.exists(config.manifest_path) else []
     for split in schema.SPLITS:
-        stale += tf.io.gfile.glob(f"{config.split_dir(split)}/{split}-*-of-*")
+        stale += storage.glob(storage.join(config.split_dir(split), f"{split}-*-of-*"))
     if not stale:
         return
     if not config.overwrite:
@@ -51,8 +49,7 @@ def prepare_output_dir(config: ShardingConfig) -> None:
             f"{config.output_dir} already holds {len(stale)} files of an earlier run (e.g. {stale[0]}); "
             "pass --overwrite to replace them, or choose another --output-dir"
         )
-    for path in stale:
-        tf.io.gfile.remove(path)
+    storage.remove(stale)
 
 
 @dataclasses.dataclass
@@ -88,15 +85,12 @@ def query_counters(result) -> dict[str, int]:
 
 def run(config: ShardingConfig, beam_args: list[str] | None = None) -> RunResult:
     """Runs the pipeline to completion, then raises FailureBudgetExceeded if too many inputs failed."""
-    import tensorflow as tf
-
     prepare_output_dir(config)
     options = PipelineOptions(beam_args or [])
     p = beam.Pipeline(options=options)
     _ = p | "ShardImageNet" >> pipeline.ShardImageNet(config)
     result = p.run()
     result.wait_until_finish()
-    with tf.io.gfile.GFile(config.manifest_path) as f:
-        manifest = json.load(f)
+    manifest = json.loads(storage.read_text(config.manifest_path))
     check_failure_budget(manifest, config.max_failures, config.manifest_path)
     return RunResult(manifest, query_counters(result))

@@ -17,12 +17,11 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import io
-import os
 import posixpath
 import tarfile
 from collections.abc import Iterator
 
-from beam_preprocess import schema
+from beam_preprocess import schema, storage
 
 KIND_TRAIN_ARCHIVE = "train_archive"  # ILSVRC2012_img_train.tar: 1000 inner <wnid>.tar
 KIND_VAL_ARCHIVE = "val_archive"  # ILSVRC2012_img_val.tar: flat, labels from the shipped list
@@ -89,30 +88,6 @@ class InputItem:
     error: str | None = None
 
 
-def open_binary(path: str):
-    """Opens a local path with the builtin ``open`` (fast) and anything with a scheme (gs://) via tf.io.gfile."""
-    if "://" in path:
-        import tensorflow as tf
-
-        return tf.io.gfile.GFile(path, "rb")
-    return open(path, "rb")
-
-
-def list_dir(path: str) -> list[tuple[str, bool]]:
-    """(name, is_dir) of the entries of a directory, local or remote, sorted by name."""
-    if "://" in path:
-        import tensorflow as tf
-
-        # Object stores report sub-directories with a trailing '/': no per-entry stat.
-        return sorted((name.rstrip("/"), name.endswith("/")) for name in tf.io.gfile.listdir(path))
-    with os.scandir(path) as it:
-        return sorted((e.name, e.is_dir()) for e in it)
-
-
-def _join(directory: str, name: str) -> str:
-    return posixpath.join(directory, name) if "://" in directory else os.path.join(directory, name)
-
-
 def unsafe_member_reason(name: str) -> str | None:
     """Why a tar member name is refused (absolute, or escaping with ``..``), or None when it is safe."""
     if name.startswith(("/", "\\")) or (len(name) > 1 and name[1] == ":"):
@@ -125,7 +100,7 @@ def unsafe_member_reason(name: str) -> str | None:
 
 def _index_tar(path: str) -> Iterator[tuple[tarfile.TarInfo, int]]:
     """Members of an uncompressed tar with their data offsets, reading headers only (member data is skipped)."""
-    with open_binary(path) as f, tarfile.open(fileobj=f, mode="r:") as tar:
+    with storage.open_read(path) as f, tarfile.open(fileobj=f, mode="r:") as tar:
         while True:
             member = tar.next()
             if member is None:
@@ -162,15 +137,17 @@ def _plan_units(spec: InputSpec, members_per_unit: int) -> Iterator[WorkUnit]:
         if batch:
             yield WorkUnit(spec.split, UNIT_TAR_MEMBERS, spec.path, members=tuple(batch))
     elif spec.kind in (KIND_SYNSET_DIR, KIND_VAL_DIR):
-        entries = list_dir(spec.path)
+        entries = storage.list_dir(spec.path)
         if spec.kind == KIND_VAL_DIR and not any(is_dir for _, is_dir in entries):
             names = [name for name, _ in entries]
             for start in range(0, len(names), members_per_unit):
-                chunk = tuple((_join(spec.path, n), 0, 0) for n in names[start : start + members_per_unit])
+                chunk = tuple(
+                    (storage.join(spec.path, n), 0, 0) for n in names[start : start + members_per_unit]
+                )
                 yield WorkUnit(spec.split, UNIT_DIR_FILES, spec.path, members=chunk)
             return
         for name, is_dir in entries:
-            full = _join(spec.path, name)
+            full = storage.join(spec.path, name)
             if not is_dir:
                 yield WorkUnit(
                     spec.split, UNIT_FAILED, full, error="a file where a <wnid>/ directory was expected"
@@ -208,7 +185,7 @@ def tfds_record_files(data_dir: str, split: str) -> list[str]:
     """The TFRecord files of a prepared tensorflow-datasets ``imagenet2012`` (newest version) for ``split``."""
     import tensorflow as tf
 
-    root = _join(data_dir, "imagenet2012")
+    root = storage.join(data_dir, "imagenet2012")
     if not tf.io.gfile.isdir(root):
         raise OSError(
             f"{root} does not exist: is {data_dir} a tensorflow-datasets data_dir holding imagenet2012?"
@@ -219,7 +196,9 @@ def tfds_record_files(data_dir: str, split: str) -> list[str]:
     )
     if not versions:
         raise OSError(f"{root} holds no prepared version")
-    pattern = _join(_join(root, versions[-1]), f"imagenet2012-{TFDS_SPLIT_NAMES[split]}.tfrecord-*")
+    pattern = storage.join(
+        storage.join(root, versions[-1]), f"imagenet2012-{TFDS_SPLIT_NAMES[split]}.tfrecord-*"
+    )
     files = sorted(tf.io.gfile.glob(pattern))
     if not files:
         raise OSError(f"no files match {pattern}")
@@ -279,7 +258,7 @@ def read_unit(unit: WorkUnit) -> Iterator[InputItem]:
 
 def _read_inner_tar(unit: WorkUnit) -> Iterator[InputItem]:
     outer = f"{unit.path}[{unit.synset}.tar]"
-    with open_binary(unit.path) as f:
+    with storage.open_read(unit.path) as f:
         try:
             with tarfile.open(fileobj=_Window(f, unit.offset, unit.size), mode="r:") as tar:
                 while True:
@@ -324,7 +303,7 @@ def _val_synset(name: str) -> tuple[str | None, str | None]:
 
 
 def _read_tar_members(unit: WorkUnit) -> Iterator[InputItem]:
-    with open_binary(unit.path) as f:
+    with storage.open_read(unit.path) as f:
         for name, offset, size in unit.members:
             source = f"{unit.path}[{name}]"
             base = posixpath.basename(name)
@@ -348,19 +327,19 @@ def _read_tar_members(unit: WorkUnit) -> Iterator[InputItem]:
 def _read_dir_files(unit: WorkUnit) -> Iterator[InputItem]:
     if unit.synset is not None:  # <split>/<wnid>/ directory: list it here, on the worker
         try:
-            entries = list_dir(unit.path)
+            entries = storage.list_dir(unit.path)
         except OSError as e:
             yield InputItem(unit.split, unit.path, unit.synset, unit.synset, error=f"cannot list: {e}")
             return
         paths = []
         for name, is_dir in entries:
             if is_dir:
-                full = _join(unit.path, name)
+                full = storage.join(unit.path, name)
                 yield InputItem(
                     unit.split, full, name, unit.synset, error="unexpected directory inside a synset dir"
                 )
             else:
-                paths.append(_join(unit.path, name))
+                paths.append(storage.join(unit.path, name))
     else:
         paths = [path for path, _, _ in unit.members]
     for path in paths:
@@ -370,7 +349,7 @@ def _read_dir_files(unit: WorkUnit) -> Iterator[InputItem]:
             yield InputItem(unit.split, path, base, synset, error=error)
             continue
         try:
-            with open_binary(path) as f:
+            with storage.open_read(path) as f:
                 data = f.read()
         except OSError as e:
             yield InputItem(unit.split, path, base, synset, error=f"unreadable file: {e}")

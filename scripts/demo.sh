@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The main job on the embedded default data: scikit-learn's real scanned digits laid out as the ILSVRC2012
-# archives (ten real synsets), sharded for 2 hosts by beam_preprocess on the multi-process DirectRunner.
+# archives (ten real synsets), sharded for 2 hosts by beam_preprocess on the DirectRunner with 2 worker threads.
 # Extra arguments go to `python -m beam_preprocess` (for example --num-hosts 4).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -14,4 +14,4 @@ fi
   --train-archive "$out/archives/ILSVRC2012_img_train.tar" \
   --val-archive "$out/archives/ILSVRC2012_img_val.tar" \
   --output-dir "$out/shards" --num-hosts 2 --train-shards 8 --val-shards 2 --overwrite \
-  --direct_num_workers 2 --direct_running_mode multi_processing "$@"
+  --direct_num_workers 2 --direct_running_mode multi_threading "$@"

@@ -102,3 +102,45 @@ def test_synset_list_and_validation_labels_are_the_shipped_ones():
     assert schema.validation_synset_for("ILSVRC2012_val_00050001.JPEG") is None
     assert schema.validation_synset_for("foo.JPEG") is None
     assert schema.shard_name("train", 3, 1024) == "train-00003-of-01024"
+
+
+def test_plain_python_example_and_framing_are_byte_identical_to_tensorflow(tmp_path):
+    from beam_preprocess import tfrecord
+
+    features = {
+        schema.IMAGE_ENCODED: b"\xff\xd8jpeg bytes",
+        schema.LABEL: 999,
+        schema.HEIGHT: 300,
+        schema.WIDTH: 2**40,
+        "negative": -5,
+        schema.FILENAME: b"",
+    }
+    ours = tfrecord.encode_example(features)
+    theirs = tf.train.Example(
+        features=tf.train.Features(
+            feature={
+                key: tf.train.Feature(bytes_list=tf.train.BytesList(value=[value]))
+                if isinstance(value, bytes)
+                else tf.train.Feature(int64_list=tf.train.Int64List(value=[value]))
+                for key, value in features.items()
+            }
+        )
+    ).SerializeToString(deterministic=True)
+    assert ours == theirs
+
+    records = [ours, b"", b"x" * 70_000]
+    path = str(tmp_path / "tf.tfrecord")
+    with tf.io.TFRecordWriter(path) as writer:
+        for record in records:
+            writer.write(record)
+    with open(path, "rb") as f:
+        written_by_tf = f.read()
+    assert b"".join(tfrecord.frame_record(r) for r in records) == written_by_tf
+    with open(path, "rb") as f:
+        assert list(tfrecord.read_records(f)) == records
+    corrupt = bytearray(written_by_tf)
+    corrupt[20] ^= 0xFF
+    import io
+
+    with pytest.raises(OSError, match="corrupt TFRecord"):
+        list(tfrecord.read_records(io.BytesIO(bytes(corrupt))))

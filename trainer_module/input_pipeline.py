@@ -60,7 +60,9 @@ TFRECORD_READ_BUFFER = 8 * 2**20  # bytes read ahead per open shard
 FilePatterns = str | Sequence[str]
 
 # The whole image as the one "object" box: sampled crops must cover 10% of it.
-_WHOLE_IMAGE_BOX = tf.constant([0.0, 0.0, 1.0, 1.0], dtype=tf.float32, shape=[1, 1, 4])
+# A Python value, not a tf.constant: creating a tensor at import would initialise TensorFlow's runtime before
+# MultiWorkerMirroredStrategy can configure collective ops.
+_WHOLE_IMAGE_BOX = [[[0.0, 0.0, 1.0, 1.0]]]
 
 
 # --------------------------------------------------------------------------------------------------
