@@ -87,10 +87,12 @@ def test_demo_preset():
     assert config.model.bn_momentum == 0.9
     assert config.model.precision == "float32"
     assert (config.optimizer.name, config.schedule.kind) == ("lars", "polynomial")
-    assert (config.data.num_train_examples, config.data.num_eval_examples) == (1437, 360)
+    # The embedded digits: 1,797 images, 20% of each class in validation.
+    assert (config.data.num_train_examples, config.data.num_eval_examples) == (1438, 359)
     assert (config.data.num_cores, config.loop.strategy, config.bn_group_size) == (1, "one_device", 1)
-    assert config.steps_per_epoch == 1437 // 64
-    assert config.total_steps == 15 * 22
+    assert (config.data.min_crop_area, config.data.random_flip, config.loop.target_top1) == (0.5, False, 0.95)
+    assert config.steps_per_epoch == 1438 // 64
+    assert config.total_steps == 30 * 22
 
 
 def test_smoke_preset_runs_two_steps():

@@ -287,6 +287,8 @@ class DataConfig(_Section):
       global_batch_size: training examples per step over all replicas.
       eval_batch_size: evaluation examples per step over all replicas; 0 uses ``global_batch_size``.
       num_cores: replicas (TPU cores or devices) that share the global batch.
+      min_crop_area: smallest random training crop as a fraction of the image (0.08 in the recipe).
+      random_flip: random left-right flips in training.
     """
 
     num_train_examples: int = IMAGENET_TRAIN_EXAMPLES
@@ -294,11 +296,16 @@ class DataConfig(_Section):
     global_batch_size: int = 4096
     eval_batch_size: int = 0
     num_cores: int = 128
+    min_crop_area: float = 0.08
+    random_flip: bool = True
 
     def _validate(self):
         for name in ("num_train_examples", "num_eval_examples", "global_batch_size", "num_cores"):
             if getattr(self, name) < 1:
                 raise ValueError(f"data.{name}={getattr(self, name)} must be at least 1")
+        _check_range("data.min_crop_area", self.min_crop_area, 0.0, 1.0)
+        if self.min_crop_area <= 0.0:
+            raise ValueError(f"data.min_crop_area={self.min_crop_area} must be positive")
         if self.eval_batch_size < 0:
             raise ValueError(f"data.eval_batch_size={self.eval_batch_size} must be >= 0 (0 = training batch)")
 

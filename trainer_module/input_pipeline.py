@@ -92,7 +92,9 @@ def center_crop_window(image_shape: tf.Tensor, image_size: int) -> tf.Tensor:
     return tf.stack([(height - side + 1) // 2, (width - side + 1) // 2, side, side])
 
 
-def train_crop_window(image_shape: tf.Tensor, image_size: int, seed: tf.Tensor) -> tf.Tensor:
+def train_crop_window(
+    image_shape: tf.Tensor, image_size: int, seed: tf.Tensor, min_area: float = CROP_AREA_RANGE[0]
+) -> tf.Tensor:
     """A random training crop: area 8%-100%, aspect 3/4-4/3, or the evaluation crop when sampling fails.
 
     ``sample_distorted_bounding_box`` returns the whole image after ``max_attempts`` failed tries. The
@@ -114,7 +116,7 @@ def train_crop_window(image_shape: tf.Tensor, image_size: int, seed: tf.Tensor) 
         seed=seed,
         min_object_covered=CROP_MIN_OBJECT_COVERED,
         aspect_ratio_range=CROP_ASPECT_RATIO_RANGE,
-        area_range=CROP_AREA_RANGE,
+        area_range=(min_area, CROP_AREA_RANGE[1]),
         max_attempts=CROP_MAX_ATTEMPTS,
         use_image_if_no_bounding_boxes=True,
     )
@@ -143,7 +145,12 @@ def resize(image: tf.Tensor, image_size: int) -> tf.Tensor:
 
 
 def preprocess_for_train(
-    image_bytes: tf.Tensor, image_size: int, seeds: tf.Tensor, fused: bool = True
+    image_bytes: tf.Tensor,
+    image_size: int,
+    seeds: tf.Tensor,
+    fused: bool = True,
+    min_crop_area: float = CROP_AREA_RANGE[0],
+    random_flip: bool = True,
 ) -> tf.Tensor:
     """Random crop, bicubic resize, random left-right flip of one JPEG; float32 [S, S, 3] in [0, 255].
 
@@ -151,9 +158,14 @@ def preprocess_for_train(
       seeds: int64 [2, 2]: row 0 seeds the crop sampler, row 1 the flip (stateless ops, so a seeded pipeline
         is reproducible whatever the parallelism of the map).
       fused: see ``decode_crop``.
+      min_crop_area: smallest crop as a fraction of the image (0.08 in the recipe; small images of whole
+        objects, like the demo's digits, need gentler crops).
+      random_flip: flip left-right with probability 1/2 (not for data whose classes are not mirror-invariant).
     """
-    window = train_crop_window(tf.image.extract_jpeg_shape(image_bytes), image_size, seeds[0])
+    window = train_crop_window(tf.image.extract_jpeg_shape(image_bytes), image_size, seeds[0], min_crop_area)
     image = resize(decode_crop(image_bytes, window, fused), image_size)
+    if not random_flip:
+        return image
     return tf.image.stateless_random_flip_left_right(image, seed=seeds[1])
 
 
@@ -406,6 +418,8 @@ def build_train_dataset(
     cycle_length: int = 16,
     fused_decode_crop: bool = True,
     skip_records: int = 0,
+    min_crop_area: float = CROP_AREA_RANGE[0],
+    random_flip: bool = True,
 ) -> tf.data.Dataset:
     """The endless training stream of this host: ``(images, labels)`` per-replica batches.
 
@@ -428,6 +442,7 @@ def build_train_dataset(
       fused_decode_crop: decode only the crop window (see ``decode_crop``); False is the benchmark baseline.
       skip_records: records of the stream already consumed (a resumed run); with a seed, the stream then
         continues exactly where it stopped. They are skipped before decoding, so skipping is cheap.
+      min_crop_area, random_flip: see ``preprocess_for_train``.
     """
     ctx = _context(input_context)
     per_replica = ctx.get_per_replica_batch_size(global_batch_size)
@@ -451,7 +466,9 @@ def build_train_dataset(
 
     def preprocess(record, seeds):
         example = parse_example(record)
-        image = preprocess_for_train(example[schema.IMAGE_ENCODED], image_size, seeds, fused_decode_crop)
+        image = preprocess_for_train(
+            example[schema.IMAGE_ENCODED], image_size, seeds, fused_decode_crop, min_crop_area, random_flip
+        )
         return image, tf.cast(example[schema.LABEL], tf.int32)
 
     dataset = dataset.map(preprocess, num_parallel_calls=tf.data.AUTOTUNE, deterministic=ordered)

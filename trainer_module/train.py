@@ -246,6 +246,8 @@ def train_and_evaluate(
             config.image_size,
             seed=config.loop.seed,
             skip_records=consumed,
+            min_crop_area=config.data.min_crop_area,
+            random_flip=config.data.random_flip,
         )
 
     plans = []
