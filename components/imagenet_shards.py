@@ -1,0 +1,156 @@
+"""``ImageNetShardGen``: the sharding Beam pipeline as a TFX component producing an ``Examples`` artifact.
+
+Spec, executor and component in one small module. The executor is a thin shell around
+``beam_preprocess``: it points a ``ShardingConfig`` at the artifact, runs ``ShardImageNet`` in the Beam
+pipeline TFX configures (``beam_pipeline_args``: the DirectRunner locally, Dataflow on Kubeflow), enforces
+the failure budget and describes the shards on the artifact so that TFX's readers find them.
+
+The inputs (archives, directories, a tensorflow-datasets dir; local or gs://) are execution parameters inside
+the config, not input artifacts: the default driver resolves nothing and stats no file, so listing and
+reading the inputs happens on Beam workers only.
+
+How TFX 1.16 reads what this writes, and why the custom properties are what they are:
+
+- Trainer (``fn_args.train_files`` / ``eval_files``) and Evaluator read ``<uri>/Split-<split>/*``: every
+  direct child of a split directory is data, so the shards are the only files there; ``manifest.json`` sits
+  at the artifact root (the trainer's ``record_counts`` looks for it in the parent of the split directory).
+- ``file_format`` must be ``'tfrecords_gzip'``: it is the only TFRecord value of TFX's ``FileFormat`` and
+  the one ``tfxio_utils.make_tfxio`` accepts besides Parquet (any other string is rejected). Despite the
+  name it does not fix the compression: tfx_bsl's ``detect_compression_type`` (tf.data) and Beam's
+  ``ReadFromTFRecord`` (AUTO) pick GZIP only for files ending in ``.gz``. The shards have no suffix, so
+  every reader reads them uncompressed, which is what they are.
+- ``payload_format`` is ``FORMAT_TF_EXAMPLE`` (serialised ``tf.train.Example``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import time
+from typing import Any
+
+from tfx import v1 as tfx
+from tfx.components.util import examples_utils
+from tfx.dsl.components.base import base_beam_executor, executor_spec
+from tfx.proto import example_gen_pb2
+from tfx.types import artifact_utils, component_spec
+
+from beam_preprocess import pipeline, run, schema, storage
+from beam_preprocess.config import ShardingConfig
+
+SHARDING_CONFIG_KEY = "sharding_config"
+EXAMPLES_KEY = "examples"
+# TFX's artifact layout: Examples readers look for <uri>/Split-<name>/.
+SPLIT_DIR_TEMPLATE = "Split-{split}"
+# The one TFRecord file format TFX readers accept; compression comes from the file suffix (none here).
+TFRECORD_FILE_FORMAT = "tfrecords_gzip"
+
+logger = logging.getLogger("components.imagenet_shards")
+
+
+def artifact_config(config_json: str, uri: str) -> ShardingConfig:
+    """The sharding config of one execution: its output is the Examples artifact at ``uri``.
+
+    ``output_dir`` and ``split_dir_template`` of the given config are replaced; ``overwrite`` is set because
+    the artifact's directory belongs to this execution alone, so anything already there is a failed earlier
+    attempt's leftovers, which TFX's ``Split-<name>/*`` readers must not see.
+    """
+    config = ShardingConfig.from_json(config_json)
+    return dataclasses.replace(config, output_dir=uri, split_dir_template=SPLIT_DIR_TEMPLATE, overwrite=True)
+
+
+def describe_artifact(examples: tfx.types.standard_artifacts.Examples, manifest: dict) -> None:
+    """Records splits, file format, payload format and the manifest's counts on ``examples``.
+
+    Custom properties: ``file_format``, ``payload_format`` (what TFX readers need), ``compression``
+    ('none'), ``<split>_records`` and ``<split>_shards`` for every split written, ``failed_inputs``.
+
+    Raises:
+      RuntimeError: no split holds a record (nothing a Trainer could read).
+    """
+    splits = [s for s in schema.SPLITS if manifest["splits"].get(s, {}).get("records", 0) > 0]
+    if not splits:
+        raise RuntimeError(f"no split holds a record; the manifest lists the inputs: {manifest['splits']}")
+    examples.split_names = artifact_utils.encode_split_names(splits)
+    examples_utils.set_file_format(examples, TFRECORD_FILE_FORMAT)
+    examples_utils.set_payload_format(examples, example_gen_pb2.PayloadFormat.FORMAT_TF_EXAMPLE)
+    examples.set_string_custom_property("compression", manifest["compression"])
+    for split in splits:
+        examples.set_int_custom_property(f"{split}_records", manifest["splits"][split]["records"])
+        examples.set_int_custom_property(f"{split}_shards", manifest["splits"][split]["num_shards"])
+    examples.set_int_custom_property("failed_inputs", len(manifest["failures"]))
+
+
+class Executor(base_beam_executor.BaseBeamExecutor):
+    """Runs ``ShardImageNet`` into the Examples artifact, then enforces the failure budget."""
+
+    def Do(  # noqa: N802 - TFX's executor interface
+        self,
+        input_dict: dict[str, list],
+        output_dict: dict[str, list],
+        exec_properties: dict[str, Any],
+    ) -> None:
+        """Writes the shards and ``manifest.json`` under the output artifact's URI and describes it.
+
+        Args:
+          input_dict: unused (the inputs are named in the config).
+          output_dict: ``{'examples': [Examples]}``.
+          exec_properties: ``{'sharding_config': ShardingConfig JSON}``.
+
+        Raises:
+          FailureBudgetExceeded: more inputs failed than ``max_failures``; the message lists them.
+        """
+        del input_dict
+        examples = artifact_utils.get_single_instance(output_dict[EXAMPLES_KEY])
+        config = artifact_config(exec_properties[SHARDING_CONFIG_KEY], examples.uri)
+        run.prepare_output_dir(config)
+        start = time.time()
+        beam_pipeline = self._make_beam_pipeline()
+        _ = beam_pipeline | "ShardImageNet" >> pipeline.ShardImageNet(config)
+        result = beam_pipeline.run()
+        result.wait_until_finish()
+        manifest = json.loads(storage.read_text(config.manifest_path))
+        logger.info("%s", run.RunResult(manifest, run.query_counters(result)).report(time.time() - start))
+        run.check_failure_budget(manifest, config.max_failures, config.manifest_path)
+        describe_artifact(examples, manifest)
+
+
+class ImageNetShardGenSpec(component_spec.ComponentSpec):
+    """One execution parameter (the ShardingConfig JSON) and one output (the Examples artifact)."""
+
+    PARAMETERS = {SHARDING_CONFIG_KEY: component_spec.ExecutionParameter(type=str)}
+    INPUTS = {}
+    OUTPUTS = {EXAMPLES_KEY: component_spec.ChannelParameter(type=tfx.types.standard_artifacts.Examples)}
+
+
+class ImageNetShardGen(tfx.types.BaseBeamComponent):
+    """ImageNet archives / directories / tensorflow-datasets -> per-host TFRecord shards as ``Examples``.
+
+    Output ``examples``: ``Split-train/`` and ``Split-validation/`` of uncompressed TFRecord shards of
+    ``tf.train.Example`` (keys in ``beam_preprocess.schema``) plus ``manifest.json`` at the root.
+    Beam options come from the pipeline's ``beam_pipeline_args`` or ``with_beam_pipeline_args``; on Dataflow
+    they must ship this project to the workers (``--setup_file ./setup.py``), which also stops TFX from
+    packaging its own installation for them.
+    """
+
+    SPEC_CLASS = ImageNetShardGenSpec
+    EXECUTOR_SPEC = executor_spec.BeamExecutorSpec(Executor)
+
+    def __init__(self, sharding_config: ShardingConfig | str):
+        """Validates ``sharding_config`` now, so that a bad config fails when the pipeline is built.
+
+        Args:
+          sharding_config: the ``ShardingConfig`` (or its ``to_json()``) naming the inputs, shard counts and
+            failure budget. Its ``output_dir`` is ignored: the shards go to the Examples artifact's URI,
+            laid out as ``Split-<split>/``.
+        """
+        if isinstance(sharding_config, ShardingConfig):
+            sharding_config = sharding_config.to_json()
+        ShardingConfig.from_json(sharding_config)
+        super().__init__(
+            spec=ImageNetShardGenSpec(
+                sharding_config=sharding_config,
+                examples=tfx.dsl.Channel(type=tfx.types.standard_artifacts.Examples),
+            )
+        )

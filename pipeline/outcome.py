@@ -1,0 +1,95 @@
+"""What a pipeline run ended with, read back from its ML Metadata store: top-1, blessing, push destination."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from ml_metadata.metadata_store import metadata_store
+from ml_metadata.proto import metadata_store_pb2
+
+from pipeline import pipeline_def
+
+
+@dataclasses.dataclass(frozen=True)
+class Outcome:
+    target_top1: float
+    top1: float | None
+    top5: float | None
+    blessed: bool
+    pushed: bool
+    pushed_destination: str | None
+    model_uri: str | None
+
+    def report(self) -> str:
+        top1 = "unknown" if self.top1 is None else f"{self.top1:.4f}"
+        lines = [f"top-1 on the validation split: {top1} (target {self.target_top1:.4f})"]
+        if self.blessed:
+            lines.append("model BLESSED by the Evaluator")
+        else:
+            lines.append("model NOT blessed: top-1 below the target (or worse than the last blessed model)")
+        if self.pushed:
+            lines.append(f"pushed to {self.pushed_destination}")
+        else:
+            lines.append("nothing pushed")
+        return "\n".join(lines)
+
+    def as_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def _store(metadata_path: str) -> metadata_store.MetadataStore:
+    config = metadata_store_pb2.ConnectionConfig()
+    config.sqlite.filename_uri = metadata_path
+    config.sqlite.connection_mode = metadata_store_pb2.SqliteMetadataSourceConfig.READONLY
+    return metadata_store.MetadataStore(config)
+
+
+def _latest(store, artifacts, type_name: str):
+    type_id = store.get_artifact_type(type_name).id
+    matching = [a for a in artifacts if a.type_id == type_id]
+    return max(matching, key=lambda a: a.id) if matching else None
+
+
+def _int_property(artifact, name: str) -> int | None:
+    if artifact is None or name not in artifact.custom_properties:
+        return None
+    return artifact.custom_properties[name].int_value
+
+
+def _metrics(evaluation_uri: str) -> dict[str, float]:
+    import tensorflow_model_analysis as tfma
+
+    values = {}
+    for metrics_for_slice in tfma.load_metrics(evaluation_uri):
+        if metrics_for_slice.slice_key.single_slice_keys:
+            continue  # only the overall slice
+        for key_and_value in metrics_for_slice.metric_keys_and_values:
+            if not key_and_value.key.is_diff:  # the change against the baseline model is a separate key
+                values.setdefault(key_and_value.key.name, key_and_value.value.double_value.value)
+    return values
+
+
+def read_outcome(metadata_path: str, pipeline_name: str, target_top1: float) -> Outcome:
+    """The latest Evaluator and Pusher outputs of ``pipeline_name`` in the SQLite store at ``metadata_path``."""
+    store = _store(metadata_path)
+    context = store.get_context_by_type_and_name("pipeline", pipeline_name)
+    if context is None:
+        raise RuntimeError(f"{metadata_path} holds no pipeline named {pipeline_name!r}")
+    artifacts = store.get_artifacts_by_context(context.id)
+    evaluation = _latest(store, artifacts, "ModelEvaluation")
+    blessing = _latest(store, artifacts, "ModelBlessing")
+    pushed = _latest(store, artifacts, "PushedModel")
+    model = _latest(store, artifacts, "Model")
+    metrics = _metrics(evaluation.uri) if evaluation else {}
+    destination = None
+    if pushed is not None and "pushed_destination" in pushed.custom_properties:
+        destination = pushed.custom_properties["pushed_destination"].string_value
+    return Outcome(
+        target_top1=target_top1,
+        top1=metrics.get(pipeline_def.TOP1),
+        top5=metrics.get(pipeline_def.TOP5),
+        blessed=_int_property(blessing, "blessed") == 1,
+        pushed=_int_property(pushed, "pushed") == 1,
+        pushed_destination=destination,
+        model_uri=model.uri if model else None,
+    )

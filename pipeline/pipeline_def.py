@@ -1,0 +1,127 @@
+"""The pipeline: ImageNet shards -> Trainer -> latest blessed model -> Evaluator (top-1 gate) -> Pusher.
+
+``create_pipeline`` is pure: it builds the same ``tfx.dsl.Pipeline`` for the LocalDagRunner and for Kubeflow /
+Vertex; the runners only choose where it runs (metadata store, Beam runner options, the Trainer's executor).
+"""
+
+from __future__ import annotations
+
+import json
+
+import tensorflow_model_analysis as tfma
+from tfx import v1 as tfx
+
+from beam_preprocess import schema
+from beam_preprocess.config import ShardingConfig
+from components.imagenet_shards import ImageNetShardGen
+from trainer_module import export, tfx_trainer
+from trainer_module.config import TrainerConfig
+
+RUN_FN = "trainer_module.tfx_trainer.run_fn"
+# ShardingConfig needs an output_dir; in the pipeline the Examples artifact's URI replaces this placeholder.
+ARTIFACT_OUTPUT_DIR = "<examples artifact uri>"
+TOP1 = "sparse_categorical_accuracy"
+TOP5 = "top5_accuracy"
+# The latest blessed model may tie; only a strictly worse model is refused.
+CHANGE_TOLERANCE = 1e-10
+
+
+def eval_config(target_top1: float) -> tfma.EvalConfig:
+    """Top-1 and top-5 on the validation split through ``serving_default``; blessed only when top-1 reaches
+    ``target_top1`` and is not worse than the last blessed model (when there is one)."""
+    return tfma.EvalConfig(
+        model_specs=[
+            tfma.ModelSpec(
+                signature_name="serving_default",
+                label_key=schema.LABEL,
+                prediction_key=export.PROBABILITIES,
+                model_type="tf_generic",
+            )
+        ],
+        slicing_specs=[tfma.SlicingSpec()],
+        metrics_specs=[
+            tfma.MetricsSpec(
+                metrics=[
+                    tfma.MetricConfig(
+                        class_name="SparseCategoricalAccuracy",
+                        threshold=tfma.MetricThreshold(
+                            value_threshold=tfma.GenericValueThreshold(lower_bound={"value": target_top1}),
+                            change_threshold=tfma.GenericChangeThreshold(
+                                direction=tfma.MetricDirection.HIGHER_IS_BETTER,
+                                absolute={"value": -CHANGE_TOLERANCE},
+                            ),
+                        ),
+                    ),
+                    tfma.MetricConfig(
+                        class_name="SparseTopKCategoricalAccuracy", config=json.dumps({"k": 5, "name": TOP5})
+                    ),
+                ]
+            )
+        ],
+    )
+
+
+def create_pipeline(
+    pipeline_name: str,
+    pipeline_root: str,
+    sharding: ShardingConfig,
+    trainer_config: TrainerConfig,
+    target_top1: float,
+    serving_model_dir: str,
+    metadata_connection_config=None,
+    beam_pipeline_args: list[str] | None = None,
+    trainer_factory=None,
+    trainer_custom_config: dict | None = None,
+    enable_cache: bool = True,
+) -> tfx.dsl.Pipeline:
+    """The whole pipeline.
+
+    Args:
+      pipeline_name / pipeline_root: TFX's; the root holds every artifact (gs:// on Vertex).
+      sharding: inputs and shard layout; its ``output_dir`` is replaced by the Examples artifact's URI.
+      trainer_config: the Trainer's config, passed as JSON through ``custom_config``.
+      target_top1: validation top-1 needed for blessing (and so for pushing).
+      serving_model_dir: where the Pusher copies a blessed model.
+      metadata_connection_config: the local SQLite store; None on Kubeflow / Vertex, which bring their own.
+      beam_pipeline_args: options of the sharding component's Beam pipeline (DirectRunner or Dataflow).
+      trainer_factory: the Trainer component class (default ``tfx.components.Trainer``; the Vertex runner
+        passes ``tfx.extensions.google_cloud_ai_platform.Trainer`` to train on a TPU slice).
+      trainer_custom_config: extra ``custom_config`` entries for that Trainer (Vertex job spec, region...).
+      enable_cache: reuse a step's outputs when its inputs and parameters are unchanged.
+    """
+    shards = ImageNetShardGen(sharding_config=sharding.to_json())
+    custom_config = {tfx_trainer.CONFIG_KEY: trainer_config.to_json(), **(trainer_custom_config or {})}
+    trainer = (trainer_factory or tfx.components.Trainer)(
+        examples=shards.outputs["examples"],
+        run_fn=RUN_FN,
+        train_args=tfx.proto.TrainArgs(splits=[schema.TRAIN]),
+        eval_args=tfx.proto.EvalArgs(splits=[schema.VALIDATION]),
+        custom_config=custom_config,
+    )
+    latest_blessed = tfx.dsl.Resolver(
+        strategy_class=tfx.dsl.experimental.LatestBlessedModelStrategy,
+        model=tfx.dsl.Channel(type=tfx.types.standard_artifacts.Model),
+        model_blessing=tfx.dsl.Channel(type=tfx.types.standard_artifacts.ModelBlessing),
+    ).with_id("latest_blessed_model_resolver")
+    evaluator = tfx.components.Evaluator(
+        examples=shards.outputs["examples"],
+        model=trainer.outputs["model"],
+        baseline_model=latest_blessed.outputs["model"],
+        eval_config=eval_config(target_top1),
+        example_splits=[schema.VALIDATION],
+    )
+    pusher = tfx.components.Pusher(
+        model=trainer.outputs["model"],
+        model_blessing=evaluator.outputs["blessing"],
+        push_destination=tfx.proto.PushDestination(
+            filesystem=tfx.proto.PushDestination.Filesystem(base_directory=serving_model_dir)
+        ),
+    )
+    return tfx.dsl.Pipeline(
+        pipeline_name=pipeline_name,
+        pipeline_root=pipeline_root,
+        components=[shards, trainer, latest_blessed, evaluator, pusher],
+        enable_cache=enable_cache,
+        metadata_connection_config=metadata_connection_config,
+        beam_pipeline_args=beam_pipeline_args or [],
+    )

@@ -1,0 +1,70 @@
+"""Pipeline presets: which trainer preset, which top-1 gate, and how to shard for the hosts that will read.
+
+A TPU-v3 host drives 8 cores, so a slice of C cores has C / 8 input pipelines; each split's shard count is a
+multiple of that (the reference's 1024 training and 128 validation shards for the whole pod). The top-1
+target gates blessing and pushing; for the paper's rows it is the peak top-1 of its Table 2.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from trainer_module import presets as trainer_presets
+
+CORES_PER_TPU_HOST = 8
+
+
+@dataclasses.dataclass(frozen=True)
+class PipelinePreset:
+    """One named way to run the whole pipeline.
+
+    Attributes:
+      name: the preset's name (also the trainer preset's).
+      target_top1: validation top-1 a model must reach to be blessed and pushed.
+      num_hosts: input pipelines that read the shards (shard counts are multiples of it).
+      train_shards / val_shards: shard counts (0 = from the target shard size).
+    """
+
+    name: str
+    target_top1: float
+    num_hosts: int
+    train_shards: int = 0
+    val_shards: int = 0
+
+    def trainer_config(self):
+        return trainer_presets.get_preset(self.name)
+
+
+def _paper(name: str) -> PipelinePreset:
+    config = trainer_presets.get_preset(name)
+    hosts = max(1, config.data.num_cores // CORES_PER_TPU_HOST)
+    return PipelinePreset(
+        name=name,
+        target_top1=config.loop.target_top1,
+        num_hosts=hosts,
+        train_shards=max(1024, hosts) // hosts * hosts,
+        val_shards=max(128, hosts) // hosts * hosts,
+    )
+
+
+def _build() -> dict[str, PipelinePreset]:
+    demo_target = trainer_presets.get_preset("demo").loop.target_top1
+    table = {
+        # The embedded digits, sharded as if for 2 hosts; the target the demo reaches on this machine.
+        "demo": PipelinePreset("demo", target_top1=demo_target, num_hosts=2, train_shards=8, val_shards=2),
+        # End-to-end checks: two training steps; any model passes a zero target.
+        "smoke": PipelinePreset("smoke", target_top1=0.0, num_hosts=1, train_shards=2, val_shards=1),
+    }
+    for name in trainer_presets.preset_names():
+        if name not in table:
+            table[name] = _paper(name)
+    return table
+
+
+PIPELINE_PRESETS = _build()
+
+
+def get(name: str) -> PipelinePreset:
+    if name not in PIPELINE_PRESETS:
+        raise ValueError(f"unknown pipeline preset {name!r}; known: {', '.join(PIPELINE_PRESETS)}")
+    return PIPELINE_PRESETS[name]
