@@ -44,3 +44,15 @@ def clean_archives(tmp_path_factory):
 
     out = tmp_path_factory.mktemp("clean_archives")
     return sample_data.write_archives(str(out), sample_data.digit_samples(size=24)[:400], val_fraction=0.25)
+
+
+@pytest.fixture(autouse=True)
+def _fresh_collective_keys():
+    """Gives each test's MirroredStrategy its own collective group keys.
+
+    Every MirroredStrategy numbers its collective groups from the same base, so a strategy over 2 devices
+    and a later one over 8 would both claim group 1 with different sizes and abort ("joining a group with
+    size 2, but that group has size 8"). TensorFlow's own strategy tests bump the base the same way.
+    """
+    tf.distribute.MirroredStrategy._collective_key_base += 100_000
+    yield
