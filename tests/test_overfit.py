@@ -42,3 +42,24 @@ def test_tiny_lars_grouped_bn_overfits_a_small_batch(logical_cpus):
     assert first > 2.0  # about ln(10) at initialisation
     assert last < 0.05, f"loss {first:.3f} -> {last:.3f}"
     assert trainer.step == 1 + steps
+
+
+def test_weight_averaging_swaps_in_the_averages_for_evaluation_and_back():
+    config = with_overrides(presets.get_preset("smoke"), ["optimizer.ema_decay=0.5", "model.num_classes=10"])
+    trainer = train.Trainer(config, tf.distribute.OneDeviceStrategy("/cpu:0"))
+    rng = np.random.default_rng(1)
+    batch = (
+        tf.constant(rng.uniform(0, 255, (8, 32, 32, 3)), tf.float32),
+        tf.constant(np.arange(8), tf.int32),
+    )
+    iterator = iter(tf.data.Dataset.from_tensors(batch).repeat())
+    trainer.train_loop(iterator, tf.constant(3))
+    raw = [w.numpy() for w in trainer.model.trainable_variables]
+    averages = [a.numpy() for a in trainer.optimizer._model_variables_moving_average]
+    assert any(not np.allclose(r, a) for r, a in zip(raw, averages, strict=True))
+    trainer.swap_ema_weights()
+    for weight, average in zip(trainer.model.trainable_variables, averages, strict=True):
+        np.testing.assert_array_equal(weight.numpy(), average)
+    trainer.swap_ema_weights()
+    for weight, original in zip(trainer.model.trainable_variables, raw, strict=True):
+        np.testing.assert_array_equal(weight.numpy(), original)

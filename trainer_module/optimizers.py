@@ -162,7 +162,7 @@ class LARS(keras.optimizers.Optimizer):
         return config
 
 
-def rmsprop(learning_rate, rho: float = 0.9, momentum: float = 0.9, epsilon: float = 1e-3):
+def rmsprop(learning_rate, rho: float = 0.9, momentum: float = 0.9, epsilon: float = 1e-3, **kwargs):
     """RMSProp with the original EfficientNet recipe's settings (decay 0.9, momentum 0.9, epsilon 0.001).
 
     Keras' RMSprop keeps epsilon inside the square root like tf.compat.v1's RMSPropOptimizer, but starts its
@@ -174,9 +174,10 @@ def rmsprop(learning_rate, rho: float = 0.9, momentum: float = 0.9, epsilon: flo
       rho: discounting factor of the mean square of gradients ("decay" in TF1).
       momentum: momentum coefficient.
       epsilon: added to the mean square under the square root.
+      **kwargs: other ``keras.optimizers.RMSprop`` arguments (use_ema, ema_momentum, ...).
     """
     return keras.optimizers.RMSprop(
-        learning_rate=learning_rate, rho=rho, momentum=momentum, epsilon=epsilon, name="RMSprop"
+        learning_rate=learning_rate, rho=rho, momentum=momentum, epsilon=epsilon, name="RMSprop", **kwargs
     )
 
 
@@ -193,6 +194,9 @@ def build_optimizer(optimizer_config: OptimizerConfig, learning_rate_schedule):
       ``optimizer_config.l2_loss_weight`` times the L2 norm to the loss.
     """
     name = optimizer_config.name
+    # Weight averaging (ema_decay > 0) is Keras' own: it keeps the averages beside the slots and updates them
+    # after every step; the trainer evaluates and exports with them (Trainer.swap_ema_weights).
+    ema = {"use_ema": True, "ema_momentum": optimizer_config.ema_decay} if optimizer_config.ema_decay else {}
     if name == "lars":
         return LARS(
             learning_rate_schedule,
@@ -201,6 +205,7 @@ def build_optimizer(optimizer_config: OptimizerConfig, learning_rate_schedule):
             eeta=optimizer_config.lars_eeta,
             epsilon=optimizer_config.lars_epsilon,
             nesterov=optimizer_config.lars_nesterov,
+            **ema,
         )
     if name == "rmsprop":
         return rmsprop(
@@ -208,7 +213,8 @@ def build_optimizer(optimizer_config: OptimizerConfig, learning_rate_schedule):
             rho=optimizer_config.rmsprop_rho,
             momentum=optimizer_config.momentum,
             epsilon=optimizer_config.rmsprop_epsilon,
+            **ema,
         )
     if name == "sgd":
-        return keras.optimizers.SGD(learning_rate_schedule, momentum=optimizer_config.momentum)
+        return keras.optimizers.SGD(learning_rate_schedule, momentum=optimizer_config.momentum, **ema)
     raise ValueError(f"optimizer.name={name!r} is not one of 'lars', 'rmsprop', 'sgd'")

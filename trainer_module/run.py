@@ -33,6 +33,7 @@ def run(
     logging.getLogger("trainer_module").setLevel(logging.INFO)
     strategy = strategies.build_strategy(config, devices)
     metrics, trainer = train.train_and_evaluate(config, train_files, eval_files, paths, strategy)
+    trainer.swap_ema_weights()  # export the averaged weights, as evaluated
     if train.is_chief(strategy):
         export.export_saved_model(trainer.model, config.image_size, paths.resolved_export_dir)
     else:

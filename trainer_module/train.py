@@ -109,6 +109,21 @@ class Trainer:
     def step(self) -> int:
         return int(self.optimizer.iterations.numpy())
 
+    def swap_ema_weights(self) -> None:
+        """Exchanges the model's weights with their moving averages (no-op without ``optimizer.ema_decay``).
+
+        Called around each evaluation (the recipe evaluates the averaged weights) and before the export.
+        """
+        if not self.optimizer.use_ema:
+            return
+        with self.strategy.scope():
+            for weight, average in zip(
+                self.model.trainable_variables, self.optimizer._model_variables_moving_average, strict=True
+            ):
+                current = tf.identity(weight.value)
+                weight.assign(average.value)
+                average.assign(current)
+
     def _loss(self, labels, logits):
         """Per-replica share of the global-batch mean loss (+ L2 when the optimizer does not decay)."""
         config = self.config
@@ -322,7 +337,9 @@ def train_and_evaluate(
                 tf.summary.scalar("train/loss", loss)
                 tf.summary.scalar("train/learning_rate", lr)
                 tf.summary.scalar("train/images_per_second", rate)
+        trainer.swap_ema_weights()
         result = _evaluate(trainer, eval_dist, eval_plan)
+        trainer.swap_ema_weights()
         trainer.elapsed.assign(time.time() - loop_start)
         entry = {
             "step": step,
