@@ -18,20 +18,12 @@ import types
 import typing
 from collections.abc import Iterable
 
+from trainer_module.models.efficientnet import VARIANTS
 from trainer_module.schedules import DEFAULT_END_LEARNING_RATE, POLYNOMIAL_POWER, scaled_learning_rate
 
-# EfficientNet variants: default input resolution and dropout before the classifier (REFERENCE.md section 4).
-# 'tiny' is the CI / CPU-demo variant of trainer_module.models, run on 32-pixel images.
+# Default input resolution and dropout of each EfficientNet variant, from the model library's table.
 VARIANT_DEFAULTS = {
-    "b0": {"image_size": 224, "dropout_rate": 0.2},
-    "b1": {"image_size": 240, "dropout_rate": 0.2},
-    "b2": {"image_size": 260, "dropout_rate": 0.3},
-    "b3": {"image_size": 300, "dropout_rate": 0.3},
-    "b4": {"image_size": 380, "dropout_rate": 0.4},
-    "b5": {"image_size": 456, "dropout_rate": 0.4},
-    "b6": {"image_size": 528, "dropout_rate": 0.5},
-    "b7": {"image_size": 600, "dropout_rate": 0.5},
-    "tiny": {"image_size": 32, "dropout_rate": 0.2},
+    name: {"image_size": spec.resolution, "dropout_rate": spec.dropout} for name, spec in VARIANTS.items()
 }
 BN_GROUP_LAYOUTS = ("consecutive", "torus2d")
 PRECISIONS = ("float32", "bfloat16")
