@@ -75,6 +75,7 @@ def test_mirrored_8_replicas_grouped_bn_counts_every_eval_example(digit_shards, 
         assert all(np.isfinite(h[k]) for k in ("top1", "top5", "loss"))
         assert 0.0 <= h["top1"] <= h["top5"] <= 1.0
     assert trainer.step == 24
+    assert 0.0 < metrics["allreduce_share"] < 1.0  # gradient all-reduce measured against the step time
     log = read_run_log(str(tmp_path / "run_log.jsonl"))
     assert [e["event"] for e in log if e["event"] in ("start", "eval", "end")] == [
         "start",
@@ -212,3 +213,17 @@ def test_multi_worker_mirrored_over_loopback(digit_shards, tmp_path):
     assert len(files[0]) == len(files[1]) == 2
     with open(tmp_path / "metrics.json") as f:
         assert json.load(f)["eval_examples"] == digit_shards["num_eval"]
+
+
+def test_non_finite_loss_stops_with_a_clear_error_and_keeps_the_last_good_checkpoint(digit_shards, tmp_path):
+    good = _config(**{"loop.train_epochs": 1})
+    paths = train.RunPaths(str(tmp_path))
+    strategy = tf.distribute.OneDeviceStrategy("/cpu:0")
+    train.train_and_evaluate(good, [digit_shards["train"]], [digit_shards["eval"]], paths, strategy)
+    checkpoint = tf.train.latest_checkpoint(paths.checkpoint_dir)
+    assert checkpoint.endswith("ckpt-50")
+    # The same run continued for a second epoch with an absurd learning rate diverges.
+    diverging = _config(**{"loop.train_epochs": 2, "optimizer.name": "sgd", "schedule.lr_per_256": 1e30})
+    with pytest.raises(train.NonFiniteLossError, match="training loss became nan|training loss became inf"):
+        train.train_and_evaluate(diverging, [digit_shards["train"]], [digit_shards["eval"]], paths, strategy)
+    assert tf.train.latest_checkpoint(paths.checkpoint_dir) == checkpoint

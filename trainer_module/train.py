@@ -191,6 +191,29 @@ class Trainer:
         return totals
 
 
+def measure_allreduce_seconds(trainer: Trainer, repeats: int = 5) -> float | None:
+    """Seconds one all-reduce of a full set of gradients takes on this strategy (None on one replica).
+
+    Timed apart from the step, on zero tensors of the gradients' shapes, with the same reduction the optimizer
+    uses; divided by the measured step time it gives the share of a step spent in gradient all-reduce.
+    """
+    strategy = trainer.strategy
+    if strategy.num_replicas_in_sync == 1:
+        return None
+    shapes = [v.shape for v in trainer.model.trainable_variables]
+
+    def replica_fn():
+        context = tf.distribute.get_replica_context()
+        return context.all_reduce(tf.distribute.ReduceOp.SUM, [tf.zeros(shape) for shape in shapes])
+
+    reduce_all = tf.function(lambda: strategy.run(replica_fn))
+    reduce_all()  # trace and warm up
+    start = time.time()
+    for _ in range(repeats):
+        reduce_all()
+    return (time.time() - start) / repeats
+
+
 def is_chief(strategy: tf.distribute.Strategy) -> bool:
     """Whether this task writes the run's files (under MultiWorkerMirroredStrategy only worker 0 does)."""
     resolver = getattr(strategy, "cluster_resolver", None)
@@ -359,6 +382,10 @@ def train_and_evaluate(
 
     metrics = _final_metrics(config, history, trained_images, train_seconds, target, eval_plan, strategy)
     metrics["first_call_seconds"] = first_call_seconds
+    allreduce = measure_allreduce_seconds(trainer)
+    step_seconds = train_seconds * config.data.global_batch_size / trained_images if trained_images else None
+    metrics["allreduce_seconds_per_step"] = allreduce
+    metrics["allreduce_share"] = allreduce / step_seconds if allreduce is not None and step_seconds else None
     log.event("end", **{k: v for k, v in metrics.items() if k != "history"})
     if chief:
         with open(paths.metrics_path, "w") as f:
