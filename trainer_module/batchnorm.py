@@ -19,6 +19,12 @@ Cross-replica communication:
   moving averages (the reference's "one extra all-reduce per layer").
 
 Both reductions are differentiable, so gradients flow through the group statistics as in sync batch norm.
+
+Groups of one replica (per-replica batch norm, the only kind a single device has) take the fused batch-norm
+kernel when the input is a 4-D float32 image batch: one kernel computes the statistics and normalises, one
+computes the whole gradient. On CPU (oneDNN) that is several times faster than the two-pass form, whose
+elementwise ops and their gradients made up about 40% of an EfficientNet-B0 training step. The kernel returns
+the Bessel-corrected variance; the moving variance takes the biased one, as everywhere else here.
 """
 
 from typing import NamedTuple
@@ -28,7 +34,16 @@ import tensorflow as tf
 
 from trainer_module.replica_groups import LAYOUTS, group_assignment
 
-__all__ = ["GroupedBatchNormalization", "GroupMoments", "group_assignment", "grouped_moments"]
+__all__ = [
+    "GroupedBatchNormalization",
+    "GroupMoments",
+    "fused_per_replica_batch_norm",
+    "group_assignment",
+    "grouped_moments",
+]
+
+# tf.nn.fused_batch_norm silently raises a smaller epsilon to this floor: smaller ones take the two-pass form.
+FUSED_KERNEL_MIN_EPSILON = 1.001e-5
 
 
 class GroupMoments(NamedTuple):
@@ -58,12 +73,7 @@ def grouped_moments(x, group_size, layout="consecutive"):
         ValueError: outside a replica context, on a group size that does not divide the number of replicas,
             or on an empty batch.
     """
-    context = tf.distribute.get_replica_context()
-    if context is None:
-        raise ValueError(
-            "Grouped batch norm in training mode must run in a replica context (inside strategy.run, or with "
-            "no strategy); it was called in a cross-replica context, where it cannot tell its replica."
-        )
+    context = _replica_context()
     num_replicas = context.num_replicas_in_sync
     groups = group_assignment(num_replicas, group_size, layout)
     if group_size == 1:
@@ -73,6 +83,46 @@ def grouped_moments(x, group_size, layout="consecutive"):
     if isinstance(tf.distribute.get_strategy(), _TPU_STRATEGIES):
         return _moments_by_cross_replica_sum(local_sums, channels, groups, num_replicas)
     return _moments_by_all_reduce(local_sums, channels, groups, context)
+
+
+def fused_per_replica_batch_norm(x, scale, offset, epsilon):
+    """Training-mode batch norm over this replica's own batch (groups of one) in one fused kernel.
+
+    Computes what normalising with ``grouped_moments(x, group_size=1)`` computes (within float rounding),
+    gradients included. Must run in a replica context, like ``grouped_moments``.
+
+    Args:
+        x: Float32 tensor ``[batch, height, width, channels]``, this replica's batch.
+        scale: Float32 ``[channels]`` (gamma); ones for no scaling.
+        offset: Float32 ``[channels]`` (beta); zeros for no offset.
+        epsilon: Added to the variance before the square root; at least ``FUSED_KERNEL_MIN_EPSILON``.
+
+    Returns:
+        ``(outputs, moving_mean_update, moving_variance_update)``: the normalised batch, and the average over
+        all replicas of their batch means and biased batch variances (no gradient).
+
+    Raises:
+        ValueError: outside a replica context, on inputs that are not a non-empty 4-D batch, or on an
+            epsilon below the kernel's floor.
+    """
+    context = _replica_context()
+    if x.shape.rank != 4:
+        raise ValueError(
+            f"The fused batch-norm kernel needs inputs [batch, height, width, channels], got {x.shape}."
+        )
+    if epsilon < FUSED_KERNEL_MIN_EPSILON:
+        raise ValueError(f"epsilon={epsilon} is below the fused kernel's floor {FUSED_KERNEL_MIN_EPSILON}.")
+    x, count = _checked_element_count(x)
+    outputs, mean, unbiased_variance = tf.compat.v1.nn.fused_batch_norm(
+        x, scale, offset, epsilon=epsilon, data_format="NHWC", is_training=True
+    )
+    # The kernel reports the variance times n / (n - 1); undo it (n = 1 gives 0, the biased variance then).
+    variance = unbiased_variance * ((count - 1.0) / count)
+    statistics = tf.stop_gradient(tf.concat([mean, variance], axis=0))
+    if context.num_replicas_in_sync > 1:
+        statistics = context.all_reduce(tf.distribute.ReduceOp.MEAN, statistics)
+    channels = x.shape[-1]
+    return outputs, statistics[:channels], statistics[channels:]
 
 
 @keras.saving.register_keras_serializable(package="effnet_pipeline")
@@ -94,13 +144,23 @@ class GroupedBatchNormalization(keras.layers.BatchNormalization):
         momentum: Momentum of the moving averages.
         epsilon: Added to the variance before the square root.
         name: Layer name.
+        fused: Use the fused batch-norm kernel where it applies (groups of one replica, 4-D float32 inputs,
+            epsilon >= ``FUSED_KERNEL_MIN_EPSILON``); same results within float rounding, several times
+            faster on CPU. False always takes the two-pass form (moments, then normalisation).
         **batch_norm_options: Other ``keras.layers.BatchNormalization`` arguments (``center``, ``scale``,
             initialisers, regularisers, constraints, ``dtype``...). ``axis`` must be -1; ``synchronized`` and
             ``renorm`` are not supported (grouping replaces the former; the latter changes the statistics).
     """
 
     def __init__(
-        self, group_size=1, layout="consecutive", momentum=0.99, epsilon=1e-3, name=None, **batch_norm_options
+        self,
+        group_size=1,
+        layout="consecutive",
+        momentum=0.99,
+        epsilon=1e-3,
+        name=None,
+        fused=True,
+        **batch_norm_options,
     ):
         if isinstance(group_size, bool) or not isinstance(group_size, int) or group_size < 1:
             raise ValueError(
@@ -117,6 +177,7 @@ class GroupedBatchNormalization(keras.layers.BatchNormalization):
         super().__init__(momentum=momentum, epsilon=epsilon, name=name, **batch_norm_options)
         self.group_size = group_size
         self.layout = layout
+        self.fused = bool(fused)
 
     def call(self, inputs, training=None, mask=None):
         if not (training and self.trainable):
@@ -127,23 +188,47 @@ class GroupedBatchNormalization(keras.layers.BatchNormalization):
 
         compute_dtype = keras.backend.result_type(inputs.dtype, "float32")
         inputs = keras.ops.cast(inputs, compute_dtype)
+        offset = keras.ops.cast(self.beta, compute_dtype) if self.center else None
+        scale = keras.ops.cast(self.gamma, compute_dtype) if self.scale else None
         try:
-            moments = grouped_moments(inputs, self.group_size, self.layout)
+            if self._takes_fused_kernel(inputs):
+                channels = inputs.shape[-1]
+                outputs, moving_mean_update, moving_variance_update = fused_per_replica_batch_norm(
+                    inputs,
+                    tf.ones([channels], compute_dtype) if scale is None else scale,
+                    tf.zeros([channels], compute_dtype) if offset is None else offset,
+                    self.epsilon,
+                )
+            else:
+                moments = grouped_moments(inputs, self.group_size, self.layout)
+                moving_mean_update, moving_variance_update = (
+                    moments.moving_mean_update,
+                    moments.moving_variance_update,
+                )
+                outputs = keras.ops.batch_normalization(
+                    x=inputs,
+                    mean=moments.mean,
+                    variance=moments.variance,
+                    axis=-1,
+                    offset=offset,
+                    scale=scale,
+                    epsilon=self.epsilon,
+                )
         except ValueError as error:
             raise ValueError(f"Batch-norm layer {self.name!r}: {error}") from error
 
-        self._update_moving_average(self.moving_mean, moments.moving_mean_update)
-        self._update_moving_average(self.moving_variance, moments.moving_variance_update)
-        outputs = keras.ops.batch_normalization(
-            x=inputs,
-            mean=moments.mean,
-            variance=moments.variance,
-            axis=-1,
-            offset=keras.ops.cast(self.beta, compute_dtype) if self.center else None,
-            scale=keras.ops.cast(self.gamma, compute_dtype) if self.scale else None,
-            epsilon=self.epsilon,
-        )
+        self._update_moving_average(self.moving_mean, moving_mean_update)
+        self._update_moving_average(self.moving_variance, moving_variance_update)
         return keras.ops.cast(outputs, self.compute_dtype)
+
+    def _takes_fused_kernel(self, inputs):
+        return (
+            self.fused
+            and self.group_size == 1
+            and inputs.shape.rank == 4
+            and inputs.dtype == tf.float32
+            and self.epsilon >= FUSED_KERNEL_MIN_EPSILON
+        )
 
     def _update_moving_average(self, variable, statistic):
         """Keras' convention: ``moving = moving * momentum + statistic * (1 - momentum)``."""
@@ -151,7 +236,41 @@ class GroupedBatchNormalization(keras.layers.BatchNormalization):
         variable.assign(variable * self.momentum + statistic * (1.0 - self.momentum))
 
     def get_config(self):
-        return {**super().get_config(), "group_size": self.group_size, "layout": self.layout}
+        return {
+            **super().get_config(),
+            "group_size": self.group_size,
+            "layout": self.layout,
+            "fused": self.fused,
+        }
+
+
+def _replica_context():
+    context = tf.distribute.get_replica_context()
+    if context is None:
+        raise ValueError(
+            "Grouped batch norm in training mode must run in a replica context (inside strategy.run, or with "
+            "no strategy); it was called in a cross-replica context, where it cannot tell its replica."
+        )
+    return context
+
+
+def _checked_element_count(x):
+    """``(x, elements per channel)``, with ``x`` made to wait for the non-empty check where it is needed.
+
+    A batch of static shape is checked here, at trace time; one whose size is only known at run time is
+    checked there (XLA drops that check, which then costs nothing).
+    """
+    if x.shape.rank is None or x.shape.rank < 2:
+        raise ValueError(f"Grouped batch norm needs inputs [batch, ..., channels], got shape {x.shape}.")
+    per_channel = x.shape[:-1]
+    if 0 in per_channel:
+        raise ValueError(f"Grouped batch norm got an empty per-replica batch (input shape {x.shape}).")
+    if per_channel.is_fully_defined():
+        return x, tf.constant(per_channel.num_elements(), x.dtype)
+    count = tf.cast(tf.reduce_prod(tf.shape(x)[:-1]), x.dtype)
+    check = tf.debugging.assert_positive(count, message="Grouped batch norm got an empty per-replica batch.")
+    with tf.control_dependencies([check]):
+        return tf.identity(x), tf.identity(count)
 
 
 # Statistics from per-replica sums.
@@ -159,19 +278,11 @@ class GroupedBatchNormalization(keras.layers.BatchNormalization):
 
 def _local_sums(x):
     """This replica's per-channel ``sum(x)``, ``sum(x^2)`` and element count, shape ``[2 * channels + 1]``."""
-    if x.shape.rank is None or x.shape.rank < 2:
-        raise ValueError(f"Grouped batch norm needs inputs [batch, ..., channels], got shape {x.shape}.")
-    if x.shape[0] == 0:
-        raise ValueError(f"Grouped batch norm got an empty per-replica batch (input shape {x.shape}).")
+    x, count = _checked_element_count(x)
     reduction_axes = list(range(x.shape.rank - 1))
-    count = tf.cast(tf.reduce_prod(tf.shape(x)[:-1]), x.dtype)
-    # A batch size only known at run time is checked there (XLA drops the check, which then costs nothing).
-    with tf.control_dependencies(
-        [tf.debugging.assert_positive(count, message="Grouped batch norm got an empty per-replica batch.")]
-    ):
-        sums = tf.reduce_sum(x, reduction_axes)
-        square_sums = tf.reduce_sum(tf.square(x), reduction_axes)
-        return tf.concat([sums, square_sums, count[None]], axis=0)
+    sums = tf.reduce_sum(x, reduction_axes)
+    square_sums = tf.reduce_sum(tf.square(x), reduction_axes)
+    return tf.concat([sums, square_sums, count[None]], axis=0)
 
 
 def _moments_from_sums(sums, channels):
@@ -187,7 +298,7 @@ def _moments_from_sums(sums, channels):
 
 
 def _per_replica_moments(x, context):
-    _local_sums(x[..., :1])  # the shape and empty-batch checks, on one channel
+    x, _ = _checked_element_count(x)
     mean, variance = tf.nn.moments(x, axes=list(range(x.shape.rank - 1)))
     statistics = tf.stop_gradient(tf.concat([mean, variance], axis=0))
     if context.num_replicas_in_sync > 1:
