@@ -52,12 +52,12 @@ def main(argv: list[str] | None = None) -> int:
     except (TypeError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    from trainer_module import run
+    from trainer_module import run, train
 
     devices = run.use_logical_cpus(args.cpu_devices) if args.cpu_devices else None
     try:
         metrics = run.run(
-            config, args.train_files, args.eval_files, run.default_paths(args.model_dir), devices
+            config, args.train_files, args.eval_files, train.RunPaths(args.model_dir), devices
         )
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import os
 import shutil
 import tempfile
 
@@ -44,6 +43,3 @@ def run(
     metrics["export_dir"] = paths.resolved_export_dir
     return metrics
 
-
-def default_paths(model_dir: str) -> train.RunPaths:
-    return train.RunPaths(model_dir=model_dir, export_dir=os.path.join(model_dir, "export"))
