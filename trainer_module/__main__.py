@@ -56,9 +56,7 @@ def main(argv: list[str] | None = None) -> int:
 
     devices = run.use_logical_cpus(args.cpu_devices) if args.cpu_devices else None
     try:
-        metrics = run.run(
-            config, args.train_files, args.eval_files, train.RunPaths(args.model_dir), devices
-        )
+        metrics = run.run(config, args.train_files, args.eval_files, train.RunPaths(args.model_dir), devices)
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

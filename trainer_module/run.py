@@ -42,4 +42,3 @@ def run(
         shutil.rmtree(scratch, ignore_errors=True)
     metrics["export_dir"] = paths.resolved_export_dir
     return metrics
-
