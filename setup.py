@@ -25,6 +25,8 @@ INSTALL_REQUIRES = [
     "numpy<2",
     # scikit-learn ships the real scanned digits the embedded demo data is rendered from.
     "scikit-learn",
+    # Plots of the run report and the large-batch study (PNG, Agg backend).
+    "matplotlib>=3.8",
 ]
 
 setup(
@@ -34,5 +36,6 @@ setup(
     python_requires=">=3.10",
     packages=find_packages(include=["beam_preprocess*", "components*", "pipeline*", "trainer_module*"]),
     install_requires=INSTALL_REQUIRES,
-    extras_require={"dev": ["pytest>=8", "ruff==0.8.6"]},
+    # gcp-storage-emulator: a GCS JSON-API server the tests run beam_preprocess against (tests/gcs_emulator.py).
+    extras_require={"dev": ["pytest>=8", "ruff==0.8.6", "gcp-storage-emulator==2026.7.19"]},
 )

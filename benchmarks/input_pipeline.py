@@ -1,18 +1,21 @@
-"""Training input pipeline throughput: fused decode-and-crop against decode-then-crop, in the same run.
+"""Training input pipeline throughput: fused decode-and-crop against decode-then-crop, and the cost of
+AutoAugment / RandAugment, in the same run.
 
 Shards of real-photo JPEGs of ImageNet-like size (``sample_data.photo_samples``, shorter side 180-375 px) are
 written by beam_preprocess first (not timed). Then ``build_train_dataset`` runs on one host at the model
 resolution (224 px by default) in two variants that differ only in decoding:
 
 - ``fused``: ``decode_and_crop_jpeg`` decodes only the sampled crop window (what training uses);
-- ``decode-then-crop`` (the baseline): decode the whole JPEG, then slice the window.
+- ``decode-then-crop`` (the baseline): decode the whole JPEG, then slice the window;
+- ``fused + autoaugment`` and ``fused + randaugment``: the fused pipeline followed by the augmentation policy
+  (AutoAugment policy v0; RandAugment with 2 layers at magnitude 10), as the paper presets train.
 
 Each variant is warmed up, then timed in ``--rounds`` alternating rounds of ``--seconds`` each; the best round
-counts (the machine may be shared). Printed: images/s of each and the ratio fused / baseline, at 224 px and at
-the demo resolution (``--demo-size``, 32 px). ``--with-model`` also times a training step of EfficientNet-B0
-(``trainer_module.models.efficientnet('b0')``, SGD, float32) on one fixed batch at the same resolution on this
-machine's default device, and prints input-pipeline images/s over model images/s (above 1: the pipeline
-keeps up with the model here).
+counts (the machine may be shared). Printed: images/s of each, the ratio fused / baseline and each augmented
+rate over the fused one, at 224 px and at the demo resolution (``--demo-size``, 32 px). ``--with-model`` also
+times a training step of EfficientNet-B0 (``trainer_module.models.efficientnet('b0')``, SGD, float32) on one
+fixed batch at the same resolution on this machine's default device, and prints each pipeline's images/s over
+the model's (above 1: the pipeline keeps up with the model here).
 
     .venv/bin/python benchmarks/input_pipeline.py                # about 2 minutes on 2 cores
     .venv/bin/python benchmarks/input_pipeline.py --with-model   # plus the model's training step rate
@@ -40,10 +43,20 @@ from beam_preprocess import sample_data, schema  # noqa: E402
 from beam_preprocess.config import ShardingConfig  # noqa: E402
 from beam_preprocess.run import run  # noqa: E402
 from trainer_module import input_pipeline  # noqa: E402
+from trainer_module.config import AugmentConfig  # noqa: E402
 
 NUM_SHARDS = 8
 FUSED = "fused decode-and-crop"
 BASELINE = "decode-then-crop"
+AUTOAUGMENT = "fused + autoaugment"
+RANDAUGMENT = "fused + randaugment"
+# name -> build_train_dataset arguments of each variant.
+VARIANTS = {
+    FUSED: {"fused_decode_crop": True},
+    BASELINE: {"fused_decode_crop": False},
+    AUTOAUGMENT: {"augmentation": AugmentConfig(policy="autoaugment")},
+    RANDAUGMENT: {"augmentation": AugmentConfig(policy="randaugment", num_layers=2, magnitude=10.0)},
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -82,12 +95,10 @@ def images_per_second(iterator, batch_size: int, seconds: float) -> float:
 
 
 def time_pipelines(files: str, image_size: int, batch_size: int, seconds: float, rounds: int) -> list[Rate]:
-    """Best-of-``rounds`` images/s of the fused pipeline and of the baseline, timed alternately."""
+    """Best-of-``rounds`` images/s of every variant, timed alternately."""
     iterators = {}
-    for name, fused in ((FUSED, True), (BASELINE, False)):
-        dataset = input_pipeline.build_train_dataset(
-            files, None, batch_size, image_size, fused_decode_crop=fused
-        )
+    for name, arguments in VARIANTS.items():
+        dataset = input_pipeline.build_train_dataset(files, None, batch_size, image_size, **arguments)
         iterators[name] = iter(dataset)
         for _ in range(3):  # warm-up: thread pools, autotuning, the shuffle buffer's first fill
             next(iterators[name])
@@ -161,6 +172,11 @@ def main(argv: list[str] | None = None) -> None:
         for size in sizes:
             fused, baseline = rates[(FUSED, size)], rates[(BASELINE, size)]
             print(f"  {size:>7} px  {fused:>16.0f} img/s  {baseline:>21.0f} img/s  {fused / baseline:>5.2f}x")
+        print("\naugmentation on top of the fused pipeline (ratio to the fused pipeline without it):")
+        for size in sizes:
+            for name in (AUTOAUGMENT, RANDAUGMENT):
+                rate = rates[(name, size)]
+                print(f"  {size:>7} px  {name:>22}  {rate:>8.0f} img/s  {rate / rates[(FUSED, size)]:>5.2f}x")
 
         if args.with_model:
             model_rate = model_images_per_second(args.image_size, args.model_batch_size, args.model_steps)
@@ -168,12 +184,13 @@ def main(argv: list[str] | None = None) -> None:
                 print("\n--with-model: trainer_module.models is not there yet; model timing skipped")
             else:
                 device = "GPU" if tf.config.list_physical_devices("GPU") else "CPU"
-                pipeline_rate = rates[(FUSED, args.image_size)]
                 print(
                     f"\nEfficientNet-B0 training step at {args.image_size} px on this {device}, batch "
-                    f"{args.model_batch_size}: {model_rate:.1f} img/s; input pipeline / model = "
-                    f"{pipeline_rate / model_rate:.1f}x (above 1: the input keeps up; both share these CPUs)"
+                    f"{args.model_batch_size}: {model_rate:.1f} img/s. Input pipeline / model (above 1: the "
+                    "input keeps up; both share these CPUs):"
                 )
+                for name in (FUSED, AUTOAUGMENT, RANDAUGMENT):
+                    print(f"  {name:>22}  {rates[(name, args.image_size)] / model_rate:>6.1f}x")
     finally:
         if not args.work_dir:
             shutil.rmtree(work_dir, ignore_errors=True)

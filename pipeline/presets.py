@@ -1,7 +1,8 @@
 """Pipeline presets: which trainer preset, which top-1 gate, and how to shard for the hosts that will read.
 
-A TPU-v3 host drives 8 cores, so a slice of C cores has C / 8 input pipelines; each split's shard count is a
-multiple of that (the reference's 1024 training and 128 validation shards for the whole pod). The top-1
+A slice has ``config.plan.hosts`` input pipelines (a TPU-v3 host drives 8 cores: C / 8 for a slice of C
+cores); each split's shard count is a multiple of that (the reference's 1024 training and 128 validation
+shards for the whole pod). The top-1
 target gates blessing and pushing; for the paper's rows it is the peak top-1 of its Table 2.
 """
 
@@ -10,8 +11,6 @@ from __future__ import annotations
 import dataclasses
 
 from trainer_module import presets as trainer_presets
-
-CORES_PER_TPU_HOST = 8
 
 
 @dataclasses.dataclass(frozen=True)
@@ -37,7 +36,7 @@ class PipelinePreset:
 
 def _paper(name: str) -> PipelinePreset:
     config = trainer_presets.get_preset(name)
-    hosts = max(1, config.data.num_cores // CORES_PER_TPU_HOST)
+    hosts = config.plan.hosts
     return PipelinePreset(
         name=name,
         target_top1=config.loop.target_top1,

@@ -124,7 +124,7 @@ def test_ring_order_is_a_closed_walk_over_every_cell(rows, cols):
         (8, -2, "consecutive", "group_size must be an integer >= 1"),
         (8, 2.0, "consecutive", "group_size must be an integer >= 1"),
         (0, 1, "consecutive", "num_replicas must be an integer >= 1"),
-        (8, 2, "hexagonal", "Unknown replica group layout 'hexagonal'"),
+        (8, 2, "hexagonal", "model.bn_group_layout=.hexagonal. is not one of"),
         (24, 8, "torus2d", "torus2d num_replicas (TPU cores in the slice) must be a power of two, got 24"),
         (48, 12, "torus2d", "power of two"),
     ],
@@ -368,7 +368,7 @@ def test_config_round_trip():
     [
         ({"group_size": 0}, "group_size must be an integer >= 1"),
         ({"group_size": 2.5}, "group_size must be an integer >= 1"),
-        ({"layout": "ring"}, "layout must be one of"),
+        ({"layout": "ring"}, "model.bn_group_layout=.ring. is not one of"),
         ({"axis": 1}, "channels-last only"),
         ({"synchronized": True}, "does not support synchronized=True"),
         ({"renorm": True}, "does not support renorm=True"),

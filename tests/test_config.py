@@ -15,32 +15,118 @@ from trainer_module.config import (
 )
 from trainer_module.presets import PRESETS, get_preset, preset_names
 
-# The paper's Table 2, one row per preset, with the derived values worked out by hand:
-# steps/epoch = 1,281,167 // batch, warmup steps = int(warmup epochs * steps/epoch), peak = lr/256 * batch/256,
-# batch-norm group = 128 // (batch / cores).
+# The paper's Table 2, one row per preset, with the derived values worked out by hand as the reference does:
+# steps/epoch = 1,281,167 / batch (a float), warmup steps = int(warmup epochs * steps/epoch), total steps =
+# int(350 * steps/epoch), peak = lr/256 * batch/256, batch-norm group = 128 // (batch / cores) for LARS rows and
+# the reference's slice rule max(8, cores // 8) for RMSProp rows.
 # name, variant, optimizer, schedule, cores, batch, lr/256, warmup epochs, target,
-#   steps/epoch, warmup steps, peak LR, BN group
+#   warmup steps, total steps, peak LR, BN group
 TABLE2 = [
-    ("b2-rmsprop-128x4096", "b2", "rmsprop", "exponential", 128, 4096, 0.016, 5, 0.801, 312, 1560, 0.256, 4),
-    ("b2-rmsprop-256x8192", "b2", "rmsprop", "exponential", 256, 8192, 0.016, 5, 0.800, 156, 780, 0.512, 4),
-    ("b2-rmsprop-512x16384", "b2", "rmsprop", "exponential", 512, 16384, 0.016, 5, 0.799, 78, 390, 1.024, 4),
-    ("b2-lars-512x16384", "b2", "lars", "polynomial", 512, 16384, 0.236, 50, 0.795, 78, 3900, 15.104, 4),
-    ("b2-lars-1024x32768", "b2", "lars", "polynomial", 1024, 32768, 0.118, 50, 0.797, 39, 1950, 15.104, 4),
-    ("b5-rmsprop-128x4096", "b5", "rmsprop", "exponential", 128, 4096, 0.016, 5, 0.835, 312, 1560, 0.256, 4),
-    ("b5-rmsprop-256x8192", "b5", "rmsprop", "exponential", 256, 8192, 0.016, 5, 0.834, 156, 780, 0.512, 4),
-    ("b5-rmsprop-512x16384", "b5", "rmsprop", "exponential", 512, 16384, 0.016, 5, 0.834, 78, 390, 1.024, 4),
-    ("b5-lars-512x16384", "b5", "lars", "polynomial", 512, 16384, 0.236, 50, 0.833, 78, 3900, 15.104, 4),
-    ("b5-lars-1024x32768", "b5", "lars", "polynomial", 1024, 32768, 0.118, 50, 0.832, 39, 1950, 15.104, 4),
-    # 64 examples per core on this row, hence groups of 2.
-    ("b5-lars-1024x65536", "b5", "lars", "polynomial", 1024, 65536, 0.081, 43, 0.830, 19, 817, 20.736, 2),
+    (
+        "b2-rmsprop-128x4096",
+        "b2",
+        "rmsprop",
+        "exponential",
+        128,
+        4096,
+        0.016,
+        5,
+        0.801,
+        1563,
+        109474,
+        0.256,
+        16,
+    ),
+    (
+        "b2-rmsprop-256x8192",
+        "b2",
+        "rmsprop",
+        "exponential",
+        256,
+        8192,
+        0.016,
+        5,
+        0.800,
+        781,
+        54737,
+        0.512,
+        32,
+    ),
+    (
+        "b2-rmsprop-512x16384",
+        "b2",
+        "rmsprop",
+        "exponential",
+        512,
+        16384,
+        0.016,
+        5,
+        0.799,
+        390,
+        27368,
+        1.024,
+        64,
+    ),
+    ("b2-lars-512x16384", "b2", "lars", "polynomial", 512, 16384, 0.236, 50, 0.795, 3909, 27368, 15.104, 4),
+    ("b2-lars-1024x32768", "b2", "lars", "polynomial", 1024, 32768, 0.118, 50, 0.797, 1954, 13684, 15.104, 4),
+    (
+        "b5-rmsprop-128x4096",
+        "b5",
+        "rmsprop",
+        "exponential",
+        128,
+        4096,
+        0.016,
+        5,
+        0.835,
+        1563,
+        109474,
+        0.256,
+        16,
+    ),
+    (
+        "b5-rmsprop-256x8192",
+        "b5",
+        "rmsprop",
+        "exponential",
+        256,
+        8192,
+        0.016,
+        5,
+        0.834,
+        781,
+        54737,
+        0.512,
+        32,
+    ),
+    (
+        "b5-rmsprop-512x16384",
+        "b5",
+        "rmsprop",
+        "exponential",
+        512,
+        16384,
+        0.016,
+        5,
+        0.834,
+        390,
+        27368,
+        1.024,
+        64,
+    ),
+    ("b5-lars-512x16384", "b5", "lars", "polynomial", 512, 16384, 0.236, 50, 0.833, 3909, 27368, 15.104, 4),
+    ("b5-lars-1024x32768", "b5", "lars", "polynomial", 1024, 32768, 0.118, 50, 0.832, 1954, 13684, 15.104, 4),
+    # 64 examples per core on this row, hence groups of 2; 350 epochs are 6,842 steps, not 350 * 19.
+    ("b5-lars-1024x65536", "b5", "lars", "polynomial", 1024, 65536, 0.081, 43, 0.830, 840, 6842, 20.736, 2),
 ]
 
 
 @pytest.mark.parametrize("row", TABLE2, ids=[row[0] for row in TABLE2])
 def test_table2_preset(row):
     (name, variant, optimizer, kind, cores, batch, lr_per_256, warmup_epochs, target) = row[:9]
-    steps_per_epoch, warmup_steps, peak, bn_group = row[9:]
+    warmup_steps, total_steps, peak, bn_group = row[9:]
     config = get_preset(name)
+    plan = config.plan
 
     assert config.name == name
     assert config.model.variant == variant
@@ -51,28 +137,32 @@ def test_table2_preset(row):
     assert config.schedule.warmup_epochs == warmup_epochs
     assert config.loop.target_top1 == target
 
-    assert config.steps_per_epoch == steps_per_epoch
-    assert config.warmup_steps == warmup_steps
-    assert config.total_steps == 350 * steps_per_epoch
-    assert config.peak_learning_rate == pytest.approx(peak, rel=1e-12)
-    assert config.bn_group_size == bn_group
-    assert config.per_replica_batch_size == 128 // bn_group
+    assert plan.steps_per_epoch == pytest.approx(1_281_167 / batch, rel=1e-12)
+    assert (plan.warmup_steps, plan.total_steps) == (warmup_steps, total_steps)
+    assert plan.peak_learning_rate == pytest.approx(peak, rel=1e-12)
+    assert plan.bn_group_replicas == bn_group
+    assert (plan.replicas, plan.hosts, plan.per_replica_batch_size) == (cores, cores // 8, batch // cores)
 
-    # Shared by every row.
+    # Shared by every row: the reference's settings, including its exact-reproduction switches.
     assert config.loop.train_epochs == 350
     assert config.optimizer.weight_decay == 1e-5
     assert config.optimizer.label_smoothing == 0.1
     assert config.optimizer.momentum == 0.9
     assert config.optimizer.ema_decay == 0.9999
     assert config.model.precision == "bfloat16"
+    assert config.augment.policy == "autoaugment"
     assert config.data.num_train_examples == 1_281_167
     assert config.data.num_eval_examples == 50_000
+    assert plan.eval_crop_padding_pixels == 32  # the paper-era crop; today's would be 65 at 456 px
+    # Both optimizers carry L2 in the loss: RMSProp as its only decay, LARS on top of its own (the reference).
+    assert plan.l2_loss_weight == 1e-5
     if optimizer == "rmsprop":
         assert (config.schedule.decay_epochs, config.schedule.decay_rate) == (2.4, 0.97)
-        assert config.optimizer.l2_loss_weight == 1e-5
+        assert config.model.bn_group_rule == "reference_tpu"
     else:
-        assert config.optimizer.l2_loss_weight == 0.0  # LARS decays the weights itself.
-        assert config.schedule.end_lr == 1e-4
+        assert config.optimizer.lars_l2_in_loss is True
+        assert config.schedule.end_lr == 0.1
+        assert plan.per_replica_batch_size * bn_group == 128
 
 
 def test_preset_registry_holds_table2_demo_and_smoke():
@@ -83,23 +173,29 @@ def test_preset_registry_holds_table2_demo_and_smoke():
 
 def test_demo_preset():
     config = get_preset("demo")
-    assert (config.model.variant, config.image_size, config.model.num_classes) == ("tiny", 32, 1000)
+    assert (config.model.variant, config.plan.input_size, config.model.num_classes) == ("tiny", 32, 1000)
     assert config.model.bn_momentum == 0.9
     assert config.model.precision == "float32"
     assert (config.optimizer.name, config.schedule.kind) == ("lars", "polynomial")
     # The embedded digits: 1,797 images, 20% of each class in validation.
     assert (config.data.num_train_examples, config.data.num_eval_examples) == (1438, 359)
-    assert (config.data.num_cores, config.loop.strategy, config.bn_group_size) == (1, "one_device", 1)
+    assert (config.data.num_cores, config.loop.strategy, config.plan.bn_group_replicas) == (
+        1,
+        "one_device",
+        1,
+    )
     assert (config.data.min_crop_area, config.data.random_flip, config.loop.target_top1) == (0.5, False, 0.95)
-    assert config.steps_per_epoch == 1438 // 64
-    assert config.total_steps == 30 * 22
+    assert config.plan.steps_per_epoch == pytest.approx(1438 / 64)
+    assert config.plan.total_steps == int(30 * 1438 / 64) == 674
+    assert (config.augment.policy, config.plan.l2_loss_weight) == ("none", 0.0)
 
 
 def test_smoke_preset_runs_two_steps():
     config = get_preset("smoke")
     assert (config.model.variant, config.loop.strategy) == ("tiny", "one_device")
-    assert (config.steps_per_epoch, config.warmup_steps, config.total_steps) == (2, 1, 2)
-    assert config.eval_steps == 2
+    plan = config.plan
+    assert (plan.steps_per_epoch, plan.warmup_steps, plan.total_steps) == (2.0, 1, 2)
+    assert plan.eval_steps == 2
 
 
 @pytest.mark.parametrize("name", list(PRESETS))
@@ -108,7 +204,7 @@ def test_every_preset_round_trips_through_json(name):
     restored = TrainerConfig.from_json(config.to_json())
     assert restored == config
     assert restored.to_json() == config.to_json()
-    assert restored.derived() == config.derived()
+    assert restored.plan == config.plan
 
 
 def test_json_round_trip_keeps_optional_and_float_types():
@@ -158,15 +254,17 @@ def test_with_overrides_parses_by_field_type():
     assert config.loop.train_epochs == 3
     assert config.optimizer.lars_nesterov is True
     assert config.loop.target_top1 is None
-    assert config.model.image_size == config.image_size == 224
+    assert config.model.image_size == config.plan.input_size == 224
     assert config.loop.strategy == "mirrored"
     assert config.schedule.warmup_epochs == 1.0
     assert config.name == "my-run"
     # Derived values follow the overrides.
-    assert config.peak_learning_rate == pytest.approx(0.236 * 8192 / 256)
-    assert config.per_replica_batch_size == 16
-    assert config.bn_group_size == 8
-    assert (config.steps_per_epoch, config.warmup_steps, config.total_steps) == (156, 156, 468)
+    plan = config.plan
+    assert plan.peak_learning_rate == pytest.approx(0.236 * 8192 / 256)
+    assert plan.per_replica_batch_size == 16
+    assert plan.bn_group_replicas == 8
+    # 1,281,167 / 8192 = 156.39 steps per epoch: 1 warmup epoch is 156 steps, 3 epochs 469.
+    assert (plan.warmup_steps, plan.total_steps) == (156, 469)
     # The original is untouched (frozen).
     assert base.optimizer.weight_decay == 1e-5
     with pytest.raises(dataclasses.FrozenInstanceError):
@@ -186,8 +284,17 @@ def test_with_overrides_parses_by_field_type():
         ("loop.train_epochs", "not of the form section.field=value"),
         ("optimizer.name=adam", "optimizer.name='adam' is not one of 'lars', 'rmsprop', 'sgd'"),
         ("model.variant=b8", "model.variant='b8' is not one of"),
-        ("model.bn_group_layout=ring", "model.bn_group_layout='ring'"),
-        ("loop.strategy=gpu", "loop.strategy='gpu'"),
+        ("model.bn_group_layout=ring", "model.bn_group_layout='ring' is not one of 'consecutive', 'torus2d'"),
+        (
+            "model.bn_group_rule=half",
+            "model.bn_group_rule='half' is not one of 'examples128', 'reference_tpu'",
+        ),
+        ("schedule.kind=cosine", "schedule.kind='cosine' is not one of 'polynomial', 'exponential'"),
+        ("augment.policy=mixup", "augment.policy='mixup' is not one of 'none', 'autoaugment', 'randaugment'"),
+        (
+            "loop.strategy=gpu",
+            "loop.strategy='gpu' is not one of 'tpu', 'multi_worker', 'mirrored', 'one_device'",
+        ),
     ],
 )
 def test_with_overrides_errors(override, message):
@@ -205,21 +312,28 @@ def _config(**sections):
 
 
 @pytest.mark.parametrize(
-    "batch, cores, explicit, expected",
+    "batch, cores, rule, explicit, expected",
     [
-        (256, 8, 0, 4),  # 32 per replica -> 128 // 32
-        (512, 8, 0, 2),  # 64 per replica
-        (1024, 8, 0, 1),  # 128 per replica
-        (4096, 8, 0, 1),  # 512 per replica: never below 1
-        (64, 4, 0, 4),  # 16 per replica would give 8, capped at the 4 replicas
-        (256, 8, 8, 8),  # explicit
+        (256, 8, "examples128", None, 4),  # 32 per replica -> 128 // 32
+        (512, 8, "examples128", None, 2),  # 64 per replica
+        (1024, 8, "examples128", None, 1),  # 128 per replica
+        (4096, 8, "examples128", None, 1),  # 512 per replica: never below 1
+        (64, 4, "examples128", None, 4),  # 16 per replica would give 8, capped at the 4 replicas
+        (256, 8, "examples128", 8, 8),  # explicit
+        (256, 8, "reference_tpu", None, 1),  # up to 8 replicas: per-replica statistics
+        (4096, 128, "reference_tpu", None, 16),  # max(8, 128 // 8), whatever the batch
+        (2048, 64, "reference_tpu", None, 8),  # max(8, 64 // 8 = 8)
+        (4096, 16, "reference_tpu", None, 8),  # max(8, 16 // 8 = 2)
+        (256, 8, "reference_tpu", 2, 2),  # explicit wins over the rule
     ],
 )
-def test_bn_group_size(batch, cores, explicit, expected):
+def test_bn_group_replicas(batch, cores, rule, explicit, expected):
     config = _config(
-        data=DataConfig(global_batch_size=batch, num_cores=cores), model=ModelConfig(bn_group_size=explicit)
+        data=DataConfig(global_batch_size=batch, num_cores=cores),
+        model=ModelConfig(bn_group_size=explicit, bn_group_rule=rule),
     )
-    assert config.bn_group_size == expected
+    assert config.plan.bn_group_replicas == expected
+    assert config.model.bn_group_size == explicit  # the setting keeps its own value
 
 
 @pytest.mark.parametrize(
@@ -233,7 +347,7 @@ def test_bn_group_size(batch, cores, explicit, expected):
         (
             lambda: _config(data=DataConfig(global_batch_size=192, num_cores=6)),
             ValueError,
-            "derived batch-norm group size=4 does not divide data.num_cores=6",
+            "derived by model.bn_group_rule='examples128'=4 does not divide data.num_cores=6",
         ),
         (
             lambda: _config(model=ModelConfig(bn_group_size=3)),
@@ -255,6 +369,18 @@ def test_bn_group_size(batch, cores, explicit, expected):
             ValueError,
             "schedule.warmup_epochs=10.0 leaves no steps to decay",
         ),
+        (
+            lambda: _config(schedule=ScheduleConfig(kind="polynomial", lr_per_256=0.05, warmup_epochs=1)),
+            ValueError,
+            r"schedule.end_lr=0.1 exceeds the peak learning rate 0.05 \(schedule.lr_per_256=0.05 at batch 256\)",
+        ),
+        (
+            lambda: _config(data=DataConfig(global_batch_size=192, num_cores=12, replicas_per_host=8)),
+            ValueError,
+            "data.num_cores=12 is not a multiple of data.replicas_per_host=8",
+        ),
+        (lambda: ModelConfig(bn_group_size=0), ValueError, r"model.bn_group_size=0 must be >= 1 \(or none"),
+        (lambda: DataConfig(eval_crop_padding=-1), ValueError, "data.eval_crop_padding=-1 must be >= 0"),
         (
             lambda: _config(loop=LoopConfig(train_epochs=2, eval_every_epochs=3)),
             ValueError,
@@ -280,6 +406,8 @@ def test_validation_errors_name_the_setting(build, error, message):
 
 def test_default_config_is_valid_and_derives_from_the_variant():
     config = TrainerConfig()
-    assert (config.image_size, config.dropout_rate) == (224, 0.2)
+    assert (config.plan.input_size, config.plan.classifier_dropout) == (224, 0.2)
+    assert config.plan.eval_crop_padding_pixels == 32  # 224 / (224 + 32) = 0.875
     b7 = with_overrides(config, ["model.variant=b7"])
-    assert (b7.image_size, b7.dropout_rate) == (600, 0.5)
+    assert (b7.plan.input_size, b7.plan.classifier_dropout) == (600, 0.5)
+    assert b7.plan.eval_crop_padding_pixels == 86  # round(600 / 0.875 - 600)

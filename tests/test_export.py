@@ -65,9 +65,9 @@ def test_run_fn_trains_on_the_artifact_and_writes_metrics(trained, clean_archive
     assert metrics["eval_examples"] == len(clean_archives.validation)
     with open(root / "model_run" / "config.json") as f:
         saved = json.load(f)
-    # The epoch is the real training data (300 examples at batch 8 -> 37 steps), not the preset's 16.
+    # The epoch is the real training data (300 examples at batch 8 -> 37.5 steps), not the preset's 16.
     assert saved["config"]["data"]["num_train_examples"] == len(clean_archives.train)
-    assert metrics["steps"] == 2 * (len(clean_archives.train) // 8)
+    assert metrics["steps"] == int(2 * len(clean_archives.train) / 8)  # 37.5 steps per epoch: 75
     assert tf.io.gfile.glob(str(root / "model_run" / "tensorboard" / "events.out.tfevents.*"))
 
 

@@ -295,3 +295,69 @@ def test_record_counts_from_the_manifest_equal_counting_and_a_stale_manifest_is_
         ValueError, match=f"{os.path.basename(victim)} has .* bytes but .* the manifest is stale"
     ):
         ip.record_counts(ip.list_files(str(stale_root / schema.VALIDATION / "*")))
+
+
+# ---------------------------------------------------------------------------------------------- labels
+
+
+@pytest.fixture(scope="module")
+def one_based_shards(shards, tmp_path_factory):
+    """The validation shards rewritten with labels 1..1000, as tensorflow/tpu's imagenet_to_gcs.py writes them."""
+    out = tmp_path_factory.mktemp("one_based") / schema.VALIDATION
+    out.mkdir()
+    for path in ip.list_files(_val_files(shards)):
+        with tf.io.TFRecordWriter(str(out / os.path.basename(path))) as writer:
+            for record in tf.data.TFRecordDataset(path):
+                example = tf.train.Example.FromString(record.numpy())
+                label = example.features.feature[schema.LABEL].int64_list.value
+                label[0] += 1
+                writer.write(example.SerializeToString())
+    return str(out / "*")
+
+
+def _eval_labels(files, **kwargs):
+    dataset = ip.build_eval_dataset(files, None, 8, IMAGE_SIZE, **kwargs)
+    return [int(x) for batch in dataset for x, m in zip(batch[ip.LABELS], batch[ip.MASK], strict=False) if m]
+
+
+def test_label_offset_reads_one_based_shards_as_the_same_classes(shards, one_based_shards):
+    assert _eval_labels(one_based_shards, label_offset=1) == _eval_labels(_val_files(shards))
+
+
+def test_a_wrong_label_offset_stops_at_the_first_record_naming_its_shard(one_based_shards):
+    with pytest.raises(tf.errors.InvalidArgumentError) as caught:
+        _eval_labels(one_based_shards)
+    with pytest.raises(ip.LabelError) as error:
+        ip.raise_label_error(caught.value, label_offset=0, num_classes=1000)
+    message = str(error.value)
+    assert "validation-00000-of-00003" in message and "set data.label_offset=1" in message
+    assert "\n" not in message
+    # Training reads through the same check.
+    train = ip.build_train_dataset(one_based_shards, None, 4, IMAGE_SIZE, seed=1)
+    with pytest.raises(tf.errors.InvalidArgumentError, match=ip.LABEL_CHECK_MARK):
+        next(iter(train))
+
+
+def test_a_label_outside_the_classes_is_refused_even_without_a_synset(shards, tmp_path):
+    path = tmp_path / "validation-00000-of-00001"
+    with tf.io.TFRecordWriter(str(path)) as writer:
+        for record in tf.data.TFRecordDataset(ip.list_files(_val_files(shards))[0]).take(3):
+            example = tf.train.Example.FromString(record.numpy())
+            example.features.feature[schema.SYNSET].bytes_list.value[0] = b""
+            example.features.feature[schema.LABEL].int64_list.value[0] = 1000
+            writer.write(example.SerializeToString())
+    with pytest.raises(tf.errors.InvalidArgumentError) as caught:
+        _eval_labels(str(path))
+    with pytest.raises(
+        ip.LabelError, match=r"stored label 1000 - data.label_offset=0 is outside \[0, 1000\)"
+    ):
+        ip.raise_label_error(caught.value, label_offset=0, num_classes=1000)
+
+
+def test_paper_era_eval_crop_keeps_more_of_the_image():
+    shape = tf.constant([456, 608, 3])
+    today = ip.center_crop_window(shape, 456).numpy().tolist()
+    paper = ip.center_crop_window(shape, 456, crop_padding=32).numpy().tolist()
+    assert today[2] == 456 * 456 // (456 + 65) == 399  # 0.875 of the short side
+    assert paper[2] == 456 * 456 // (456 + 32) == 426  # 0.934 of the short side
+    assert paper[:2] == [(456 - 426 + 1) // 2, (608 - 426 + 1) // 2]

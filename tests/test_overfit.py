@@ -5,6 +5,7 @@ import numpy as np
 import tensorflow as tf
 
 from trainer_module import presets, train
+from trainer_module.averaging import averaged_variables
 from trainer_module.config import with_overrides
 
 
@@ -54,12 +55,14 @@ def test_weight_averaging_swaps_in_the_averages_for_evaluation_and_back():
     )
     iterator = iter(tf.data.Dataset.from_tensors(batch).repeat())
     trainer.train_loop(iterator, tf.constant(3))
-    raw = [w.numpy() for w in trainer.model.trainable_variables]
-    averages = [a.numpy() for a in trainer.optimizer._model_variables_moving_average]
+    covered = averaged_variables(trainer.model)  # the weights and the batch-norm moving statistics
+    raw = [w.numpy() for w in covered]
+    averages = [a.numpy() for a in trainer.average.averages]
     assert any(not np.allclose(r, a) for r, a in zip(raw, averages, strict=True))
-    trainer.swap_ema_weights()
-    for weight, average in zip(trainer.model.trainable_variables, averages, strict=True):
-        np.testing.assert_array_equal(weight.numpy(), average)
-    trainer.swap_ema_weights()
-    for weight, original in zip(trainer.model.trainable_variables, raw, strict=True):
+    moving = [i for i, v in enumerate(covered) if "moving_mean" in v.path]
+    assert moving and any(not np.allclose(raw[i], averages[i]) for i in moving)
+    with trainer.evaluation_weights():
+        for weight, average in zip(covered, averages, strict=True):
+            np.testing.assert_array_equal(weight.numpy(), average)
+    for weight, original in zip(covered, raw, strict=True):
         np.testing.assert_array_equal(weight.numpy(), original)

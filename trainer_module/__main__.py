@@ -1,6 +1,11 @@
 """python -m trainer_module: train, evaluate in the loop and export one EfficientNet run.
 
-Writes MODEL_DIR/export/ (SavedModel: serving_default on serialized tf.Example, serve_jpeg on raw JPEG),
+With --plan it trains nothing and reads no data: it prints one JSON object with the resolved config, what it
+resolves to (steps per epoch, warmup and total steps, peak learning rate, per-replica batch, batch-norm group,
+replicas and hosts) and the learning rate at the steps of --lr-steps, to check a preset against a slice before
+paying for it.
+
+A training run writes MODEL_DIR/export/ (SavedModel: serving_default on serialized tf.Example, serve_jpeg on raw JPEG),
 MODEL_DIR/metrics.json (final and peak top-1, evaluation history, time to accuracy, images/s),
 MODEL_DIR/run_log.jsonl, MODEL_DIR/config.json, TensorBoard summaries and checkpoints. Re-running with the
 same MODEL_DIR resumes from the last checkpoint.
@@ -29,9 +34,9 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--preset", required=True, help="named config (see the list below)")
-    parser.add_argument("--train-files", required=True, action="append", help="glob of training shards")
-    parser.add_argument("--eval-files", required=True, action="append", help="glob of validation shards")
-    parser.add_argument("--model-dir", required=True, help="checkpoints, logs, metrics and the export")
+    parser.add_argument("--train-files", action="append", help="glob of training shards")
+    parser.add_argument("--eval-files", action="append", help="glob of validation shards")
+    parser.add_argument("--model-dir", help="checkpoints, logs, metrics and the export")
     parser.add_argument(
         "--set", dest="overrides", action="append", default=[], metavar="FIELD=VALUE",
         help="override a config field, e.g. --set loop.train_epochs=3 --set data.global_batch_size=128",
@@ -39,19 +44,61 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--cpu-devices", type=int, default=0, help="split the CPU into N logical devices (mirrored strategy)"
     )
+    parser.add_argument(
+        "--plan",
+        action="store_true",
+        help="print the resolved config and derived values as JSON; train nothing",
+    )
+    parser.add_argument(
+        "--lr-steps", type=_step_list, default=[], metavar="S1,S2,...",
+        help="with --plan: also print the learning rate at these steps",
+    )  # fmt: skip
     return parser
+
+
+def _step_list(text: str) -> list[int]:
+    try:
+        steps = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated step numbers, got {text!r}") from None
+    if any(step < 0 for step in steps):
+        raise argparse.ArgumentTypeError(f"steps must be >= 0, got {text!r}")
+    return steps
+
+
+def plan_report(config, lr_steps: list[int]) -> dict:
+    """The dry run's JSON: the resolved config, its plan and the learning rate at the given steps."""
+    from trainer_module import schedules
+
+    plan = config.plan
+    schedule = schedules.build_schedule(config.schedule, plan.peak_learning_rate, plan.schedule_steps)
+    return {
+        "preset": config.name,
+        "config": json.loads(config.to_json()),
+        "derived": plan.to_dict(),
+        "learning_rate": {str(step): float(schedule(step)) for step in lr_steps},
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
     import logging
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
     try:
         config = with_overrides(presets.get_preset(args.preset), args.overrides)
     except (TypeError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    if args.plan:
+        print(json.dumps(plan_report(config, args.lr_steps), indent=2))
+        return 0
+    if args.lr_steps:
+        parser.error("--lr-steps goes with --plan")
+    missing = [flag for flag in ("train_files", "eval_files", "model_dir") if not getattr(args, flag)]
+    if missing:
+        parser.error("a training run needs " + ", ".join("--" + m.replace("_", "-") for m in missing))
     from trainer_module import run, train
 
     devices = run.use_logical_cpus(args.cpu_devices) if args.cpu_devices else None

@@ -166,8 +166,7 @@ class GroupedBatchNormalization(keras.layers.BatchNormalization):
             raise ValueError(
                 f"GroupedBatchNormalization group_size must be an integer >= 1, got {group_size!r}"
             )
-        if layout not in LAYOUTS:
-            raise ValueError(f"GroupedBatchNormalization layout must be one of {LAYOUTS}, got {layout!r}.")
+        LAYOUTS.check(layout)
         axis = batch_norm_options.get("axis", -1)
         if axis != -1:
             raise ValueError(f"GroupedBatchNormalization is channels-last only (axis=-1), got axis={axis}.")

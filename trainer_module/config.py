@@ -1,44 +1,48 @@
 """The trainer stage's configuration: one frozen dataclass, serialised to JSON across the TFX boundary.
 
-``TrainerConfig`` nests five sections (model, optimizer, schedule, data, loop) that hold plain values only.
-Everything that follows from them (per-replica batch, steps per epoch, warmup and total steps, peak learning
-rate, batch-norm group size, image size) is computed by properties, never stored, so a preset or a
-``--set`` override cannot leave them inconsistent. Validation happens at construction and names the setting.
+``TrainerConfig`` nests six sections (model, optimizer, schedule, augment, data, loop) that hold plain values
+only. Everything that follows from them is resolved once into ``config.plan``, a ``TrainingPlan`` whose
+values carry names of their own (``plan.bn_group_replicas`` is what ``model.bn_group_size`` resolves to,
+``plan.input_size`` what ``model.image_size`` resolves to), so a preset or a ``--set`` override cannot leave
+them inconsistent and a reader never confuses a setting with its resolved value. Each named choice
+(optimizer, schedule, strategy, batch-norm layout and group rule, augmentation policy) is checked against
+the one registry that also builds it. Validation happens at construction and names the setting.
 
     config = TrainerConfig.from_json(text)
     config = with_overrides(config, ["optimizer.weight_decay=1e-4", "loop.train_epochs=3"])
+    config.plan.total_steps, config.plan.peak_learning_rate
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import math
 import types
 import typing
 from collections.abc import Iterable
 
+from trainer_module.augment import POLICIES
+from trainer_module.input_pipeline import eval_crop_padding
 from trainer_module.models.efficientnet import VARIANTS
-from trainer_module.schedules import DEFAULT_END_LEARNING_RATE, POLYNOMIAL_POWER, scaled_learning_rate
+from trainer_module.optimizers import OPTIMIZERS
+from trainer_module.replica_groups import GROUP_SIZE_RULES, LAYOUTS
+from trainer_module.schedules import (
+    DEFAULT_END_LEARNING_RATE,
+    POLYNOMIAL_POWER,
+    SCHEDULES,
+    ScheduleSteps,
+    scaled_learning_rate,
+)
+from trainer_module.strategies import STRATEGIES
 
-# Default input resolution and dropout of each EfficientNet variant, from the model library's table.
-VARIANT_DEFAULTS = {
-    name: {"image_size": spec.resolution, "dropout_rate": spec.dropout} for name, spec in VARIANTS.items()
-}
-BN_GROUP_LAYOUTS = ("consecutive", "torus2d")
 PRECISIONS = ("float32", "bfloat16")
-OPTIMIZERS = ("lars", "rmsprop", "sgd")
-SCHEDULE_KINDS = ("polynomial", "exponential")
-STRATEGIES = ("tpu", "multi_worker", "mirrored", "one_device")
-
-# The reference LARS runs size batch-norm groups to hold about this many examples (REFERENCE.md section 5).
-EXAMPLES_PER_BN_GROUP = 128
 IMAGENET_TRAIN_EXAMPLES = 1_281_167
 IMAGENET_EVAL_EXAMPLES = 50_000
 
 
-def _check_choice(key: str, value: str, choices: Iterable[str]) -> None:
-    choices = tuple(choices)
+def _check_choice(key: str, value: str, choices: tuple[str, ...]) -> None:
     if value not in choices:
         raise ValueError(f"{key}={value!r} is not one of {', '.join(repr(c) for c in choices)}")
 
@@ -135,7 +139,10 @@ class ModelConfig(_Section):
       drop_connect_rate: stochastic-depth rate of the last block, ramped linearly with block index.
       bn_momentum: batch-norm moving-statistics momentum (0.99 in the recipe; 0.9 for short CPU runs).
       bn_epsilon: batch-norm epsilon.
-      bn_group_size: replicas per batch-norm group; 0 derives max(1, 128 // per-replica batch).
+      bn_group_size: replicas per batch-norm group; None derives it by ``bn_group_rule``.
+      bn_group_rule: how an unset group size is derived: 'examples128' (about 128 examples per group, the
+        reference LARS runs) or 'reference_tpu' (1 up to 8 replicas, else max(8, replicas / 8), as
+        tensorflow/tpu's TpuBatchNormalization did for the paper's RMSProp rows).
       bn_group_layout: how replicas form groups: 'consecutive' ids or 'torus2d' tiles of the TPU torus.
       precision: 'float32', or 'bfloat16' compute with float32 variables, logits and loss.
     """
@@ -147,12 +154,13 @@ class ModelConfig(_Section):
     drop_connect_rate: float = 0.2
     bn_momentum: float = 0.99
     bn_epsilon: float = 1e-3
-    bn_group_size: int = 0
+    bn_group_size: int | None = None
+    bn_group_rule: str = "examples128"
     bn_group_layout: str = "consecutive"
     precision: str = "float32"
 
     def _validate(self):
-        _check_choice("model.variant", self.variant, VARIANT_DEFAULTS)
+        _check_choice("model.variant", self.variant, tuple(VARIANTS))
         if self.num_classes < 2:
             raise ValueError(f"model.num_classes={self.num_classes} must be at least 2")
         if self.image_size is not None and self.image_size < 8:
@@ -163,22 +171,11 @@ class ModelConfig(_Section):
         _check_range("model.bn_momentum", self.bn_momentum, 0.0, 1.0, high_inclusive=False)
         if self.bn_epsilon <= 0.0:
             raise ValueError(f"model.bn_epsilon={self.bn_epsilon} must be positive")
-        if self.bn_group_size < 0:
-            raise ValueError(f"model.bn_group_size={self.bn_group_size} must be >= 0 (0 derives it)")
-        _check_choice("model.bn_group_layout", self.bn_group_layout, BN_GROUP_LAYOUTS)
+        if self.bn_group_size is not None and self.bn_group_size < 1:
+            raise ValueError(f"model.bn_group_size={self.bn_group_size} must be >= 1 (or none to derive it)")
+        GROUP_SIZE_RULES.check(self.bn_group_rule)
+        LAYOUTS.check(self.bn_group_layout)
         _check_choice("model.precision", self.precision, PRECISIONS)
-
-    @property
-    def resolved_image_size(self) -> int:
-        """Input resolution: ``image_size`` or the variant's default."""
-        return self.image_size or VARIANT_DEFAULTS[self.variant]["image_size"]
-
-    @property
-    def resolved_dropout_rate(self) -> float:
-        """Dropout rate: ``dropout_rate`` or the variant's default."""
-        if self.dropout_rate is None:
-            return VARIANT_DEFAULTS[self.variant]["dropout_rate"]
-        return self.dropout_rate
 
 
 @dataclasses.dataclass(frozen=True)
@@ -188,14 +185,17 @@ class OptimizerConfig(_Section):
     Attributes:
       name: 'lars', 'rmsprop' or 'sgd' (momentum SGD).
       momentum: momentum of all three optimizers.
-      weight_decay: applied inside the update by LARS, as an L2 loss term otherwise (see ``l2_loss_weight``).
+      weight_decay: applied inside the update by LARS, as an L2 loss term otherwise.
       lars_eeta: LARS trust coefficient.
       lars_epsilon: LARS trust-ratio epsilon.
       lars_nesterov: Nesterov momentum in LARS.
+      lars_l2_in_loss: exact reproduction of the reference: under LARS, add the L2 term to the loss as well,
+        so weight decay is applied twice (once in the loss gradient, once inside LARS). Off by default.
       rmsprop_rho: RMSProp mean-square decay ("decay" in TF1).
       rmsprop_epsilon: RMSProp epsilon.
       label_smoothing: label smoothing of the cross-entropy.
-      ema_decay: exponential moving average of the weights; 0 turns it off.
+      ema_decay: exponential moving average of the weights and batch-norm statistics, with the reference's
+        warm-up min(decay, (1 + t) / (10 + t)); 0 turns it off.
     """
 
     name: str = "rmsprop"
@@ -204,13 +204,14 @@ class OptimizerConfig(_Section):
     lars_eeta: float = 0.001
     lars_epsilon: float = 0.0
     lars_nesterov: bool = False
+    lars_l2_in_loss: bool = False
     rmsprop_rho: float = 0.9
     rmsprop_epsilon: float = 1e-3
     label_smoothing: float = 0.1
     ema_decay: float = 0.0
 
     def _validate(self):
-        _check_choice("optimizer.name", self.name, OPTIMIZERS)
+        OPTIMIZERS.check(self.name)
         _check_range("optimizer.momentum", self.momentum, 0.0, 1.0, high_inclusive=False)
         if self.weight_decay < 0.0:
             raise ValueError(f"optimizer.weight_decay={self.weight_decay} must be >= 0")
@@ -224,11 +225,6 @@ class OptimizerConfig(_Section):
         _check_range("optimizer.label_smoothing", self.label_smoothing, 0.0, 1.0, high_inclusive=False)
         _check_range("optimizer.ema_decay", self.ema_decay, 0.0, 1.0, high_inclusive=False)
 
-    @property
-    def l2_loss_weight(self) -> float:
-        """Weight of the L2 term the loss must carry: 0 under LARS, which decays the weights itself."""
-        return 0.0 if self.name == "lars" else self.weight_decay
-
 
 @dataclasses.dataclass(frozen=True)
 class ScheduleConfig(_Section):
@@ -238,7 +234,7 @@ class ScheduleConfig(_Section):
       kind: 'polynomial' (LARS runs) or 'exponential' (RMSProp runs).
       lr_per_256: learning rate per 256 examples; the peak is this times global batch / 256.
       warmup_epochs: linear warmup from 0 to the peak.
-      end_lr: rate at the end of the polynomial decay.
+      end_lr: absolute rate the polynomial decay ends at (0.1 in the EfficientNet reference).
       polynomial_power: exponent of the polynomial decay.
       decay_epochs: epochs between two exponential decays (staircase).
       decay_rate: factor of each exponential decay.
@@ -253,7 +249,7 @@ class ScheduleConfig(_Section):
     decay_rate: float = 0.97
 
     def _validate(self):
-        _check_choice("schedule.kind", self.kind, SCHEDULE_KINDS)
+        SCHEDULES.check(self.kind)
         if self.lr_per_256 <= 0.0:
             raise ValueError(f"schedule.lr_per_256={self.lr_per_256} must be positive")
         if self.warmup_epochs < 0.0:
@@ -269,18 +265,47 @@ class ScheduleConfig(_Section):
 
 
 @dataclasses.dataclass(frozen=True)
-class DataConfig(_Section):
-    """Dataset sizes and batching.
+class AugmentConfig(_Section):
+    """Training-image augmentation after the random crop and flip (see trainer_module.augment).
 
     Attributes:
-      num_train_examples: training examples per epoch (1,281,167 for ImageNet).
+      policy: 'none', 'autoaugment' (policy v0 of the reference) or 'randaugment'.
+      num_layers: RandAugment's N, operations applied per image.
+      magnitude: RandAugment's M, on the reference's 0..10 level scale (values above 10 extrapolate).
+    """
+
+    policy: str = "none"
+    num_layers: int = 2
+    magnitude: float = 10.0
+
+    def _validate(self):
+        POLICIES.check(self.policy)
+        if self.num_layers < 1:
+            raise ValueError(f"augment.num_layers={self.num_layers} must be at least 1")
+        _check_range("augment.magnitude", self.magnitude, 0.0, 30.0)
+
+
+@dataclasses.dataclass(frozen=True)
+class DataConfig(_Section):
+    """Dataset sizes, batching and input processing.
+
+    Attributes:
+      num_train_examples: training examples per epoch (1,281,167 for ImageNet); the pipeline and the TFX
+        Trainer replace it with the count of the shards' manifest.
       num_eval_examples: examples counted per evaluation pass (50,000 for ImageNet); the evaluation set is
         padded up to whole batches and the padding masked out.
       global_batch_size: training examples per step over all replicas.
       eval_batch_size: evaluation examples per step over all replicas; 0 uses ``global_batch_size``.
       num_cores: replicas (TPU cores or devices) that share the global batch.
+      replicas_per_host: replicas one host (one input pipeline) feeds: 8 on a TPU v3 host or an 8-GPU
+        machine, 1 for a single CPU.
       min_crop_area: smallest random training crop as a fraction of the image (0.08 in the recipe).
       random_flip: random left-right flips in training.
+      eval_crop_padding: pixels P of the evaluation centre crop, which keeps S / (S + P) of the short side;
+        None derives P from the 0.875 crop of today's reference (32 at 224, 65 at 456); 32 is the paper-era
+        constant (0.934 of the short side at 456).
+      label_offset: subtracted from every stored label: 0 for beam_preprocess shards (labels 0..999), 1 for
+        shards of tensorflow/tpu's imagenet_to_gcs.py (labels 1..1000).
     """
 
     num_train_examples: int = IMAGENET_TRAIN_EXAMPLES
@@ -288,18 +313,25 @@ class DataConfig(_Section):
     global_batch_size: int = 4096
     eval_batch_size: int = 0
     num_cores: int = 128
+    replicas_per_host: int = 8
     min_crop_area: float = 0.08
     random_flip: bool = True
+    eval_crop_padding: int | None = None
+    label_offset: int = 0
 
     def _validate(self):
         for name in ("num_train_examples", "num_eval_examples", "global_batch_size", "num_cores"):
             if getattr(self, name) < 1:
                 raise ValueError(f"data.{name}={getattr(self, name)} must be at least 1")
+        if self.replicas_per_host < 1:
+            raise ValueError(f"data.replicas_per_host={self.replicas_per_host} must be at least 1")
         _check_range("data.min_crop_area", self.min_crop_area, 0.0, 1.0)
         if self.min_crop_area <= 0.0:
             raise ValueError(f"data.min_crop_area={self.min_crop_area} must be positive")
         if self.eval_batch_size < 0:
             raise ValueError(f"data.eval_batch_size={self.eval_batch_size} must be >= 0 (0 = training batch)")
+        if self.eval_crop_padding is not None and self.eval_crop_padding < 0:
+            raise ValueError(f"data.eval_crop_padding={self.eval_crop_padding} must be >= 0 (or none)")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -335,24 +367,123 @@ class LoopConfig(_Section):
             )
         if self.target_top1 is not None:
             _check_range("loop.target_top1", self.target_top1, 0.0, 1.0)
-        _check_choice("loop.strategy", self.strategy, STRATEGIES)
+        STRATEGIES.check(self.strategy)
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainingPlan:
+    """What a config resolves to: the values the run is laid out by, each under a name of its own.
+
+    Attributes:
+      replicas: replicas in sync (``data.num_cores``).
+      hosts: input pipelines (hosts) the run expects: replicas / ``data.replicas_per_host``, at least 1.
+      per_replica_batch_size: training examples per replica per step.
+      steps_per_epoch: examples per epoch / global batch, a float as in the reference.
+      warmup_steps: int(warmup epochs x steps per epoch).
+      total_steps: int(epochs x steps per epoch).
+      steps_per_eval: training steps between two evaluations, a float (eval_every_epochs x steps per epoch);
+        evaluations fall on the truncated multiples of it (``next_eval_step``) and on the last step.
+      steps_per_loop: training steps per compiled loop call.
+      peak_learning_rate: learning rate at the end of warmup, by the linear scaling rule.
+      bn_group_replicas: replicas per batch-norm group (``model.bn_group_size`` or its rule's value).
+      input_size: input resolution in pixels (``model.image_size`` or the variant's).
+      classifier_dropout: dropout before the classifier (``model.dropout_rate`` or the variant's).
+      l2_loss_weight: weight of the L2 term in the loss: the weight decay unless LARS applies it (and
+        ``optimizer.lars_l2_in_loss`` does not ask for both).
+      eval_global_batch_size: evaluation examples per step over all replicas.
+      eval_steps: evaluation steps per pass over ``data.num_eval_examples`` (the last batch padded).
+      eval_crop_padding_pixels: P of the evaluation centre crop S / (S + P).
+    """
+
+    replicas: int
+    hosts: int
+    per_replica_batch_size: int
+    steps_per_epoch: float
+    warmup_steps: int
+    total_steps: int
+    steps_per_eval: float
+    steps_per_loop: int
+    peak_learning_rate: float
+    bn_group_replicas: int
+    input_size: int
+    classifier_dropout: float
+    l2_loss_weight: float
+    eval_global_batch_size: int
+    eval_steps: int
+    eval_crop_padding_pixels: int
+
+    @property
+    def schedule_steps(self) -> ScheduleSteps:
+        return ScheduleSteps(self.steps_per_epoch, self.warmup_steps, self.total_steps)
+
+    def next_eval_step(self, step: int) -> int:
+        """The step of the first evaluation after ``step``: int(k x steps_per_eval) > step, or the last step."""
+        k = math.floor(step / self.steps_per_eval) + 1
+        while int(k * self.steps_per_eval) <= step:
+            k += 1
+        return min(self.total_steps, int(k * self.steps_per_eval))
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def _resolve(config: TrainerConfig) -> TrainingPlan:
+    model, data, loop, optimizer = config.model, config.data, config.loop, config.optimizer
+    replicas = data.num_cores
+    per_replica = data.global_batch_size // replicas
+    steps = ScheduleSteps.of(
+        data.num_train_examples, data.global_batch_size, config.schedule.warmup_epochs, loop.train_epochs
+    )
+    steps_per_eval = loop.eval_every_epochs * steps.steps_per_epoch
+    input_size = model.image_size or VARIANTS[model.variant].resolution
+    eval_batch = data.eval_batch_size or data.global_batch_size
+    decays_itself = optimizer.name == "lars" and not optimizer.lars_l2_in_loss
+    return TrainingPlan(
+        replicas=replicas,
+        hosts=max(1, replicas // data.replicas_per_host),
+        per_replica_batch_size=per_replica,
+        steps_per_epoch=steps.steps_per_epoch,
+        warmup_steps=steps.warmup_steps,
+        total_steps=steps.total_steps,
+        steps_per_eval=steps_per_eval,
+        steps_per_loop=loop.steps_per_loop or math.ceil(steps_per_eval),
+        peak_learning_rate=scaled_learning_rate(config.schedule.lr_per_256, data.global_batch_size),
+        bn_group_replicas=model.bn_group_size
+        or GROUP_SIZE_RULES.build(model.bn_group_rule, replicas, max(per_replica, 1)),
+        input_size=input_size,
+        classifier_dropout=VARIANTS[model.variant].dropout
+        if model.dropout_rate is None
+        else model.dropout_rate,
+        l2_loss_weight=0.0 if decays_itself else optimizer.weight_decay,
+        eval_global_batch_size=eval_batch,
+        eval_steps=math.ceil(data.num_eval_examples / eval_batch),
+        eval_crop_padding_pixels=eval_crop_padding(input_size)
+        if data.eval_crop_padding is None
+        else data.eval_crop_padding,
+    )
 
 
 @dataclasses.dataclass(frozen=True)
 class TrainerConfig(_Section):
-    """The whole trainer stage: plain settings in sections, derived values as properties.
+    """The whole trainer stage: plain settings in sections; ``plan`` holds what they resolve to.
 
     Attributes:
       name: label of the run (the preset's name, or 'custom').
-      model, optimizer, schedule, data, loop: the sections.
+      model, optimizer, schedule, augment, data, loop: the sections.
     """
 
     name: str = "custom"
     model: ModelConfig = dataclasses.field(default_factory=ModelConfig)
     optimizer: OptimizerConfig = dataclasses.field(default_factory=OptimizerConfig)
     schedule: ScheduleConfig = dataclasses.field(default_factory=ScheduleConfig)
+    augment: AugmentConfig = dataclasses.field(default_factory=AugmentConfig)
     data: DataConfig = dataclasses.field(default_factory=DataConfig)
     loop: LoopConfig = dataclasses.field(default_factory=LoopConfig)
+
+    @functools.cached_property
+    def plan(self) -> TrainingPlan:
+        """The resolved values (computed once per config; the config itself is immutable)."""
+        return _resolve(self)
 
     def _validate(self):
         data = self.data
@@ -361,126 +492,50 @@ class TrainerConfig(_Section):
                 f"data.global_batch_size={data.global_batch_size} is not divisible by "
                 f"data.num_cores={data.num_cores}"
             )
-        if self.eval_batch_size % data.num_cores:
+        if data.num_cores > data.replicas_per_host and data.num_cores % data.replicas_per_host:
             raise ValueError(
-                f"data.eval_batch_size={self.eval_batch_size} is not divisible by data.num_cores={data.num_cores}"
+                f"data.num_cores={data.num_cores} is not a multiple of "
+                f"data.replicas_per_host={data.replicas_per_host}: every host must feed the same replicas"
+            )
+        plan = self.plan
+        if plan.eval_global_batch_size % data.num_cores:
+            raise ValueError(
+                f"data.eval_batch_size={plan.eval_global_batch_size} is not divisible by "
+                f"data.num_cores={data.num_cores}"
             )
         if data.global_batch_size > data.num_train_examples:
             raise ValueError(
                 f"data.global_batch_size={data.global_batch_size} exceeds "
                 f"data.num_train_examples={data.num_train_examples}: an epoch would have no step"
             )
-        group = self.bn_group_size
-        if data.num_cores % group:
-            how = "model.bn_group_size" if self.model.bn_group_size else "the derived batch-norm group size"
+        if data.num_cores % plan.bn_group_replicas:
+            how = (
+                "model.bn_group_size"
+                if self.model.bn_group_size
+                else f"the batch-norm group size derived by model.bn_group_rule={self.model.bn_group_rule!r}"
+            )
             raise ValueError(
-                f"{how}={group} does not divide data.num_cores={data.num_cores}; "
+                f"{how}={plan.bn_group_replicas} does not divide data.num_cores={data.num_cores}; "
                 "set model.bn_group_size to a divisor of the replica count"
             )
-        if self.schedule.kind == "polynomial" and self.warmup_steps >= self.total_steps:
-            raise ValueError(
-                f"schedule.warmup_epochs={self.schedule.warmup_epochs} leaves no steps to decay: "
-                f"{self.warmup_steps} warmup steps >= {self.total_steps} total steps "
-                f"(loop.train_epochs={self.loop.train_epochs})"
-            )
+        if self.schedule.kind == "polynomial":
+            if plan.warmup_steps >= plan.total_steps:
+                raise ValueError(
+                    f"schedule.warmup_epochs={self.schedule.warmup_epochs} leaves no steps to decay: "
+                    f"{plan.warmup_steps} warmup steps >= {plan.total_steps} total steps "
+                    f"(loop.train_epochs={self.loop.train_epochs})"
+                )
+            if self.schedule.end_lr > plan.peak_learning_rate:
+                raise ValueError(
+                    f"schedule.end_lr={self.schedule.end_lr} exceeds the peak learning rate "
+                    f"{plan.peak_learning_rate:g} (schedule.lr_per_256={self.schedule.lr_per_256} at batch "
+                    f"{data.global_batch_size}): lower schedule.end_lr"
+                )
         if self.loop.eval_every_epochs > self.loop.train_epochs:
             raise ValueError(
                 f"loop.eval_every_epochs={self.loop.eval_every_epochs} exceeds "
                 f"loop.train_epochs={self.loop.train_epochs}: the run would never evaluate"
             )
-
-    # Derived values: computed from the stored settings, never stored themselves.
-
-    @property
-    def per_replica_batch_size(self) -> int:
-        """Training examples per replica per step."""
-        return self.data.global_batch_size // self.data.num_cores
-
-    @property
-    def eval_batch_size(self) -> int:
-        """Evaluation examples per step over all replicas."""
-        return self.data.eval_batch_size or self.data.global_batch_size
-
-    @property
-    def eval_steps(self) -> int:
-        """Evaluation steps per pass; the last batch is padded with masked examples."""
-        return math.ceil(self.data.num_eval_examples / self.eval_batch_size)
-
-    @property
-    def steps_per_epoch(self) -> int:
-        """Training steps per epoch (partial batches are dropped)."""
-        return self.data.num_train_examples // self.data.global_batch_size
-
-    @property
-    def warmup_steps(self) -> int:
-        """Steps of linear warmup (truncated, as in the reference)."""
-        return int(self.schedule.warmup_epochs * self.steps_per_epoch)
-
-    @property
-    def total_steps(self) -> int:
-        """Training steps of the whole epoch budget."""
-        return self.loop.train_epochs * self.steps_per_epoch
-
-    @property
-    def decay_steps(self) -> float:
-        """Steps between two exponential decays (fractional: 2.4 epochs)."""
-        return self.schedule.decay_epochs * self.steps_per_epoch
-
-    @property
-    def peak_learning_rate(self) -> float:
-        """Learning rate at the end of warmup, by the linear scaling rule."""
-        return scaled_learning_rate(self.schedule.lr_per_256, self.data.global_batch_size)
-
-    @property
-    def steps_per_eval(self) -> int:
-        """Training steps between two evaluations."""
-        return self.loop.eval_every_epochs * self.steps_per_epoch
-
-    @property
-    def steps_per_loop(self) -> int:
-        """Training steps per compiled loop call."""
-        return self.loop.steps_per_loop or self.steps_per_eval
-
-    @property
-    def bn_group_size(self) -> int:
-        """Replicas per batch-norm group.
-
-        ``model.bn_group_size`` when set, else max(1, 128 // per-replica batch) as in the reference LARS runs,
-        capped at the replica count (a group cannot span more replicas than exist).
-        """
-        if self.model.bn_group_size:
-            return self.model.bn_group_size
-        derived = max(1, EXAMPLES_PER_BN_GROUP // self.per_replica_batch_size)
-        return min(derived, self.data.num_cores)
-
-    @property
-    def image_size(self) -> int:
-        """Input resolution in pixels."""
-        return self.model.resolved_image_size
-
-    @property
-    def dropout_rate(self) -> float:
-        """Dropout before the classifier."""
-        return self.model.resolved_dropout_rate
-
-    def derived(self) -> dict:
-        """The derived values, for logging next to the stored config."""
-        return {
-            "per_replica_batch_size": self.per_replica_batch_size,
-            "steps_per_epoch": self.steps_per_epoch,
-            "warmup_steps": self.warmup_steps,
-            "total_steps": self.total_steps,
-            "decay_steps": self.decay_steps,
-            "peak_learning_rate": self.peak_learning_rate,
-            "steps_per_eval": self.steps_per_eval,
-            "steps_per_loop": self.steps_per_loop,
-            "eval_batch_size": self.eval_batch_size,
-            "eval_steps": self.eval_steps,
-            "bn_group_size": self.bn_group_size,
-            "image_size": self.image_size,
-            "dropout_rate": self.dropout_rate,
-            "l2_loss_weight": self.optimizer.l2_loss_weight,
-        }
 
     def to_json(self) -> str:
         """JSON of the stored settings; ``TrainerConfig.from_json`` restores an equal config."""
@@ -500,6 +555,7 @@ SECTION_NAMES = {
     ModelConfig: "model",
     OptimizerConfig: "optimizer",
     ScheduleConfig: "schedule",
+    AugmentConfig: "augment",
     DataConfig: "data",
     LoopConfig: "loop",
 }

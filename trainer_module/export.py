@@ -21,14 +21,15 @@ CLASSES = "classes"
 
 
 class _ServingModule(tf.Module):
-    def __init__(self, model: keras.Model, image_size: int):
+    def __init__(self, model: keras.Model, image_size: int, crop_padding: int | None):
         super().__init__()
         self.model = model
         self._image_size = image_size
+        self._crop_padding = crop_padding
 
     def _predict(self, jpegs):
         images = tf.map_fn(
-            lambda jpeg: input_pipeline.preprocess_for_eval(jpeg, self._image_size),
+            lambda jpeg: input_pipeline.preprocess_for_eval(jpeg, self._image_size, self._crop_padding),
             jpegs,
             fn_output_signature=tf.TensorSpec([self._image_size, self._image_size, 3], tf.float32),
         )
@@ -48,9 +49,15 @@ class _ServingModule(tf.Module):
         return self._predict(images)
 
 
-def export_saved_model(model: keras.Model, image_size: int, export_dir: str) -> str:
-    """Writes the SavedModel with both signatures to ``export_dir`` and returns the path."""
-    module = _ServingModule(model, image_size)
+def export_saved_model(
+    model: keras.Model, image_size: int, export_dir: str, crop_padding: int | None = None
+) -> str:
+    """Writes the SavedModel with both signatures to ``export_dir`` and returns the path.
+
+    ``crop_padding`` is the run's evaluation crop (``TrainingPlan.eval_crop_padding_pixels``), so the served
+    model sees images prepared exactly as in the in-loop evaluation.
+    """
+    module = _ServingModule(model, image_size, crop_padding)
     tf.saved_model.save(
         module,
         export_dir,

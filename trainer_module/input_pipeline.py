@@ -31,12 +31,18 @@ import dataclasses
 import json
 import math
 import os
+import re
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 import tensorflow as tf
 
 from beam_preprocess import schema
+from trainer_module import augment
+
+if TYPE_CHECKING:
+    from trainer_module.config import AugmentConfig
 
 # Element keys of evaluation batches.
 IMAGES = "images"
@@ -71,23 +77,29 @@ _WHOLE_IMAGE_BOX = [[[0.0, 0.0, 1.0, 1.0]]]
 
 
 def eval_crop_padding(image_size: int) -> int:
-    """Pixels added to ``image_size`` to size the evaluation crop: round(S * (1/0.875 - 1)), 32 at 224."""
+    """Pixels added to ``image_size`` to size the evaluation crop: round(S * (1/0.875 - 1)), 32 at 224.
+
+    Today's reference derives the padding from the 0.875 crop; the paper-era code used a constant 32 at every
+    resolution (0.934 of the short side at 456), which ``data.eval_crop_padding=32`` reproduces.
+    """
     return round(image_size * (1.0 / EVAL_CROP_FRACTION - 1.0))
 
 
-def center_crop_window(image_shape: tf.Tensor, image_size: int) -> tf.Tensor:
+def center_crop_window(image_shape: tf.Tensor, image_size: int, crop_padding: int | None = None) -> tf.Tensor:
     """The evaluation crop: a centred square of side S / (S + pad) * min(height, width), rounded down.
 
     Args:
       image_shape: int32 [height, width, ...] of the encoded image (``tf.image.extract_jpeg_shape``).
       image_size: the model resolution S.
+      crop_padding: pad above; None takes ``eval_crop_padding(S)``.
 
     Returns:
       int32 [offset_y, offset_x, side, side]; odd margins put the extra pixel before the crop.
     """
     height, width = image_shape[0], image_shape[1]
     # Integer arithmetic: floor(S * min / (S + pad)) exactly, where float32 can land one pixel short.
-    side = (image_size * tf.minimum(height, width)) // (image_size + eval_crop_padding(image_size))
+    pad = eval_crop_padding(image_size) if crop_padding is None else crop_padding
+    side = (image_size * tf.minimum(height, width)) // (image_size + pad)
     side = tf.maximum(side, 1)
     return tf.stack([(height - side + 1) // 2, (width - side + 1) // 2, side, side])
 
@@ -151,28 +163,112 @@ def preprocess_for_train(
     fused: bool = True,
     min_crop_area: float = CROP_AREA_RANGE[0],
     random_flip: bool = True,
+    augmentation: AugmentConfig | None = None,
 ) -> tf.Tensor:
-    """Random crop, bicubic resize, random left-right flip of one JPEG; float32 [S, S, 3] in [0, 255].
+    """Random crop, bicubic resize, random left-right flip, then the augmentation policy, of one JPEG;
+    float32 [S, S, 3] in [0, 255]. The order is the reference's: AutoAugment / RandAugment see the flipped crop.
 
     Args:
-      seeds: int64 [2, 2]: row 0 seeds the crop sampler, row 1 the flip (stateless ops, so a seeded pipeline
-        is reproducible whatever the parallelism of the map).
+      seeds: int64 [3, 2]: row 0 seeds the crop sampler, row 1 the flip, row 2 the augmentation policy
+        (stateless ops, so a seeded pipeline is reproducible whatever the parallelism of the map); [2, 2]
+        when there is no policy.
       fused: see ``decode_crop``.
       min_crop_area: smallest crop as a fraction of the image (0.08 in the recipe; small images of whole
         objects, like the demo's digits, need gentler crops).
       random_flip: flip left-right with probability 1/2 (not for data whose classes are not mirror-invariant).
+      augmentation: the ``augment`` section (policy 'autoaugment', 'randaugment' or 'none'); None is 'none'.
     """
     window = train_crop_window(tf.image.extract_jpeg_shape(image_bytes), image_size, seeds[0], min_crop_area)
     image = resize(decode_crop(image_bytes, window, fused), image_size)
-    if not random_flip:
+    if random_flip:
+        image = tf.image.stateless_random_flip_left_right(image, seed=seeds[1])
+    if augmentation is None or augmentation.policy == "none":
         return image
-    return tf.image.stateless_random_flip_left_right(image, seed=seeds[1])
+    return augment.distort(
+        image, seeds[2], augmentation.policy, augmentation.num_layers, augmentation.magnitude
+    )
 
 
-def preprocess_for_eval(image_bytes: tf.Tensor, image_size: int) -> tf.Tensor:
-    """Centre crop and bicubic resize of one JPEG; float32 [S, S, 3] in [0, 255]."""
-    window = center_crop_window(tf.image.extract_jpeg_shape(image_bytes), image_size)
+def preprocess_for_eval(
+    image_bytes: tf.Tensor, image_size: int, crop_padding: int | None = None
+) -> tf.Tensor:
+    """Centre crop (see ``center_crop_window``) and bicubic resize of one JPEG; float32 [S, S, 3] in [0, 255]."""
+    window = center_crop_window(tf.image.extract_jpeg_shape(image_bytes), image_size, crop_padding)
     return resize(decode_crop(image_bytes, window), image_size)
+
+
+LABEL_CHECK_MARK = "label check failed"
+
+
+class LabelError(ValueError):
+    """A shard holds a label that is not the class it should be (another converter's convention, a wrong
+    ``data.label_offset``, or a label outside [0, num_classes))."""
+
+
+class LabelChecker:
+    """Turns a stored label into a class index and checks it, so an off-by-one never trains silently.
+
+    The class is ``stored - label_offset`` (0 for beam_preprocess shards, 1 for tensorflow/tpu's
+    ``imagenet_to_gcs.py``, whose labels are 1..1000). It must lie in [0, num_classes), and where the record
+    carries an ImageNet synset (``image/class/synset``, written by both converters) it must be that synset's
+    position in the sorted 1000 synsets: with the wrong offset the very first record fails, naming its shard.
+    A failure surfaces as a tf.data error that ``raise_label_error`` turns into one ``LabelError`` line.
+
+    Create it inside the dataset function (it holds a lookup table, which must live where the dataset does).
+    """
+
+    def __init__(self, label_offset: int = 0, num_classes: int = 1000):
+        self.label_offset = label_offset
+        self.num_classes = num_classes
+        synsets = schema.synsets()
+        self._positions = tf.lookup.StaticHashTable(
+            tf.lookup.KeyValueTensorInitializer(tf.constant(synsets), tf.range(len(synsets), dtype=tf.int32)),
+            default_value=-1,
+        )
+
+    def __call__(self, stored: tf.Tensor, synset: tf.Tensor, path: tf.Tensor) -> tf.Tensor:
+        label = tf.cast(stored, tf.int32) - self.label_offset
+        position = self._positions.lookup(synset)
+        inside = tf.logical_and(label >= 0, label < self.num_classes)
+        matches = tf.logical_or(position < 0, tf.equal(position, label))
+        check = tf.debugging.Assert(
+            tf.logical_and(inside, matches),
+            [
+                LABEL_CHECK_MARK,
+                "file:",
+                path,
+                "stored label:",
+                stored,
+                "synset:",
+                synset,
+                "position:",
+                position,
+            ],
+        )
+        with tf.control_dependencies([check]):
+            return tf.identity(label)
+
+
+def raise_label_error(error: tf.errors.OpError, label_offset: int, num_classes: int) -> None:
+    """Re-raises a failed ``LabelChecker`` assertion as one readable ``LabelError``; returns otherwise."""
+    message = getattr(error, "message", str(error))
+    if LABEL_CHECK_MARK not in message:
+        return
+
+    def field(name):
+        found = re.search(rf"{name}:\]?\s*\[?([^\]\s]*)", message)
+        return found.group(1) if found else "?"
+
+    path, stored, synset, position = field("file"), field("stored label"), field("synset"), field("position")
+    if position not in ("?", "-1"):
+        problem = f"synset {synset} is class {position}, but its stored label {stored} - data.label_offset"
+        problem += f"={label_offset} is {int(stored) - label_offset}" if stored.lstrip("-").isdigit() else ""
+    else:
+        problem = f"stored label {stored} - data.label_offset={label_offset} is outside [0, {num_classes})"
+    hint = ""
+    if stored.lstrip("-").isdigit() and position.isdigit() and int(stored) - int(position) == 1:
+        hint = " (shards of tensorflow/tpu's imagenet_to_gcs.py hold labels 1..1000: set data.label_offset=1)"
+    raise LabelError(f"{path}: {problem}{hint}") from None
 
 
 def parse_example(record: tf.Tensor, with_filename: bool = False) -> dict[str, tf.Tensor]:
@@ -180,6 +276,7 @@ def parse_example(record: tf.Tensor, with_filename: bool = False) -> dict[str, t
     features = {
         schema.IMAGE_ENCODED: tf.io.FixedLenFeature([], tf.string),
         schema.LABEL: tf.io.FixedLenFeature([], tf.int64),
+        schema.SYNSET: tf.io.FixedLenFeature([], tf.string, default_value=""),
     }
     if with_filename:
         features[schema.FILENAME] = tf.io.FixedLenFeature([], tf.string, default_value="")
@@ -387,9 +484,17 @@ def eval_plan(
 
 
 def _records(files: tf.data.Dataset, cycle_length: int, deterministic: bool | None) -> tf.data.Dataset:
-    """Records of the file names in ``files``, read ``cycle_length`` files at a time in parallel."""
+    """``(record, file name)`` of the files in ``files``, read ``cycle_length`` files at a time in parallel.
+
+    The file name travels with each record so that a bad record can be reported with the shard it came from.
+    """
+
+    def read(path):
+        records = tf.data.TFRecordDataset(path, buffer_size=TFRECORD_READ_BUFFER)
+        return records.map(lambda record: (record, path))
+
     return files.interleave(
-        lambda path: tf.data.TFRecordDataset(path, buffer_size=TFRECORD_READ_BUFFER),
+        read,
         cycle_length=cycle_length,
         num_parallel_calls=tf.data.AUTOTUNE,
         deterministic=deterministic,
@@ -420,12 +525,15 @@ def build_train_dataset(
     skip_records: int = 0,
     min_crop_area: float = CROP_AREA_RANGE[0],
     random_flip: bool = True,
+    augmentation: AugmentConfig | None = None,
+    label_offset: int = 0,
+    num_classes: int = 1000,
 ) -> tf.data.Dataset:
     """The endless training stream of this host: ``(images, labels)`` per-replica batches.
 
     Files are sharded by input pipeline, shuffled every epoch and read ``cycle_length`` at a time; records
-    pass a ``shuffle_buffer_size`` buffer, are decoded, randomly cropped, resized and flipped in parallel,
-    then batched with ``drop_remainder=True`` and prefetched.
+    pass a ``shuffle_buffer_size`` buffer, are decoded, randomly cropped, resized, flipped and augmented in
+    parallel, then batched with ``drop_remainder=True`` and prefetched.
 
     Args:
       file_patterns: glob(s) of the training shards.
@@ -442,7 +550,8 @@ def build_train_dataset(
       fused_decode_crop: decode only the crop window (see ``decode_crop``); False is the benchmark baseline.
       skip_records: records of the stream already consumed (a resumed run); with a seed, the stream then
         continues exactly where it stopped. They are skipped before decoding, so skipping is cheap.
-      min_crop_area, random_flip: see ``preprocess_for_train``.
+      min_crop_area, random_flip, augmentation: see ``preprocess_for_train``.
+      label_offset, num_classes: see ``LabelChecker``.
     """
     ctx = _context(input_context)
     per_replica = ctx.get_per_replica_batch_size(global_batch_size)
@@ -458,18 +567,27 @@ def build_train_dataset(
     dataset = dataset.shuffle(len(files), seed=file_seed, reshuffle_each_iteration=True).repeat()
     dataset = _records(dataset, min(cycle_length, len(files)), ordered)
     dataset = dataset.shuffle(shuffle_buffer_size, seed=shuffle_seed, reshuffle_each_iteration=True)
-    # One [2, 2] stateless seed per record, attached before the parallel map so that map order is irrelevant.
-    augment_seeds = tf.data.Dataset.random(seed=augment_seed).batch(4).map(lambda s: tf.reshape(s, [2, 2]))
+    # One [3, 2] stateless seed per record, attached before the parallel map so that map order is irrelevant.
+    augment_seeds = tf.data.Dataset.random(seed=augment_seed).batch(6).map(lambda s: tf.reshape(s, [3, 2]))
     dataset = tf.data.Dataset.zip(dataset, augment_seeds)
     if skip_records:
         dataset = dataset.skip(skip_records)
 
-    def preprocess(record, seeds):
+    check_label = LabelChecker(label_offset, num_classes)
+
+    def preprocess(record_and_path, seeds):
+        record, path = record_and_path
         example = parse_example(record)
         image = preprocess_for_train(
-            example[schema.IMAGE_ENCODED], image_size, seeds, fused_decode_crop, min_crop_area, random_flip
+            example[schema.IMAGE_ENCODED],
+            image_size,
+            seeds,
+            fused_decode_crop,
+            min_crop_area,
+            random_flip,
+            augmentation,
         )
-        return image, tf.cast(example[schema.LABEL], tf.int32)
+        return image, check_label(example[schema.LABEL], example[schema.SYNSET], path)
 
     dataset = dataset.map(preprocess, num_parallel_calls=tf.data.AUTOTUNE, deterministic=ordered)
     dataset = dataset.batch(per_replica, drop_remainder=True).prefetch(tf.data.AUTOTUNE)
@@ -485,6 +603,9 @@ def build_eval_dataset(
     image_size: int,
     with_filenames: bool = False,
     cycle_length: int = 8,
+    crop_padding: int | None = None,
+    label_offset: int = 0,
+    num_classes: int = 1000,
 ) -> tf.data.Dataset:
     """One evaluation pass of this host: exactly ``eval_plan(...).steps x replicas_per_pipeline`` per-replica
     batches of dicts ``{"images", "labels", "mask"}``.
@@ -500,16 +621,19 @@ def build_eval_dataset(
       image_size: the model resolution S.
       with_filenames: add ``"filenames"`` (string [batch]; empty for padding), for checking coverage.
       cycle_length: files read in parallel.
+      crop_padding: see ``center_crop_window``.
+      label_offset, num_classes: see ``LabelChecker``.
     """
     ctx = _context(input_context)
+    check_label = LabelChecker(label_offset, num_classes)
     plan = eval_plan(file_patterns, global_batch_size, ctx)
     files = pipeline_files(list_files(file_patterns), ctx.num_input_pipelines, ctx.input_pipeline_id)
 
-    def preprocess(record):
+    def preprocess(record, path):
         example = parse_example(record, with_filenames)
         element = {
-            IMAGES: preprocess_for_eval(example[schema.IMAGE_ENCODED], image_size),
-            LABELS: tf.cast(example[schema.LABEL], tf.int32),
+            IMAGES: preprocess_for_eval(example[schema.IMAGE_ENCODED], image_size, crop_padding),
+            LABELS: check_label(example[schema.LABEL], example[schema.SYNSET], path),
             MASK: tf.constant(1.0, tf.float32),
         }
         if with_filenames:

@@ -1,7 +1,8 @@
 """Optimizers of the recipe: LARS for the large-batch runs, RMSProp for the original baseline.
 
 ``build_optimizer`` turns the optimizer section of the trainer config plus a learning-rate schedule into a
-Keras 3 optimizer.
+Keras 3 optimizer; ``OPTIMIZERS`` is the registry of the accepted ``optimizer.name`` values. Weight
+averaging is not the optimizer's business here (see ``trainer_module.averaging``).
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ from typing import TYPE_CHECKING
 import keras
 import tensorflow as tf
 
+from trainer_module.registry import Registry
+
 if TYPE_CHECKING:
     from trainer_module.config import OptimizerConfig
 
@@ -21,6 +24,8 @@ if TYPE_CHECKING:
 # 'batch_?norm' catches Keras' default 'batch_normalization' and other norm layers; gamma/beta as the leaf
 # name catch normalisation scales and offsets under any layer name; 'bias' catches every bias.
 DEFAULT_EXCLUDE = (r"bn/", r"batch_?norm", r"(^|/)(gamma|beta)$", r"bias")
+
+OPTIMIZERS = Registry("optimizer.name")
 
 
 def is_excluded(variable_path: str, patterns: Sequence[str] = DEFAULT_EXCLUDE) -> bool:
@@ -167,54 +172,54 @@ def rmsprop(learning_rate, rho: float = 0.9, momentum: float = 0.9, epsilon: flo
 
     Keras' RMSprop keeps epsilon inside the square root like tf.compat.v1's RMSPropOptimizer, but starts its
     mean-square accumulator at 0 where the TF1 optimizer started it at 1; the first steps are larger here.
-    Weight decay for this recipe is an L2 term in the loss (see ``OptimizerConfig.l2_loss_weight``).
+    Weight decay for this recipe is an L2 term in the loss (see ``TrainingPlan.l2_loss_weight``).
 
     Args:
       learning_rate: float or ``LearningRateSchedule``.
       rho: discounting factor of the mean square of gradients ("decay" in TF1).
       momentum: momentum coefficient.
       epsilon: added to the mean square under the square root.
-      **kwargs: other ``keras.optimizers.RMSprop`` arguments (use_ema, ema_momentum, ...).
+      **kwargs: other ``keras.optimizers.RMSprop`` arguments.
     """
     return keras.optimizers.RMSprop(
         learning_rate=learning_rate, rho=rho, momentum=momentum, epsilon=epsilon, name="RMSprop", **kwargs
     )
 
 
-def build_optimizer(optimizer_config: OptimizerConfig, learning_rate_schedule):
+@OPTIMIZERS.register("lars")
+def _lars(section: OptimizerConfig, learning_rate):
+    return LARS(
+        learning_rate,
+        momentum=section.momentum,
+        weight_decay=section.weight_decay,
+        eeta=section.lars_eeta,
+        epsilon=section.lars_epsilon,
+        nesterov=section.lars_nesterov,
+    )
+
+
+@OPTIMIZERS.register("rmsprop")
+def _rmsprop(section: OptimizerConfig, learning_rate):
+    return rmsprop(
+        learning_rate, rho=section.rmsprop_rho, momentum=section.momentum, epsilon=section.rmsprop_epsilon
+    )
+
+
+@OPTIMIZERS.register("sgd")
+def _momentum_sgd(section: OptimizerConfig, learning_rate):
+    return keras.optimizers.SGD(learning_rate, momentum=section.momentum)
+
+
+def build_optimizer(section: OptimizerConfig, learning_rate_schedule):
     """The optimizer a trainer config asks for.
 
     Args:
-      optimizer_config: the ``optimizer`` section of a ``trainer_module.config.TrainerConfig``; its ``name`` is
-        'lars', 'rmsprop' or 'sgd' (momentum SGD).
+      section: the ``optimizer`` section of a ``trainer_module.config.TrainerConfig``; its ``name`` picks the
+        builder from ``OPTIMIZERS`` ('lars', 'rmsprop' or 'sgd', momentum SGD).
       learning_rate_schedule: a ``LearningRateSchedule`` (or float) for the base learning rate.
 
     Returns:
       A Keras 3 optimizer. Only LARS applies weight decay itself; for the others the trainer adds
-      ``optimizer_config.l2_loss_weight`` times the L2 norm to the loss.
+      ``TrainingPlan.l2_loss_weight`` times the L2 norm to the loss.
     """
-    name = optimizer_config.name
-    # Weight averaging (ema_decay > 0) is Keras' own: it keeps the averages beside the slots and updates them
-    # after every step; the trainer evaluates and exports with them (Trainer.swap_ema_weights).
-    ema = {"use_ema": True, "ema_momentum": optimizer_config.ema_decay} if optimizer_config.ema_decay else {}
-    if name == "lars":
-        return LARS(
-            learning_rate_schedule,
-            momentum=optimizer_config.momentum,
-            weight_decay=optimizer_config.weight_decay,
-            eeta=optimizer_config.lars_eeta,
-            epsilon=optimizer_config.lars_epsilon,
-            nesterov=optimizer_config.lars_nesterov,
-            **ema,
-        )
-    if name == "rmsprop":
-        return rmsprop(
-            learning_rate_schedule,
-            rho=optimizer_config.rmsprop_rho,
-            momentum=optimizer_config.momentum,
-            epsilon=optimizer_config.rmsprop_epsilon,
-            **ema,
-        )
-    if name == "sgd":
-        return keras.optimizers.SGD(learning_rate_schedule, momentum=optimizer_config.momentum, **ema)
-    raise ValueError(f"optimizer.name={name!r} is not one of 'lars', 'rmsprop', 'sgd'")
+    return OPTIMIZERS.build(section.name, section, learning_rate_schedule)

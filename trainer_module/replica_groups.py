@@ -21,10 +21,33 @@ Assumptions of the torus layout (TPU v3):
 The tensorflow/tpu reference code additionally renumbers replicas along a ring over the whole slice; here the
 ids are the row-major ones above, which is what ``REFERENCE.md`` section 5 states (2048 cores, groups of 8:
 group 0 is ``[0, 1, 2, 3, 66, 67, 64, 65]``).
+
+How many replicas form a group is a rule too (``GROUP_SIZE_RULES``, used when the config leaves the size
+unset): ``examples128``, about 128 examples per group as in the reference LARS runs, or ``reference_tpu``, what
+tensorflow/tpu's ``TpuBatchNormalization`` derived from the slice alone (the paper's RMSProp rows).
 """
 
+from trainer_module.registry import Registry
+
 CORES_PER_CHIP = 2
-LAYOUTS = ("consecutive", "torus2d")
+# The reference LARS runs size batch-norm groups to hold about this many examples (REFERENCE.md section 5).
+EXAMPLES_PER_BN_GROUP = 128
+
+LAYOUTS = Registry("model.bn_group_layout")
+GROUP_SIZE_RULES = Registry("model.bn_group_rule")
+
+
+@GROUP_SIZE_RULES.register("examples128")
+def examples_per_group_rule(num_replicas: int, per_replica_batch: int) -> int:
+    """max(1, 128 // per-replica batch) replicas, capped at the replica count."""
+    return min(max(1, EXAMPLES_PER_BN_GROUP // per_replica_batch), num_replicas)
+
+
+@GROUP_SIZE_RULES.register("reference_tpu")
+def reference_tpu_rule(num_replicas: int, per_replica_batch: int) -> int:
+    """1 up to 8 replicas, else max(8, replicas // 8), whatever the batch (tensorflow/tpu efficientnet)."""
+    del per_replica_batch  # the reference looks at the slice size only
+    return 1 if num_replicas <= 8 else max(8, num_replicas // 8)
 
 
 def group_assignment(num_replicas, group_size, layout="consecutive"):
@@ -47,16 +70,15 @@ def group_assignment(num_replicas, group_size, layout="consecutive"):
     """
     _check_positive_int("num_replicas", num_replicas)
     _check_positive_int("group_size", group_size)
-    if layout not in LAYOUTS:
-        raise ValueError(f"Unknown replica group layout {layout!r}; expected one of {LAYOUTS}.")
+    LAYOUTS.check(layout)
     if num_replicas % group_size:
         raise ValueError(
             f"group_size={group_size} does not divide num_replicas={num_replicas}: batch-norm groups must "
             "split the replicas evenly."
         )
-    if layout == "consecutive" or group_size == 1:
+    if group_size == 1:
         return _consecutive_groups(num_replicas, group_size)
-    return _torus_tile_groups(num_replicas, group_size)
+    return LAYOUTS.build(layout, num_replicas, group_size)
 
 
 def chip_grid_shape(num_chips):
@@ -95,10 +117,12 @@ def ring_order(rows, cols):
     return ring
 
 
+@LAYOUTS.register("consecutive")
 def _consecutive_groups(num_replicas, group_size):
     return [list(range(start, start + group_size)) for start in range(0, num_replicas, group_size)]
 
 
+@LAYOUTS.register("torus2d")
 def _torus_tile_groups(num_replicas, group_size):
     _check_power_of_two("torus2d num_replicas (TPU cores in the slice)", num_replicas)
     _check_power_of_two("torus2d group_size", group_size)

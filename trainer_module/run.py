@@ -32,13 +32,16 @@ def run(
     logging.getLogger("trainer_module").setLevel(logging.INFO)
     strategy = strategies.build_strategy(config, devices)
     metrics, trainer = train.train_and_evaluate(config, train_files, eval_files, paths, strategy)
-    trainer.swap_ema_weights()  # export the averaged weights, as evaluated
-    if train.is_chief(strategy):
-        export.export_saved_model(trainer.model, config.image_size, paths.resolved_export_dir)
-    else:
-        # Every worker takes part in saving under MultiWorkerMirroredStrategy; only the chief's copy is kept.
-        scratch = tempfile.mkdtemp(prefix="export-worker-")
-        export.export_saved_model(trainer.model, config.image_size, scratch)
-        shutil.rmtree(scratch, ignore_errors=True)
+    plan = config.plan
+    with trainer.evaluation_weights():  # export the averaged weights, as evaluated
+        if train.is_chief(strategy):
+            export.export_saved_model(
+                trainer.model, plan.input_size, paths.resolved_export_dir, plan.eval_crop_padding_pixels
+            )
+        else:
+            # Every worker takes part in saving under MultiWorkerMirroredStrategy; only the chief's copy is kept.
+            scratch = tempfile.mkdtemp(prefix="export-worker-")
+            export.export_saved_model(trainer.model, plan.input_size, scratch, plan.eval_crop_padding_pixels)
+            shutil.rmtree(scratch, ignore_errors=True)
     metrics["export_dir"] = paths.resolved_export_dir
     return metrics

@@ -1,32 +1,62 @@
-"""Learning-rate schedules of the large-batch EfficientNet recipe.
+"""Learning-rate schedules of the large-batch EfficientNet recipe, as tensorflow/tpu's EfficientNet code has them.
 
 Two shapes, both starting with a linear warmup from 0 to the peak learning rate:
 
 * ``WarmupPolynomialDecay``: the LARS runs. After warmup the rate falls as a power-2 polynomial from the peak
-  to an end rate over the remaining steps (the ResNet/MLPerf LARS schedule).
+  to an absolute end rate of 0.1 (``efficientnet/utils.py::build_learning_rate``, ``lr_decay_type='poly'``).
 * ``WarmupExponentialDecay``: the original RMSProp recipe. The rate is multiplied by 0.97 every 2.4 epochs
-  (staircase), counted from step 0 as tensorflow/tpu ``efficientnet/utils.py::build_learning_rate`` does.
+  (staircase), counted from step 0 as the same function does.
 
-The peak follows the linear scaling rule, ``scaled_learning_rate``. Both schedules are Keras
-``LearningRateSchedule`` objects registered for serialisation, so an optimizer that holds one survives
-``get_config`` / ``from_config`` and model saving.
+The peak follows the linear scaling rule, ``scaled_learning_rate``. Step counts come from the run
+(``ScheduleSteps``: steps per epoch as a float, warmup and total steps truncated as the reference does). The
+``SCHEDULES`` registry maps ``schedule.kind`` to the builder; both schedules are Keras ``LearningRateSchedule``
+objects registered for serialisation, so an optimizer that holds one survives ``get_config`` /
+``from_config`` and model saving.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from typing import TYPE_CHECKING
 
 import keras
 import tensorflow as tf
 
+from trainer_module.registry import Registry
+
 if TYPE_CHECKING:
-    from trainer_module.config import TrainerConfig
+    from trainer_module.config import ScheduleConfig
 
 # Linear scaling rule: learning rates are quoted per 256 examples of global batch.
 REFERENCE_BATCH_SIZE = 256
-# End rate of the polynomial decay in the ResNet/MLPerf LARS code (tf.compat.v1 polynomial_decay's default).
-DEFAULT_END_LEARNING_RATE = 1e-4
+# End rate of the EfficientNet reference's polynomial decay (absolute; 1e-4 is the ResNet/MLPerf value).
+DEFAULT_END_LEARNING_RATE = 0.1
 POLYNOMIAL_POWER = 2.0
+
+SCHEDULES = Registry("schedule.kind")
+
+
+@dataclasses.dataclass(frozen=True)
+class ScheduleSteps:
+    """The step counts a schedule is laid out on.
+
+    Attributes:
+      steps_per_epoch: examples per epoch / global batch, a float (19.549 at batch 65536 on ImageNet).
+      warmup_steps: int(warmup epochs x steps per epoch).
+      total_steps: int(epochs x steps per epoch): 350 epochs at batch 65536 are 6,842 steps.
+    """
+
+    steps_per_epoch: float
+    warmup_steps: int
+    total_steps: int
+
+    @classmethod
+    def of(
+        cls, num_examples: int, global_batch_size: int, warmup_epochs: float, epochs: float
+    ) -> ScheduleSteps:
+        """The reference's arithmetic: float steps per epoch, truncated warmup and total steps."""
+        steps_per_epoch = num_examples / global_batch_size
+        return cls(steps_per_epoch, int(warmup_epochs * steps_per_epoch), int(epochs * steps_per_epoch))
 
 
 def scaled_learning_rate(lr_per_256: float, global_batch_size: int) -> float:
@@ -51,23 +81,23 @@ def _linear_warmup(step: tf.Tensor, peak: float, warmup_steps: int) -> tf.Tensor
 
 @keras.saving.register_keras_serializable(package="trainer_module")
 class WarmupPolynomialDecay(keras.optimizers.schedules.LearningRateSchedule):
-    """Linear warmup to a peak, then polynomial decay to an end rate.
+    """Linear warmup to a peak, then power-2 polynomial decay to an absolute end rate (the reference's form).
 
     For step s (0-based, the optimizer's iteration count), with W warmup steps and T total steps::
 
         s <  W:      lr = peak * s / W
-        W <= s:      p  = min(s - W, T - W) / (T - W)
-                     lr = (peak - end) * (1 - p) ** power + end
+        W <= s:      d  = max(1, s - W),  D = T - W + 1
+                     lr = (peak - end) * (1 - min(d, D) / D) ** power + end
 
-    The decay starts when warmup ends and is clamped at ``end_learning_rate`` from step T on. The reference
-    ResNet LARS code decays over ``T - W + 1`` steps counted from ``max(1, s - W)``; that off-by-one is not
-    reproduced (it moves the curve by less than one step).
+    which is ``tf.compat.v1.train.polynomial_decay`` as tensorflow/tpu's EfficientNet ``build_learning_rate``
+    calls it: the decay counts from ``max(1, s - W)`` over ``T - W + 1`` steps, so the first post-warmup step
+    is already one decay step in, and the rate reaches ``end`` one step after T (it is clamped there).
 
     Args:
       peak_learning_rate: rate reached at the end of warmup.
       warmup_steps: length of the linear warmup; 0 starts at the peak.
-      total_steps: step at which the end rate is reached; must exceed ``warmup_steps``.
-      end_learning_rate: rate held from ``total_steps`` on (1e-4 in the ResNet/MLPerf code).
+      total_steps: T above; must exceed ``warmup_steps``.
+      end_learning_rate: absolute rate the decay ends at (0.1 in the EfficientNet reference).
       power: exponent of the decay (2 in the recipe).
       name: name of the schedule.
     """
@@ -102,10 +132,10 @@ class WarmupPolynomialDecay(keras.optimizers.schedules.LearningRateSchedule):
     def __call__(self, step):
         step = tf.cast(step, tf.float32)
         warmup = _linear_warmup(step, self.peak_learning_rate, self.warmup_steps)
-        decay_steps = float(self.total_steps - self.warmup_steps)
-        progress = tf.clip_by_value((step - self.warmup_steps) / decay_steps, 0.0, 1.0)
+        decay_steps = float(self.total_steps - self.warmup_steps + 1)
+        decayed_steps = tf.minimum(tf.maximum(1.0, step - self.warmup_steps), decay_steps)
         decayed = (self.peak_learning_rate - self.end_learning_rate) * (
-            1.0 - progress
+            1.0 - decayed_steps / decay_steps
         ) ** self.power + self.end_learning_rate
         return tf.where(step < self.warmup_steps, warmup, decayed)
 
@@ -179,30 +209,35 @@ class WarmupExponentialDecay(keras.optimizers.schedules.LearningRateSchedule):
         }
 
 
-def build_schedule(config: TrainerConfig) -> keras.optimizers.schedules.LearningRateSchedule:
-    """The learning-rate schedule a trainer config asks for.
+@SCHEDULES.register("polynomial")
+def _polynomial(section: ScheduleConfig, peak_learning_rate: float, steps: ScheduleSteps):
+    return WarmupPolynomialDecay(
+        peak_learning_rate,
+        warmup_steps=steps.warmup_steps,
+        total_steps=steps.total_steps,
+        end_learning_rate=section.end_lr,
+        power=section.polynomial_power,
+    )
+
+
+@SCHEDULES.register("exponential")
+def _exponential(section: ScheduleConfig, peak_learning_rate: float, steps: ScheduleSteps):
+    return WarmupExponentialDecay(
+        peak_learning_rate,
+        warmup_steps=steps.warmup_steps,
+        decay_steps=section.decay_epochs * steps.steps_per_epoch,
+        decay_rate=section.decay_rate,
+    )
+
+
+def build_schedule(
+    section: ScheduleConfig, peak_learning_rate: float, steps: ScheduleSteps
+) -> keras.optimizers.schedules.LearningRateSchedule:
+    """The learning-rate schedule of a config's ``schedule`` section laid out on the run's step counts.
 
     Args:
-      config: a ``trainer_module.config.TrainerConfig``; its ``schedule.kind`` picks the shape and its derived
-        values (peak learning rate, warmup/total/decay steps) parameterise it.
-
-    Returns:
-      A ``WarmupPolynomialDecay`` ('polynomial') or ``WarmupExponentialDecay`` ('exponential').
+      section: the ``schedule`` section; ``kind`` picks the shape from ``SCHEDULES``.
+      peak_learning_rate: the rate at the end of warmup (``scaled_learning_rate`` of the global batch).
+      steps: steps per epoch, warmup and total steps of the run.
     """
-    kind = config.schedule.kind
-    if kind == "polynomial":
-        return WarmupPolynomialDecay(
-            peak_learning_rate=config.peak_learning_rate,
-            warmup_steps=config.warmup_steps,
-            total_steps=config.total_steps,
-            end_learning_rate=config.schedule.end_lr,
-            power=config.schedule.polynomial_power,
-        )
-    if kind == "exponential":
-        return WarmupExponentialDecay(
-            peak_learning_rate=config.peak_learning_rate,
-            warmup_steps=config.warmup_steps,
-            decay_steps=config.decay_steps,
-            decay_rate=config.schedule.decay_rate,
-        )
-    raise ValueError(f"schedule.kind={kind!r} is not one of 'polynomial', 'exponential'")
+    return SCHEDULES.build(section.kind, section, peak_learning_rate, steps)

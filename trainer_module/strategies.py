@@ -1,13 +1,49 @@
-"""The tf.distribute strategy a run asks for, checked against the config before any work starts."""
+"""The tf.distribute strategy a run asks for, checked against the config before any work starts.
+
+``STRATEGIES`` is the registry of ``loop.strategy``: each name is bound to the function that builds it.
+"""
 
 from __future__ import annotations
 
 import json
 import os
+from typing import TYPE_CHECKING
 
 import tensorflow as tf
 
-from trainer_module.config import TrainerConfig
+from trainer_module.registry import Registry
+
+if TYPE_CHECKING:
+    from trainer_module.config import TrainerConfig
+
+STRATEGIES = Registry("loop.strategy")
+
+
+@STRATEGIES.register("tpu")
+def _tpu(config: TrainerConfig, devices: list[str] | None) -> tf.distribute.Strategy:
+    resolver = tf.distribute.cluster_resolver.TPUClusterResolver(tpu=config.loop.tpu_name or "local")
+    tf.config.experimental_connect_to_cluster(resolver)
+    tf.tpu.experimental.initialize_tpu_system(resolver)
+    return tf.distribute.TPUStrategy(resolver)
+
+
+@STRATEGIES.register("multi_worker")
+def _multi_worker(config: TrainerConfig, devices: list[str] | None) -> tf.distribute.Strategy:
+    if "TF_CONFIG" not in os.environ:
+        raise ValueError("loop.strategy='multi_worker' needs TF_CONFIG describing the cluster and this task")
+    json.loads(os.environ["TF_CONFIG"])  # fail here, clearly, on malformed JSON
+    return tf.distribute.MultiWorkerMirroredStrategy()
+
+
+@STRATEGIES.register("mirrored")
+def _mirrored(config: TrainerConfig, devices: list[str] | None) -> tf.distribute.Strategy:
+    return tf.distribute.MirroredStrategy(devices=devices)
+
+
+@STRATEGIES.register("one_device")
+def _one_device(config: TrainerConfig, devices: list[str] | None) -> tf.distribute.Strategy:
+    default = "/gpu:0" if tf.config.list_logical_devices("GPU") else "/cpu:0"
+    return tf.distribute.OneDeviceStrategy((devices or [default])[0])
 
 
 def build_strategy(config: TrainerConfig, devices: list[str] | None = None) -> tf.distribute.Strategy:
@@ -23,34 +59,9 @@ def build_strategy(config: TrainerConfig, devices: list[str] | None = None) -> t
       ValueError: the replica count differs from ``data.num_cores``, or the batch-norm group size does not
         divide it.
     """
-    kind = config.loop.strategy
-    if kind == "tpu":
-        resolver = tf.distribute.cluster_resolver.TPUClusterResolver(tpu=config.loop.tpu_name or "local")
-        tf.config.experimental_connect_to_cluster(resolver)
-        tf.tpu.experimental.initialize_tpu_system(resolver)
-        strategy = tf.distribute.TPUStrategy(resolver)
-    elif kind == "multi_worker":
-        if "TF_CONFIG" not in os.environ:
-            raise ValueError(
-                "loop.strategy='multi_worker' needs TF_CONFIG describing the cluster and this task"
-            )
-        json.loads(os.environ["TF_CONFIG"])  # fail here, clearly, on malformed JSON
-        strategy = tf.distribute.MultiWorkerMirroredStrategy()
-    elif kind == "mirrored":
-        strategy = tf.distribute.MirroredStrategy(devices=devices)
-    elif kind == "one_device":
-        device = (devices or [_default_device()])[0]
-        strategy = tf.distribute.OneDeviceStrategy(device)
-    else:
-        raise ValueError(
-            f"loop.strategy={kind!r} is not one of 'tpu', 'multi_worker', 'mirrored', 'one_device'"
-        )
+    strategy = STRATEGIES.build(config.loop.strategy, config, devices)
     check_replicas(config, strategy.num_replicas_in_sync)
     return strategy
-
-
-def _default_device() -> str:
-    return "/gpu:0" if tf.config.list_logical_devices("GPU") else "/cpu:0"
 
 
 def check_replicas(config: TrainerConfig, num_replicas: int) -> None:
@@ -61,7 +72,7 @@ def check_replicas(config: TrainerConfig, num_replicas: int) -> None:
             f"{config.data.num_cores}: set data.num_cores={num_replicas} (global batch "
             f"{config.data.global_batch_size} must be divisible by it)"
         )
-    if num_replicas % config.bn_group_size:
+    if num_replicas % config.plan.bn_group_replicas:
         raise ValueError(
-            f"batch-norm group size {config.bn_group_size} does not divide the {num_replicas} replicas"
+            f"batch-norm group size {config.plan.bn_group_replicas} does not divide the {num_replicas} replicas"
         )

@@ -11,6 +11,7 @@ step, learning rate and data position (the training stream is seeded and skips w
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import math
@@ -21,6 +22,7 @@ import keras
 import tensorflow as tf
 
 from trainer_module import input_pipeline, optimizers, schedules
+from trainer_module.averaging import WeightAverage, averaged_variables
 from trainer_module.batchnorm import GroupedBatchNormalization
 from trainer_module.config import TrainerConfig
 from trainer_module.models import efficientnet
@@ -63,9 +65,11 @@ class RunPaths:
 def build_model(config: TrainerConfig) -> keras.Model:
     """EfficientNet of the config with grouped synchronised batch norm as its normalisation layer."""
 
+    plan = config.plan
+
     def norm_layer(name: str) -> keras.layers.Layer:
         return GroupedBatchNormalization(
-            group_size=config.bn_group_size,
+            group_size=plan.bn_group_replicas,
             layout=config.model.bn_group_layout,
             momentum=config.model.bn_momentum,
             epsilon=config.model.bn_epsilon,
@@ -75,8 +79,8 @@ def build_model(config: TrainerConfig) -> keras.Model:
     return efficientnet(
         config.model.variant,
         num_classes=config.model.num_classes,
-        input_size=config.image_size,
-        dropout_rate=config.dropout_rate,
+        input_size=plan.input_size,
+        dropout_rate=plan.classifier_dropout,
         drop_connect_rate=config.model.drop_connect_rate,
         norm_layer=norm_layer,
         precision=config.model.precision,
@@ -94,35 +98,47 @@ class Trainer:
     def __init__(self, config: TrainerConfig, strategy: tf.distribute.Strategy):
         self.config = config
         self.strategy = strategy
+        plan = config.plan
         with strategy.scope():
             self.model = build_model(config)
-            self.optimizer = optimizers.build_optimizer(config.optimizer, schedules.build_schedule(config))
+            schedule = schedules.build_schedule(config.schedule, plan.peak_learning_rate, plan.schedule_steps)
+            self.optimizer = optimizers.build_optimizer(config.optimizer, schedule)
             self.optimizer.build(self.model.trainable_variables)
+            # Moving averages of the weights and batch-norm statistics (None when optimizer.ema_decay is 0).
+            self.average = (
+                WeightAverage(averaged_variables(self.model), config.optimizer.ema_decay)
+                if config.optimizer.ema_decay
+                else None
+            )
             # Seconds already spent in the train-and-eval loop by earlier attempts of this run.
             self.elapsed = tf.Variable(0.0, dtype=tf.float64, trainable=False, name="elapsed_seconds")
         self._l2_vars = _l2_variables(self.model)
+        tracked = {"weight_average": self.average} if self.average is not None else {}
         self.checkpoint = tf.train.Checkpoint(
-            model=self.model, optimizer=self.optimizer, elapsed=self.elapsed
+            model=self.model, optimizer=self.optimizer, elapsed=self.elapsed, **tracked
         )
 
     @property
     def step(self) -> int:
         return int(self.optimizer.iterations.numpy())
 
-    def swap_ema_weights(self) -> None:
-        """Exchanges the model's weights with their moving averages (no-op without ``optimizer.ema_decay``).
+    @contextlib.contextmanager
+    def evaluation_weights(self):
+        """The weights the recipe evaluates and exports: the moving averages when averaging is on.
 
-        Called around each evaluation (the recipe evaluates the averaged weights) and before the export.
+        Inside the block the model holds the averages (weights and batch-norm statistics); after it, the
+        training weights again.
         """
-        if not self.optimizer.use_ema:
+        if self.average is None:
+            yield
             return
         with self.strategy.scope():
-            for weight, average in zip(
-                self.model.trainable_variables, self.optimizer._model_variables_moving_average, strict=True
-            ):
-                current = tf.identity(weight.value)
-                weight.assign(average.value)
-                average.assign(current)
+            swap = tf.function(self.average.swap)
+            swap()
+            try:
+                yield
+            finally:
+                swap()
 
     def _loss(self, labels, logits):
         """Per-replica share of the global-batch mean loss (+ L2 when the optimizer does not decay)."""
@@ -135,9 +151,10 @@ class Trainer:
             label_smoothing=config.optimizer.label_smoothing,
         )
         loss = tf.nn.compute_average_loss(per_example, global_batch_size=config.data.global_batch_size)
-        if config.optimizer.l2_loss_weight:
+        l2_weight = config.plan.l2_loss_weight
+        if l2_weight:
             l2 = tf.add_n([tf.nn.l2_loss(v) for v in self._l2_vars])
-            loss += config.optimizer.l2_loss_weight * l2 / self.strategy.num_replicas_in_sync
+            loss += l2_weight * l2 / self.strategy.num_replicas_in_sync
         return loss
 
     def _train_step(self, batch):
@@ -157,6 +174,8 @@ class Trainer:
         for _ in tf.range(num_steps):
             per_replica = self.strategy.run(self._train_step, args=(next(iterator),))
             total += self.strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None)
+            if self.average is not None:
+                self.average.update(self.optimizer.iterations)
         return total / tf.cast(num_steps, tf.float32)
 
     def _eval_step(self, batch):
@@ -265,9 +284,10 @@ def train_and_evaluate(
     restored = manager.restore_or_initialize()
     start_step = trainer.step
     history = _load_history(paths, start_step) if restored else []
+    plan = config.plan
     if chief:
         with open(os.path.join(paths.model_dir, CONFIG_FILE), "w") as f:
-            json.dump({"config": json.loads(config.to_json()), "derived": config.derived()}, f, indent=2)
+            json.dump({"config": json.loads(config.to_json()), "plan": plan.to_dict()}, f, indent=2)
 
     def train_dataset(ctx):
         files = input_pipeline.pipeline_files(
@@ -281,18 +301,29 @@ def train_and_evaluate(
             train_files,
             ctx,
             config.data.global_batch_size,
-            config.image_size,
+            plan.input_size,
             seed=config.loop.seed,
             skip_records=consumed,
             min_crop_area=config.data.min_crop_area,
             random_flip=config.data.random_flip,
+            augmentation=config.augment,
+            label_offset=config.data.label_offset,
+            num_classes=config.model.num_classes,
         )
 
     plans = []
 
     def eval_dataset(ctx):
-        plans.append(input_pipeline.eval_plan(eval_files, config.eval_batch_size, ctx))
-        return input_pipeline.build_eval_dataset(eval_files, ctx, config.eval_batch_size, config.image_size)
+        plans.append(input_pipeline.eval_plan(eval_files, plan.eval_global_batch_size, ctx))
+        return input_pipeline.build_eval_dataset(
+            eval_files,
+            ctx,
+            plan.eval_global_batch_size,
+            plan.input_size,
+            crop_padding=plan.eval_crop_padding_pixels,
+            label_offset=config.data.label_offset,
+            num_classes=config.model.num_classes,
+        )
 
     train_dist = strategy.distribute_datasets_from_function(train_dataset)
     eval_dist = strategy.distribute_datasets_from_function(eval_dataset)
@@ -304,7 +335,7 @@ def train_and_evaluate(
         else tf.summary.create_noop_writer()
     )
 
-    total_steps = config.total_steps
+    total_steps = plan.total_steps
     target = config.loop.target_top1
     log.event(
         "start",
@@ -322,11 +353,11 @@ def train_and_evaluate(
     step = start_step
     reached = bool(history) and target is not None and max(h["top1"] for h in history) >= target
     while step < total_steps and not reached:
-        next_eval = min(total_steps, (step // config.steps_per_eval + 1) * config.steps_per_eval)
+        next_eval = plan.next_eval_step(step)
         while step < next_eval:
-            num = min(config.steps_per_loop, next_eval - step)
+            num = min(plan.steps_per_loop, next_eval - step)
             t0 = time.time()
-            loss = float(trainer.train_loop(train_iterator, tf.constant(num)))
+            loss = float(_labels_checked(config, trainer.train_loop, train_iterator, tf.constant(num)))
             dt = time.time() - t0
             if not math.isfinite(loss):
                 log.event("non_finite_loss", step=step, loss=loss)
@@ -350,7 +381,7 @@ def train_and_evaluate(
             log.progress(
                 step=step,
                 total_steps=total_steps,
-                epoch=step / config.steps_per_epoch,
+                epoch=step / plan.steps_per_epoch,
                 loss=loss,
                 learning_rate=lr,
                 images_per_second=rate,
@@ -360,13 +391,12 @@ def train_and_evaluate(
                 tf.summary.scalar("train/loss", loss)
                 tf.summary.scalar("train/learning_rate", lr)
                 tf.summary.scalar("train/images_per_second", rate)
-        trainer.swap_ema_weights()
-        result = _evaluate(trainer, eval_dist, eval_plan)
-        trainer.swap_ema_weights()
+        with trainer.evaluation_weights():
+            result = _evaluate(trainer, eval_dist, eval_plan, config)
         trainer.elapsed.assign(time.time() - loop_start)
         entry = {
             "step": step,
-            "epoch": step / config.steps_per_epoch,
+            "epoch": step / plan.steps_per_epoch,
             "elapsed_seconds": float(trainer.elapsed.numpy()),
             **result,
         }
@@ -393,10 +423,18 @@ def train_and_evaluate(
     return metrics, trainer
 
 
-def _evaluate(trainer: Trainer, eval_dist, eval_plan) -> dict:
-    top1, top5, loss, count = (
-        trainer.eval_loop(iter(eval_dist), tf.constant(eval_plan.steps)).numpy().tolist()
-    )
+def _labels_checked(config: TrainerConfig, loop_fn, *args):
+    """Runs a compiled loop; a shard's wrong label surfaces as one ``LabelError`` line."""
+    try:
+        return loop_fn(*args)
+    except tf.errors.InvalidArgumentError as error:
+        input_pipeline.raise_label_error(error, config.data.label_offset, config.model.num_classes)
+        raise
+
+
+def _evaluate(trainer: Trainer, eval_dist, eval_plan, config: TrainerConfig) -> dict:
+    totals = _labels_checked(config, trainer.eval_loop, iter(eval_dist), tf.constant(eval_plan.steps))
+    top1, top5, loss, count = totals.numpy().tolist()
     if int(round(count)) != eval_plan.num_examples:
         raise RuntimeError(f"evaluation counted {count} examples, expected exactly {eval_plan.num_examples}")
     return {"top1": top1 / count, "top5": top5 / count, "loss": loss / count, "examples": int(round(count))}
