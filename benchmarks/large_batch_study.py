@@ -255,7 +255,7 @@ def summarise(row: Row, runs: list[dict], epochs: int) -> dict:
         "epochs_to_peak": float(np.mean([p["epoch"] for p in peaks])),
         "seconds_to_peak": float(np.mean([p["elapsed_seconds"] for p in peaks])),
         "first_call_seconds": float(np.mean([run["first_call_seconds"] for run in runs])),
-        "images_per_second": float(np.mean([run["images_per_second"] for run in runs])),
+        "images_per_second": float(np.mean([run["images_per_second"] or 0.0 for run in runs])),
         "steps": runs[0]["steps"],
     }
 
@@ -327,9 +327,10 @@ def main(argv: list[str] | None = None) -> int:
             metrics = train_row(row, data, args, seed)
             runs.append(metrics)
             peak = max(h["top1"] for h in metrics["history"])
+            rate = metrics["images_per_second"] or 0.0  # None when the run had a single (compiling) call
             print(
                 f"[study] {row.name} seed {seed}: peak top-1 {peak:.4f} in {metrics['wall_seconds']:.0f}s "
-                f"({metrics['images_per_second']:.0f} img/s, first call {metrics['first_call_seconds']:.0f}s)",
+                f"({rate:.0f} img/s, first call {metrics['first_call_seconds']:.0f}s)",
                 flush=True,
             )
         histories[row.name] = [run["history"] for run in runs]

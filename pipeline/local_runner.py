@@ -120,6 +120,10 @@ def main(argv: list[str] | None = None) -> int:
     tfx.orchestration.LocalDagRunner().run(pipeline)
     result = outcome.read_outcome(metadata_path, name, target)
     print(result.report())
+    if result.model_run_uri:
+        from trainer_module import report
+
+        print(f"run report: {report.write_report(result.model_run_uri, pipeline=result.report_lines())}")
     print(json.dumps(result.as_dict()))
     return 0 if result.pushed else NOT_BLESSED_EXIT
 

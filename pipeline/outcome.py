@@ -19,6 +19,7 @@ class Outcome:
     pushed: bool
     pushed_destination: str | None
     model_uri: str | None
+    model_run_uri: str | None = None  # the Trainer's model directory: metrics.json, report.html, TensorBoard
 
     def report(self) -> str:
         top1 = "unknown" if self.top1 is None else f"{self.top1:.4f}"
@@ -35,6 +36,15 @@ class Outcome:
 
     def as_dict(self) -> dict:
         return dataclasses.asdict(self)
+
+    def report_lines(self) -> dict[str, object]:
+        """The pipeline's verdict for the run report's summary."""
+        return {
+            "TFMA top-1 (validation split)": None if self.top1 is None else f"{self.top1:.4f}",
+            "TFMA top-5 (validation split)": None if self.top5 is None else f"{self.top5:.4f}",
+            "blessed by the Evaluator": self.blessed,
+            "pushed to": self.pushed_destination if self.pushed else "nothing pushed",
+        }
 
 
 def _store(metadata_path: str) -> metadata_store.MetadataStore:
@@ -80,6 +90,7 @@ def read_outcome(metadata_path: str, pipeline_name: str, target_top1: float) -> 
     blessing = _latest(store, artifacts, "ModelBlessing")
     pushed = _latest(store, artifacts, "PushedModel")
     model = _latest(store, artifacts, "Model")
+    model_run = _latest(store, artifacts, "ModelRun")
     metrics = _metrics(evaluation.uri) if evaluation else {}
     destination = None
     if pushed is not None and "pushed_destination" in pushed.custom_properties:
@@ -92,4 +103,5 @@ def read_outcome(metadata_path: str, pipeline_name: str, target_top1: float) -> 
         pushed=_int_property(pushed, "pushed") == 1,
         pushed_destination=destination,
         model_uri=model.uri if model else None,
+        model_run_uri=model_run.uri if model_run else None,
     )

@@ -2,6 +2,7 @@
 
 import json
 import os
+import pathlib
 
 import pytest
 from google.auth.credentials import AnonymousCredentials
@@ -30,6 +31,10 @@ def _executions(store, component):
     ]
 
 
+def result_report_path(out: str) -> str:
+    return next(line.split(": ", 1)[1] for line in out.splitlines() if line.startswith("run report: "))
+
+
 @pytest.fixture(scope="module")
 def blessed_run(tmp_path_factory):
     root = tmp_path_factory.mktemp("local_pipeline")
@@ -50,6 +55,10 @@ def test_local_pipeline_trains_evaluates_blesses_and_pushes(blessed_run, capsys)
     examples = [a for a in store.get_artifacts_by_type("Examples")][0]
     assert examples.custom_properties["train_records"].int_value == 1438
     assert examples.custom_properties["validation_records"].int_value == 359
+    # The run report of the Trainer's model directory carries the pipeline's verdict, and the runner names it.
+    model_run = max(store.get_artifacts_by_type("ModelRun"), key=lambda a: a.id)
+    page = (pathlib.Path(model_run.uri) / "report.html").read_text()
+    assert "TFMA top-1 (validation split)" in page and "blessed by the Evaluator" in page
 
 
 @pytest.mark.slow
@@ -61,6 +70,7 @@ def test_unreachable_target_reuses_cached_steps_blesses_nothing_and_pushes_nothi
     assert code == local_runner.NOT_BLESSED_EXIT
     assert "NOT blessed" in out and "nothing pushed" in out
     result = json.loads(out.strip().splitlines()[-1])
+    assert result["model_run_uri"] and result_report_path(out) == f"{result['model_run_uri']}/report.html"
     assert result["blessed"] is False and result["pushed"] is False and 0.0 < result["top1"] < 0.999
     assert len(os.listdir(root / "serving_model")) == 1  # only the first run's model
     store = _store(root)

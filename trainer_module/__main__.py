@@ -80,8 +80,30 @@ def plan_report(config, lr_steps: list[int]) -> dict:
     }
 
 
+def report_main(argv: list[str]) -> int:
+    """``python -m trainer_module report MODEL_DIR``: redraws the run report of a finished or running run."""
+    parser = argparse.ArgumentParser(
+        prog="python -m trainer_module report",
+        description="Draws report.html and its PNG plots from a model directory (local, gs://, ...).",
+    )
+    parser.add_argument("model_dir", help="the run's model directory")
+    args = parser.parse_args(argv)
+    from trainer_module import report
+
+    try:
+        print(report.write_report(args.model_dir))
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     import logging
+
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["report"]:
+        return report_main(argv[1:])
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     parser = build_parser()
@@ -103,11 +125,11 @@ def main(argv: list[str] | None = None) -> int:
 
     devices = run.use_logical_cpus(args.cpu_devices) if args.cpu_devices else None
     try:
-        metrics = run.run(config, args.train_files, args.eval_files, train.RunPaths(args.model_dir), devices)
+        result = run.run(config, args.train_files, args.eval_files, train.RunPaths(args.model_dir), devices)
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    print(json.dumps({k: v for k, v in metrics.items() if k != "history"}, indent=2))
+    print(json.dumps(result.summary(), indent=2))
     return 0
 
 

@@ -58,6 +58,9 @@ def export_saved_model(
     model sees images prepared exactly as in the in-loop evaluation.
     """
     module = _ServingModule(model, image_size, crop_padding)
+    # A fresh directory: nothing of an earlier export (another run of the same model dir) may mix in.
+    if tf.io.gfile.exists(export_dir):
+        tf.io.gfile.rmtree(export_dir)
     tf.saved_model.save(
         module,
         export_dir,

@@ -28,9 +28,9 @@ Shards must be JPEG records of the ``beam_preprocess.schema`` contract (that sta
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 import os
+import posixpath
 import re
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
@@ -39,7 +39,8 @@ import numpy as np
 import tensorflow as tf
 
 from beam_preprocess import schema
-from trainer_module import augment
+from beam_preprocess.manifest import MANIFEST_NAME, Manifest
+from trainer_module import augment, files
 
 if TYPE_CHECKING:
     from trainer_module.config import AugmentConfig
@@ -60,7 +61,6 @@ CROP_MAX_ATTEMPTS = 10
 # Evaluation keeps the central 87.5% of the shorter side (224 of 256 at 224 px).
 EVAL_CROP_FRACTION = 0.875
 
-MANIFEST_NAME = "manifest.json"
 TFRECORD_READ_BUFFER = 8 * 2**20  # bytes read ahead per open shard
 
 FilePatterns = str | Sequence[str]
@@ -287,9 +287,15 @@ def parse_example(record: tf.Tensor, with_filename: bool = False) -> dict[str, t
 # Files: listing, per-host sharding, record counts.
 
 
+GLOB_CHARACTERS = re.compile(r"[*?\[]")
+
+
 def list_files(file_patterns: FilePatterns) -> list[str]:
     """Every file matching ``file_patterns`` (one glob or a list, as TFX passes ``fn_args.train_files``),
     sorted and without duplicates, so every host computes the same list.
+
+    A name without glob characters is taken as it is, without asking the filesystem: a list already expanded
+    (1,024 training shards on ``gs://``) costs no further listing; a missing file fails when it is read.
 
     Raises:
       ValueError: a pattern matches no file.
@@ -299,6 +305,9 @@ def list_files(file_patterns: FilePatterns) -> list[str]:
         raise ValueError("file_patterns is empty: give at least one glob of TFRecord shards")
     files = set()
     for pattern in patterns:
+        if not GLOB_CHARACTERS.search(pattern):
+            files.add(pattern)
+            continue
         matched = tf.io.gfile.glob(pattern)
         if not matched:
             raise ValueError(f"file pattern {pattern!r} matches no file")
@@ -345,20 +354,30 @@ def _normalised(path: str) -> str:
     return path if "://" in path else os.path.normpath(os.path.abspath(path))
 
 
+def read_manifest(manifest_path: str) -> Manifest:
+    """The beam_preprocess manifest at ``manifest_path``, read through ``tf.io.gfile`` (gs://, ram://, local)."""
+    return Manifest.from_json(
+        files.read_text(manifest_path), directory=posixpath.dirname(manifest_path), source=manifest_path
+    )
+
+
+def manifest_path_of(shard_path: str) -> str:
+    """Where the manifest of a shard sits: in the parent of its split directory."""
+    return posixpath.join(posixpath.dirname(posixpath.dirname(shard_path)), MANIFEST_NAME)
+
+
 def _manifest_counts(manifest_path: str) -> dict[str, tuple[int, int]]:
     """Path -> (records, bytes) of every shard a beam_preprocess manifest lists."""
-    with tf.io.gfile.GFile(manifest_path) as f:
-        manifest = json.load(f)
-    compression = manifest.get("compression", "none")
-    if compression != "none":
-        raise ValueError(f"{manifest_path}: compression {compression!r} is not read here (expected 'none')")
-    root = os.path.dirname(manifest_path)
-    counts = {}
-    for split in manifest.get("splits", {}).values():
-        for shard in split.get("shards", []):
-            path = shard["path"] if "://" in shard["path"] else os.path.join(root, shard["path"])
-            counts[_normalised(path)] = (int(shard["records"]), int(shard["bytes"]))
-    return counts
+    manifest = read_manifest(manifest_path)
+    if manifest.compression != "none":
+        raise ValueError(
+            f"{manifest_path}: compression {manifest.compression!r} is not read here (expected 'none')"
+        )
+    return {
+        _normalised(shard.path): (shard.records, shard.bytes)
+        for split in manifest.splits.values()
+        for shard in split.shards
+    }
 
 
 def _count_records(path: str) -> int:
@@ -379,7 +398,7 @@ def record_counts(files: Sequence[str]) -> list[int]:
     manifests: dict[str, dict[str, tuple[int, int]] | None] = {}
     counts = []
     for path in files:
-        manifest_path = os.path.join(os.path.dirname(os.path.dirname(path)), MANIFEST_NAME)
+        manifest_path = manifest_path_of(path)
         if manifest_path not in manifests:
             exists = tf.io.gfile.exists(manifest_path)
             manifests[manifest_path] = _manifest_counts(manifest_path) if exists else None
@@ -400,6 +419,11 @@ def record_counts(files: Sequence[str]) -> list[int]:
             )
         counts.append(records)
     return counts
+
+
+def num_examples(file_patterns: FilePatterns) -> int:
+    """Records in all the files: the manifest's counts where the shards have one (see ``record_counts``)."""
+    return sum(record_counts(list_files(file_patterns)))
 
 
 # --------------------------------------------------------------------------------------------------
@@ -606,6 +630,7 @@ def build_eval_dataset(
     crop_padding: int | None = None,
     label_offset: int = 0,
     num_classes: int = 1000,
+    plan: EvalPlan | None = None,
 ) -> tf.data.Dataset:
     """One evaluation pass of this host: exactly ``eval_plan(...).steps x replicas_per_pipeline`` per-replica
     batches of dicts ``{"images", "labels", "mask"}``.
@@ -623,10 +648,11 @@ def build_eval_dataset(
       cycle_length: files read in parallel.
       crop_padding: see ``center_crop_window``.
       label_offset, num_classes: see ``LabelChecker``.
+      plan: ``eval_plan`` of the same arguments when the caller has it already (it counts every shard).
     """
     ctx = _context(input_context)
     check_label = LabelChecker(label_offset, num_classes)
-    plan = eval_plan(file_patterns, global_batch_size, ctx)
+    plan = plan or eval_plan(file_patterns, global_batch_size, ctx)
     files = pipeline_files(list_files(file_patterns), ctx.num_input_pipelines, ctx.input_pipeline_id)
 
     def preprocess(record, path):

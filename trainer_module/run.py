@@ -1,15 +1,22 @@
-"""One training run, end to end: strategy -> train and evaluate -> export. Shared by the CLI and run_fn."""
+"""One training run, end to end: data sizes -> strategy -> train and evaluate -> export.
+
+The one entry point of the CLI (``python -m trainer_module``) and the TFX Trainer's ``run_fn``.
+"""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import shutil
 import tempfile
 
 import tensorflow as tf
 
-from trainer_module import export, strategies, train
-from trainer_module.config import TrainerConfig
+from trainer_module import export, input_pipeline, report, strategies, train
+from trainer_module.config import TrainerConfig, with_overrides
+from trainer_module.recorder import RunResult
+
+logger = logging.getLogger("trainer_module")
 
 
 def use_logical_cpus(count: int) -> list[str]:
@@ -21,17 +28,36 @@ def use_logical_cpus(count: int) -> list[str]:
     return [d.name for d in tf.config.list_logical_devices("CPU")]
 
 
+def with_data_sizes(config: TrainerConfig, train_files, eval_files) -> TrainerConfig:
+    """The config with the epoch and evaluation sizes of the real shards (their manifest's counts).
+
+    A preset's epoch is then a pass over the data it trains on, whatever ``data.num_train_examples`` said.
+    """
+    sizes = {
+        "num_train_examples": input_pipeline.num_examples(train_files),
+        "num_eval_examples": input_pipeline.num_examples(eval_files),
+    }
+    changed = {k: v for k, v in sizes.items() if getattr(config.data, k) != v}
+    if not changed:
+        return config
+    for key, value in changed.items():
+        logger.info("data.%s=%d from the shards (the config said %d)", key, value, getattr(config.data, key))
+    return with_overrides(config, [f"data.{k}={v}" for k, v in changed.items()])
+
+
 def run(
     config: TrainerConfig,
     train_files: list[str],
     eval_files: list[str],
     paths: train.RunPaths,
     devices: list[str] | None = None,
-) -> dict:
-    """Trains, evaluates in the loop, writes metrics.json and exports the SavedModel; returns the metrics."""
+) -> RunResult:
+    """Trains, evaluates in the loop, writes metrics.json, exports the SavedModel and writes the run report
+    (``report.html`` beside metrics.json); returns the result."""
     logging.getLogger("trainer_module").setLevel(logging.INFO)
+    config = with_data_sizes(config, train_files, eval_files)
     strategy = strategies.build_strategy(config, devices)
-    metrics, trainer = train.train_and_evaluate(config, train_files, eval_files, paths, strategy)
+    result, trainer = train.train_and_evaluate(config, train_files, eval_files, paths, strategy)
     plan = config.plan
     with trainer.evaluation_weights():  # export the averaged weights, as evaluated
         if train.is_chief(strategy):
@@ -43,5 +69,6 @@ def run(
             scratch = tempfile.mkdtemp(prefix="export-worker-")
             export.export_saved_model(trainer.model, plan.input_size, scratch, plan.eval_crop_padding_pixels)
             shutil.rmtree(scratch, ignore_errors=True)
-    metrics["export_dir"] = paths.resolved_export_dir
-    return metrics
+    if train.is_chief(strategy):
+        logger.info("report: %s", report.write_report(paths.model_dir))
+    return dataclasses.replace(result, export_dir=paths.resolved_export_dir)

@@ -13,24 +13,20 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import json
 import math
-import os
 import time
 
 import keras
 import tensorflow as tf
 
-from trainer_module import input_pipeline, optimizers, schedules
+from trainer_module import files, input_pipeline, optimizers, schedules
 from trainer_module.averaging import WeightAverage, averaged_variables
 from trainer_module.batchnorm import GroupedBatchNormalization
 from trainer_module.config import TrainerConfig
 from trainer_module.models import efficientnet
-from trainer_module.run_log import RunLog
+from trainer_module.recorder import Recorder, RunResult
 
 CHECKPOINT_DIR = "checkpoints"
-METRICS_FILE = "metrics.json"
-CONFIG_FILE = "config.json"
 
 
 class NonFiniteLossError(RuntimeError):
@@ -39,7 +35,7 @@ class NonFiniteLossError(RuntimeError):
 
 @dataclasses.dataclass(frozen=True)
 class RunPaths:
-    """Where a run writes: checkpoints, logs, TensorBoard, the export, metrics."""
+    """Where a run writes: checkpoints, logs, TensorBoard, the export, metrics (local paths or URLs)."""
 
     model_dir: str
     tensorboard_dir: str = ""
@@ -47,19 +43,15 @@ class RunPaths:
 
     @property
     def checkpoint_dir(self) -> str:
-        return os.path.join(self.model_dir, CHECKPOINT_DIR)
-
-    @property
-    def metrics_path(self) -> str:
-        return os.path.join(self.model_dir, METRICS_FILE)
+        return files.join(self.model_dir, CHECKPOINT_DIR)
 
     @property
     def resolved_tensorboard_dir(self) -> str:
-        return self.tensorboard_dir or os.path.join(self.model_dir, "tensorboard")
+        return self.tensorboard_dir or files.join(self.model_dir, "tensorboard")
 
     @property
     def resolved_export_dir(self) -> str:
-        return self.export_dir or os.path.join(self.model_dir, "export")
+        return self.export_dir or files.join(self.model_dir, "export")
 
 
 def build_model(config: TrainerConfig) -> keras.Model:
@@ -121,6 +113,11 @@ class Trainer:
     @property
     def step(self) -> int:
         return int(self.optimizer.iterations.numpy())
+
+    @property
+    def learning_rate(self) -> float:
+        """The learning rate of the next step (the schedule at the optimizer's iteration count)."""
+        return float(self.optimizer.learning_rate.numpy())
 
     @contextlib.contextmanager
     def evaluation_weights(self):
@@ -250,12 +247,73 @@ def _task_dir(paths: RunPaths, strategy) -> str:
     if is_chief(strategy):
         return paths.model_dir
     resolver = strategy.cluster_resolver
-    return os.path.join(paths.model_dir, "workers", f"{resolver.task_type}-{resolver.task_id}")
+    return files.join(paths.model_dir, "workers", f"{resolver.task_type}-{resolver.task_id}")
 
 
-def _format_eta(seconds: float) -> str:
-    seconds = max(0, int(seconds))
-    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m{seconds % 60:02d}s"
+@dataclasses.dataclass
+class RunInputs:
+    """The distributed datasets of a run and its evaluation plan, built once.
+
+    Attributes:
+      train: the endless training stream (an iterator over per-replica batches).
+      evaluation: the evaluation dataset; iterate it once per evaluation.
+      eval_plan: steps and example count of one evaluation pass (the same on every host).
+    """
+
+    train: object
+    evaluation: tf.distribute.DistributedDataset
+    eval_plan: input_pipeline.EvalPlan
+
+    @classmethod
+    def build(
+        cls, config: TrainerConfig, train_files, eval_files, strategy, start_step: int, recorder: Recorder
+    ):
+        plan = config.plan
+        train_list = input_pipeline.list_files(train_files)
+        eval_list = input_pipeline.list_files(eval_files)
+        eval_plans: dict[tuple[int, int], input_pipeline.EvalPlan] = {}
+
+        def train_dataset(ctx):
+            files_of_host = input_pipeline.pipeline_files(
+                train_list, ctx.num_input_pipelines, ctx.input_pipeline_id
+            )
+            recorder.event("train_files", input_pipeline_id=ctx.input_pipeline_id, files=files_of_host)
+            # A resumed run skips the records earlier attempts consumed (before decoding, so it is cheap).
+            consumed = start_step * ctx.get_per_replica_batch_size(config.data.global_batch_size)
+            consumed *= input_pipeline.replicas_per_pipeline(ctx)
+            return input_pipeline.build_train_dataset(
+                train_list,
+                ctx,
+                config.data.global_batch_size,
+                plan.input_size,
+                seed=config.loop.seed,
+                skip_records=consumed,
+                min_crop_area=config.data.min_crop_area,
+                random_flip=config.data.random_flip,
+                augmentation=config.augment,
+                label_offset=config.data.label_offset,
+                num_classes=config.model.num_classes,
+            )
+
+        def eval_dataset(ctx):
+            # The plan counts every host's records; it depends only on the pipeline and replica counts.
+            key = (ctx.num_input_pipelines, ctx.num_replicas_in_sync)
+            if key not in eval_plans:
+                eval_plans[key] = input_pipeline.eval_plan(eval_list, plan.eval_global_batch_size, ctx)
+            return input_pipeline.build_eval_dataset(
+                eval_list,
+                ctx,
+                plan.eval_global_batch_size,
+                plan.input_size,
+                crop_padding=plan.eval_crop_padding_pixels,
+                label_offset=config.data.label_offset,
+                num_classes=config.model.num_classes,
+                plan=eval_plans[key],
+            )
+
+        train_dist = strategy.distribute_datasets_from_function(train_dataset)
+        eval_dist = strategy.distribute_datasets_from_function(eval_dataset)
+        return cls(iter(train_dist), eval_dist, next(iter(eval_plans.values())))
 
 
 def train_and_evaluate(
@@ -264,8 +322,8 @@ def train_and_evaluate(
     eval_files: list[str],
     paths: RunPaths,
     strategy: tf.distribute.Strategy,
-) -> dict:
-    """Trains with in-loop evaluation until the target top-1 or the epoch budget; returns the metrics.
+) -> tuple[RunResult, Trainer]:
+    """Trains with in-loop evaluation until the target top-1 or the epoch budget; returns the result.
 
     Args:
       config: the resolved trainer config (saved beside the run as config.json).
@@ -273,154 +331,73 @@ def train_and_evaluate(
       paths: where checkpoints, logs, TensorBoard summaries, metrics.json and the export go.
       strategy: the strategy built by ``trainer_module.strategies.build_strategy``.
     """
+    plan = config.plan
     chief = is_chief(strategy)
     task_dir = _task_dir(paths, strategy)
-    os.makedirs(task_dir, exist_ok=True)
-    log = RunLog(os.path.join(task_dir, "run_log.jsonl"))
+    recorder = Recorder(
+        log_dir=task_dir,
+        model_dir=paths.model_dir,
+        checkpoint_dir=paths.checkpoint_dir,
+        tensorboard_dir=paths.resolved_tensorboard_dir,
+        chief=chief,
+        global_batch_size=config.data.global_batch_size,
+        steps_per_epoch=plan.steps_per_epoch,
+    )
     trainer = Trainer(config, strategy)
     manager = tf.train.CheckpointManager(
-        trainer.checkpoint, os.path.join(task_dir, CHECKPOINT_DIR), max_to_keep=3
+        trainer.checkpoint, files.join(task_dir, CHECKPOINT_DIR), max_to_keep=3
     )
     restored = manager.restore_or_initialize()
-    start_step = trainer.step
-    history = _load_history(paths, start_step) if restored else []
-    plan = config.plan
-    if chief:
-        with open(os.path.join(paths.model_dir, CONFIG_FILE), "w") as f:
-            json.dump({"config": json.loads(config.to_json()), "plan": plan.to_dict()}, f, indent=2)
+    step = trainer.step
+    if restored:
+        recorder.resume(step)
+    recorder.write_config(config.to_json(), plan.to_dict())
+    inputs = RunInputs.build(config, train_files, eval_files, strategy, step, recorder)
 
-    def train_dataset(ctx):
-        files = input_pipeline.pipeline_files(
-            input_pipeline.list_files(train_files), ctx.num_input_pipelines, ctx.input_pipeline_id
-        )
-        log.event("train_files", input_pipeline_id=ctx.input_pipeline_id, files=files)
-        # A resumed run skips the records earlier attempts consumed (before decoding, so it is cheap).
-        consumed = start_step * ctx.get_per_replica_batch_size(config.data.global_batch_size)
-        consumed *= input_pipeline.replicas_per_pipeline(ctx)
-        return input_pipeline.build_train_dataset(
-            train_files,
-            ctx,
-            config.data.global_batch_size,
-            plan.input_size,
-            seed=config.loop.seed,
-            skip_records=consumed,
-            min_crop_area=config.data.min_crop_area,
-            random_flip=config.data.random_flip,
-            augmentation=config.augment,
-            label_offset=config.data.label_offset,
-            num_classes=config.model.num_classes,
-        )
-
-    plans = []
-
-    def eval_dataset(ctx):
-        plans.append(input_pipeline.eval_plan(eval_files, plan.eval_global_batch_size, ctx))
-        return input_pipeline.build_eval_dataset(
-            eval_files,
-            ctx,
-            plan.eval_global_batch_size,
-            plan.input_size,
-            crop_padding=plan.eval_crop_padding_pixels,
-            label_offset=config.data.label_offset,
-            num_classes=config.model.num_classes,
-        )
-
-    train_dist = strategy.distribute_datasets_from_function(train_dataset)
-    eval_dist = strategy.distribute_datasets_from_function(eval_dataset)
-    eval_plan = plans[0]
-    train_iterator = iter(train_dist)
-    summary = (
-        tf.summary.create_file_writer(paths.resolved_tensorboard_dir)
-        if chief
-        else tf.summary.create_noop_writer()
-    )
-
-    total_steps = plan.total_steps
     target = config.loop.target_top1
-    log.event(
+    recorder.event(
         "start",
-        step=start_step,
-        total_steps=total_steps,
+        step=step,
+        total_steps=plan.total_steps,
         resumed=bool(restored),
         replicas=strategy.num_replicas_in_sync,
-        eval_examples=eval_plan.num_examples,
-        eval_steps=eval_plan.steps,
+        eval_examples=inputs.eval_plan.num_examples,
+        eval_steps=inputs.eval_plan.steps,
     )
+    recorder.flush()
     loop_start = time.time() - float(trainer.elapsed.numpy())
-    train_seconds = 0.0
-    trained_images = 0
-    first_call_seconds = None
-    step = start_step
-    reached = bool(history) and target is not None and max(h["top1"] for h in history) >= target
-    while step < total_steps and not reached:
+    while step < plan.total_steps and not recorder.peak_reached(target):
         next_eval = plan.next_eval_step(step)
         while step < next_eval:
             num = min(plan.steps_per_loop, next_eval - step)
-            t0 = time.time()
-            loss = float(_labels_checked(config, trainer.train_loop, train_iterator, tf.constant(num)))
-            dt = time.time() - t0
+            started = time.time()
+            loss = float(_labels_checked(config, trainer.train_loop, inputs.train, tf.constant(num)))
             if not math.isfinite(loss):
-                log.event("non_finite_loss", step=step, loss=loss)
+                recorder.event("non_finite_loss", step=step, loss=loss)
+                recorder.flush()
                 raise NonFiniteLossError(
                     f"training loss became {loss} between steps {step} and {step + num}; the last good checkpoint "
                     f"({manager.latest_checkpoint}) is kept. Lower schedule.lr_per_256 or check the input data."
                 )
             step += num
-            if first_call_seconds is None:
-                first_call_seconds = dt  # includes tracing and compilation: kept out of the throughput
-            else:
-                train_seconds += dt
-                trained_images += num * config.data.global_batch_size
-            rate = num * config.data.global_batch_size / dt
-            lr = (
-                float(trainer.optimizer.learning_rate.numpy())
-                if hasattr(trainer.optimizer.learning_rate, "numpy")
-                else 0.0
-            )
-            eta = (total_steps - step) * dt / num
-            log.progress(
-                step=step,
-                total_steps=total_steps,
-                epoch=step / plan.steps_per_epoch,
-                loss=loss,
-                learning_rate=lr,
-                images_per_second=rate,
-                eta=_format_eta(eta),
-            )
-            with summary.as_default(step=step):
-                tf.summary.scalar("train/loss", loss)
-                tf.summary.scalar("train/learning_rate", lr)
-                tf.summary.scalar("train/images_per_second", rate)
+            recorder.training(step, plan.total_steps, num, loss, trainer.learning_rate, time.time() - started)
         with trainer.evaluation_weights():
-            result = _evaluate(trainer, eval_dist, eval_plan, config)
+            result = _evaluate(trainer, inputs.evaluation, inputs.eval_plan, config)
         trainer.elapsed.assign(time.time() - loop_start)
-        entry = {
-            "step": step,
-            "epoch": step / plan.steps_per_epoch,
-            "elapsed_seconds": float(trainer.elapsed.numpy()),
-            **result,
-        }
-        history.append(entry)
-        log.event("eval", **entry)
-        with summary.as_default(step=step):
-            for key in ("top1", "top5", "loss"):
-                tf.summary.scalar(f"eval/{key}", result[key])
+        recorder.evaluation(step, float(trainer.elapsed.numpy()), result)
+        # The history goes first: if the run dies between the two, the resumed run redoes this evaluation.
+        recorder.flush()
         manager.save(checkpoint_number=step)
-        if chief:
-            _save_history(paths, history)
-        reached = target is not None and result["top1"] >= target
 
-    metrics = _final_metrics(config, history, trained_images, train_seconds, target, eval_plan, strategy)
-    metrics["first_call_seconds"] = first_call_seconds
-    allreduce = measure_allreduce_seconds(trainer)
-    step_seconds = train_seconds * config.data.global_batch_size / trained_images if trained_images else None
-    metrics["allreduce_seconds_per_step"] = allreduce
-    metrics["allreduce_share"] = allreduce / step_seconds if allreduce is not None and step_seconds else None
-    log.event("end", **{k: v for k, v in metrics.items() if k != "history"})
-    if chief:
-        with open(paths.metrics_path, "w") as f:
-            json.dump(metrics, f, indent=2)
-    return metrics, trainer
+    return (
+        recorder.finish(
+            target,
+            replicas=strategy.num_replicas_in_sync,
+            eval_examples=inputs.eval_plan.num_examples,
+            allreduce=measure_allreduce_seconds(trainer),
+        ),
+        trainer,
+    )
 
 
 def _labels_checked(config: TrainerConfig, loop_fn, *args):
@@ -438,44 +415,3 @@ def _evaluate(trainer: Trainer, eval_dist, eval_plan, config: TrainerConfig) -> 
     if int(round(count)) != eval_plan.num_examples:
         raise RuntimeError(f"evaluation counted {count} examples, expected exactly {eval_plan.num_examples}")
     return {"top1": top1 / count, "top5": top5 / count, "loss": loss / count, "examples": int(round(count))}
-
-
-def _history_path(paths: RunPaths) -> str:
-    return os.path.join(paths.checkpoint_dir, "history.json")
-
-
-def _save_history(paths: RunPaths, history: list[dict]) -> None:
-    tmp = _history_path(paths) + ".tmp"
-    with open(tmp, "w") as f:
-        json.dump(history, f)
-    os.replace(tmp, _history_path(paths))
-
-
-def _load_history(paths: RunPaths, step: int) -> list[dict]:
-    """Evaluations up to the restored step (a later entry belongs to a checkpoint that was not kept)."""
-    if not os.path.exists(_history_path(paths)):
-        return []
-    with open(_history_path(paths)) as f:
-        return [h for h in json.load(f) if h["step"] <= step]
-
-
-def _final_metrics(config, history, trained_images, train_seconds, target, eval_plan, strategy) -> dict:
-    peak = max(history, key=lambda h: h["top1"]) if history else None
-    reached = next((h for h in history if target is not None and h["top1"] >= target), None)
-    images_per_second = trained_images / train_seconds if train_seconds else None
-    return {
-        "final_top1": history[-1]["top1"] if history else None,
-        "final_top5": history[-1]["top5"] if history else None,
-        "peak_top1": peak["top1"] if peak else None,
-        "peak_step": peak["step"] if peak else None,
-        "time_to_peak_seconds": peak["elapsed_seconds"] if peak else None,
-        "target_top1": target,
-        "target_reached": reached is not None,
-        "time_to_target_seconds": reached["elapsed_seconds"] if reached else None,
-        "images_per_second": images_per_second,
-        "images_per_ms": images_per_second / 1000 if images_per_second else None,
-        "replicas": strategy.num_replicas_in_sync,
-        "eval_examples": eval_plan.num_examples,
-        "steps": history[-1]["step"] if history else 0,
-        "history": history,
-    }

@@ -1,0 +1,68 @@
+"""Reading and writing the run's small files through ``tf.io.gfile``, on any filesystem TensorFlow knows.
+
+Model directories are local on a laptop and ``gs://`` on Vertex (``ram://`` in tests). Two rules follow:
+
+- every path goes through ``tf.io.gfile``, never ``open`` or ``os.path`` calls that touch the filesystem;
+- a file is written whole. On a local disk it goes to a temporary name first and is renamed over the old
+  one (atomic, so a reader or a killed run never sees half a file); on an object store the object itself is
+  replaced in one upload, which is atomic there, while a rename would be a copy plus a delete.
+"""
+
+from __future__ import annotations
+
+import json
+import posixpath
+
+import tensorflow as tf
+
+# TensorFlow's in-memory filesystem appends where "w" should truncate (seen with TF 2.16): remove first there.
+# Object stores (gs://, s3://) replace the object, atomically, and need no removal.
+APPENDING_SCHEMES = ("ram://",)
+
+
+def is_local(path: str) -> bool:
+    """Whether ``path`` is on the local filesystem (no ``scheme://`` prefix)."""
+    return "://" not in path
+
+
+def join(directory: str, *names: str) -> str:
+    """``directory/name/...`` for local paths and URLs alike (URLs keep their ``//``)."""
+    return posixpath.join(directory, *names)
+
+
+def write_bytes(path: str, data: bytes) -> None:
+    """Writes ``data`` to ``path`` whole (see the module docstring), creating the parent directory."""
+    parent = posixpath.dirname(path)
+    if parent:
+        tf.io.gfile.makedirs(parent)
+    if not is_local(path):
+        if path.startswith(APPENDING_SCHEMES) and tf.io.gfile.exists(path):
+            tf.io.gfile.remove(path)
+        with tf.io.gfile.GFile(path, "wb") as f:
+            f.write(data)
+        return
+    partial = path + ".partial"
+    with tf.io.gfile.GFile(partial, "wb") as f:
+        f.write(data)
+    tf.io.gfile.rename(partial, path, overwrite=True)
+
+
+def write_text(path: str, text: str) -> None:
+    write_bytes(path, text.encode("utf-8"))
+
+
+def write_json(path: str, value) -> None:
+    write_text(path, json.dumps(value, indent=2, default=str) + "\n")
+
+
+def read_text(path: str) -> str:
+    with tf.io.gfile.GFile(path, "r") as f:
+        return f.read()
+
+
+def read_json(path: str):
+    return json.loads(read_text(path))
+
+
+def exists(path: str) -> bool:
+    return tf.io.gfile.exists(path)
