@@ -95,7 +95,7 @@ def build_example(image: CheckedImage, filename: str, synset: str) -> bytes:
         {
             schema.IMAGE_ENCODED: image.jpeg,
             schema.IMAGE_FORMAT: b"JPEG",
-            schema.LABEL: schema.synset_to_label()[synset],
+            schema.LABEL: schema.LABEL_OFFSET + schema.synset_to_label()[synset],
             schema.SYNSET: synset.encode(),
             schema.HEIGHT: image.height,
             schema.WIDTH: image.width,

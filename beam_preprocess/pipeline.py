@@ -4,12 +4,19 @@ Stages (each a small DoFn with counters, composed by one ``ptransform_fn``):
 
 1. ``PlanUnitsFn``: one input (archive, directory, tfds dir) -> work units, reading tar headers only.
 2. ``ProcessUnitFn``: one unit -> every image decoded, fixed if needed, turned into an Example and appended to
-   a per-unit spill file; only small metadata (sort key, spill offset) travels on. Image bytes never cross a
-   shuffle, so memory does not grow with the dataset even on the DirectRunner.
-3. ``assign_shards``: per split, sort the metadata (seeded hash for train, file name for validation) and cut
-   it into contiguous runs whose lengths differ by at most one.
-4. ``WriteShardFn``: one shard -> its records read back from the spill files, written in order.
-5. ``WriteManifestFn``: counts, shards, classes, failures -> manifest.json; checks read = written + failed.
+   the unit's spill file, followed by an index of the records in the unit's output order; what travels on is
+   one ``UnitSpill`` per unit (a few numbers).
+3. ``build_layout``: per split, the units in order and numbered by prefix sums, which fixes every record's shard
+   (``beam_preprocess.layout``).
+4. ``WriteShardFn``: one shard index -> its records found from the layout, their index entries and then the
+   records read from the spill files by exact byte ranges (bytes read = bytes needed), written in order.
+5. ``WriteManifestFn``: counts, shards, classes, failures -> manifest.json; checks read = written + failed;
+   deletes the spill files.
+
+Only per-unit and per-shard elements of a fixed size cross a stage boundary. Runners may hold a stage's whole
+output in memory (the DirectRunner does, and copies side inputs into every worker), so one element per image,
+a split's records grouped on one key, or even per-image offsets in a side input would make memory grow with
+the dataset; per-image offsets stay in the spill files instead.
 """
 
 from __future__ import annotations
@@ -17,45 +24,17 @@ from __future__ import annotations
 import collections
 import dataclasses
 import hashlib
-import json
 import logging
-import os
 import time
-import typing
 
 import apache_beam as beam
 from apache_beam.metrics import Metrics
 
-from beam_preprocess import images, schema, sources, storage, tfrecord
+from beam_preprocess import images, layout, schema, sources, storage, tfrecord
 from beam_preprocess.config import ShardingConfig
+from beam_preprocess.manifest import Failure, LabelConvention, Manifest, Shard, SplitManifest
 
 NAMESPACE = "beam_preprocess"
-MANIFEST_VERSION = 1
-
-
-class ImageMeta(typing.NamedTuple):
-    """What travels after an image is processed: where its Example waits in a spill file."""
-
-    sort_key: str
-    filename: str
-    synset: str
-    spill_path: str
-    offset: int
-    length: int
-
-
-class Failure(typing.NamedTuple):
-    split: str
-    source: str
-    reason: str
-
-
-@dataclasses.dataclass(frozen=True)
-class ShardTask:
-    split: str
-    index: int
-    count: int
-    records: tuple[tuple[str, int, int], ...]  # (spill path, offset, length) in output order
 
 
 def train_sort_key(seed: int, filename: str) -> str:
@@ -91,18 +70,18 @@ class ProcessUnitFn(beam.DoFn):
         self._written = Metrics.counter(NAMESPACE, "images_processed")
         self._failed = Metrics.counter(NAMESPACE, "images_failed")
         self._bytes_read = Metrics.counter(NAMESPACE, "bytes_read")
+        self._spilled = Metrics.counter(NAMESPACE, "spill_bytes_written")
         self._fixed = {kind: Metrics.counter(NAMESPACE, f"fixed_{kind}") for kind in images.FIX_KINDS}
 
     def process(self, unit: sources.WorkUnit):
         start = time.time()
-        spill_dir = storage.join(self._temp_dir, unit.split)
-        storage.makedirs(spill_dir)
-        spill_path = storage.join(spill_dir, f"{unit.unit_id}.examples")
+        spill_path = storage.join(self._temp_dir, unit.split, f"{unit.unit_id}.examples")
         stats = collections.Counter()
-        metas = []
+        class_counts = collections.Counter()
+        records = []  # (order key, spill offset, length) of each Example written
         failures = []
         offset = 0
-        with storage.open_write(spill_path + ".inprogress") as spill:
+        with storage.open_write(spill_path) as spill:
             for item in sources.read_unit(unit):
                 stats["read"] += 1
                 self._read.inc()
@@ -122,16 +101,14 @@ class ProcessUnitFn(beam.DoFn):
                     self._fixed[checked.fix].inc()
                 record = images.build_example(checked, item.filename, item.synset)
                 spill.write(record)
-                sort_key = (
-                    item.filename
-                    if unit.split == schema.VALIDATION
-                    else train_sort_key(self._seed, item.filename)
-                )
-                metas.append(ImageMeta(sort_key, item.filename, item.synset, spill_path, offset, len(record)))
+                records.append((self._order_key(unit.split, item.filename), offset, len(record)))
                 offset += len(record)
+                class_counts[item.synset] += 1
                 stats["processed"] += 1
                 self._written.inc()
-        storage.rename(spill_path + ".inprogress", spill_path)
+            records.sort()  # the unit's output order
+            spill.write(b"".join(layout.INDEX_ENTRY.pack(at, length) for _, at, length in records))
+        self._spilled.inc(offset + len(records) * layout.INDEX_ENTRY.size)
         logging.info(
             "%s: %d images, %d fixed, %d failed (%.1fs)",
             unit.description,
@@ -140,102 +117,102 @@ class ProcessUnitFn(beam.DoFn):
             stats["failed"],
             time.time() - start,
         )
-        for meta in metas:
-            yield unit.split, meta
+        if records:
+            yield layout.UnitSpill(
+                split=unit.split,
+                path=spill_path,
+                order_key=records[0][0],
+                count=len(records),
+                num_bytes=offset,
+                keys=tuple(r[0] for r in records) if unit.split == schema.VALIDATION else (),
+            )
         for failure in failures:
             yield beam.pvalue.TaggedOutput(self.FAILURES, failure)
-        yield beam.pvalue.TaggedOutput(self.STATS, (unit.split, dict(stats)))
+        yield beam.pvalue.TaggedOutput(self.STATS, (unit.split, dict(stats), dict(class_counts)))
+
+    def _order_key(self, split: str, filename: str) -> str:
+        return filename if split == schema.VALIDATION else train_sort_key(self._seed, filename)
 
 
-def choose_num_shards(total_bytes: int, requested: int, shard_mb: float, num_hosts: int) -> int:
-    """The requested count, or enough shards of about ``shard_mb`` MiB, rounded up to a multiple of hosts."""
-    if requested:
-        return requested
-    by_size = -(-total_bytes // int(shard_mb * 2**20))
-    return max(num_hosts, -(-by_size // num_hosts) * num_hosts)
+def build_layouts(spills: list[layout.UnitSpill], config: ShardingConfig) -> dict[str, layout.SplitLayout]:
+    """The layout of every split that has a usable record."""
+    layouts = {}
+    for split in schema.SPLITS:
+        split_spills = [s for s in spills if s.split == split]
+        if split_spills:
+            layouts[split] = layout.build_layout(
+                split,
+                split_spills,
+                config.requested_shards(split),
+                config.shard_mb,
+                config.num_hosts,
+                config.seed,
+            )
+    return layouts
 
 
-def balanced_bounds(num_records: int, num_shards: int) -> list[tuple[int, int]]:
-    """[start, end) of each shard: contiguous runs whose lengths differ by at most one."""
-    return [(num_records * i // num_shards, num_records * (i + 1) // num_shards) for i in range(num_shards)]
-
-
-def assign_shards(split_and_metas, config: ShardingConfig):
-    """Sorts one split's metadata and cuts it into balanced shards; also yields the split summary."""
-    split, metas = split_and_metas
-    metas = sorted(metas)
-    total_bytes = sum(m.length for m in metas)
-    count = choose_num_shards(total_bytes, config.requested_shards(split), config.shard_mb, config.num_hosts)
-    for index, (start, end) in enumerate(balanced_bounds(len(metas), count)):
-        run = tuple((m.spill_path, m.offset, m.length) for m in metas[start:end])
-        yield ShardTask(split, index, count, run)
-    class_counts = collections.Counter(m.synset for m in metas)
-    yield beam.pvalue.TaggedOutput("summaries", (split, {"class_counts": dict(sorted(class_counts.items()))}))
+def shard_tasks(layouts: dict[str, layout.SplitLayout]):
+    """One (split, shard index) per shard to write."""
+    for split, split_layout in layouts.items():
+        for index in range(split_layout.num_shards):
+            yield split, index
 
 
 class WriteShardFn(beam.DoFn):
-    """Writes one shard's records, in order, from the spill files to a TFRecord file (atomically)."""
+    """Writes one shard: its records located through the layout, read from the spill files, framed, in order."""
 
     def __init__(self, config: ShardingConfig):
         self._config = config
         self._written = Metrics.counter(NAMESPACE, "images_written")
         self._bytes = Metrics.counter(NAMESPACE, "bytes_written")
+        self._spill_read = Metrics.counter(NAMESPACE, "spill_bytes_read")
         self._shards = Metrics.counter(NAMESPACE, "shards_written")
 
-    def process(self, task: ShardTask):
-        split_dir = self._config.split_dir(task.split)
-        storage.makedirs(split_dir)
-        path = storage.join(split_dir, schema.shard_name(task.split, task.index, task.count))
-        handles = {}
-        size = 0
-        try:
-            with storage.open_write(path + ".inprogress") as out:
-                for spill_path, offset, length in task.records:
-                    f = handles.get(spill_path)
-                    if f is None:
-                        f = handles[spill_path] = storage.open_read(spill_path)
-                    f.seek(offset)
-                    record = f.read(length)
-                    if len(record) != length:
-                        raise OSError(f"spill file {spill_path} is cut short at offset {offset}")
-                    framed = tfrecord.frame_record(record)
-                    out.write(framed)
-                    size += len(framed)
-        finally:
-            for f in handles.values():
-                f.close()
-        storage.rename(path + ".inprogress", path)
-        self._written.inc(len(task.records))
+    def process(self, task: tuple[str, int], layouts: dict[str, layout.SplitLayout]):
+        split, index = task
+        split_layout = layouts[split]
+        name = schema.shard_name(split, index, split_layout.num_shards)
+        path = storage.join(self._config.split_dir(split), name)
+        records = size = 0
+        with storage.open_write(path) as out:
+            for k, ranks in split_layout.shard_reads(index):
+                unit = split_layout.units[k]
+                with storage.RangeReader(unit.path) as spill:
+                    entries = spill.read([unit.index_range(r) for r in ranks])
+                    ranges = [layout.INDEX_ENTRY.unpack(entry) for entry in entries]
+                    if not split_layout.sorted_by_name:
+                        ranges.sort()  # training order within a unit is free: read the file front to back
+                    for data in spill.read(ranges):
+                        size += tfrecord.write_record(out, data)
+                        records += 1
+                self._spill_read.inc(len(entries) * layout.INDEX_ENTRY.size + sum(n for _, n in ranges))
+        self._written.inc(records)
         self._bytes.inc(size)
         self._shards.inc()
-        yield {
-            "split": task.split,
-            "index": task.index,
-            "path": path if storage.is_remote(path) else os.path.relpath(path, self._config.output_dir),
-            "records": len(task.records),
-            "bytes": size,
-        }
+        yield {"split": split, "index": index, "path": path, "records": records, "bytes": size}
 
 
 class WriteManifestFn(beam.DoFn):
-    """Writes manifest.json once every shard is written, checks that nothing was lost, removes spill files."""
+    """Writes manifest.json once every shard is written, checks that nothing was lost, deletes the spill."""
 
     def __init__(self, config: ShardingConfig):
         self._config = config
 
-    def process(self, _, shards, failures, stats, summaries):
-        manifest = build_manifest(self._config, shards, failures, stats, summaries)
-        storage.write_text(self._config.manifest_path, json.dumps(manifest, indent=2, sort_keys=True))
-        storage.remove_tree(self._config.temp_dir)
+    def process(self, _, shards, failures, stats):
+        manifest = build_manifest(self._config, shards, failures, stats)
+        manifest.write(self._config.manifest_path)
+        removed = storage.remove_tree(self._config.temp_dir)
+        logging.info("deleted %d spill files under %s", removed, self._config.temp_dir)
         yield manifest
 
 
-def build_manifest(config: ShardingConfig, shards, failures, stats, summaries) -> dict:
+def build_manifest(config: ShardingConfig, shards, failures, stats) -> Manifest:
     """The manifest of a run; raises if any split's read count differs from written + failed."""
     totals = {split: collections.Counter() for split in schema.SPLITS}
-    for split, unit_stats in stats:
+    classes = {split: collections.Counter() for split in schema.SPLITS}
+    for split, unit_stats, unit_classes in stats:
         totals[split].update(unit_stats)
-    summary_by_split = dict(summaries)
+        classes[split].update(unit_classes)
     splits = {}
     for split in schema.SPLITS:
         split_shards = sorted((s for s in shards if s["split"] == split), key=lambda s: s["index"])
@@ -247,33 +224,32 @@ def build_manifest(config: ShardingConfig, shards, failures, stats, summaries) -
             )
         if not read:
             continue
-        splits[split] = {
-            "read": read,
-            "records": written,
-            "failed": failed,
-            "fixed": {kind: totals[split][f"fixed_{kind}"] for kind in images.FIX_KINDS},
-            "bytes": sum(s["bytes"] for s in split_shards),
-            "num_shards": len(split_shards),
-            "directory": config.split_dir_template.format(split=split),
-            "file_pattern": f"{config.split_dir_template.format(split=split)}/{split}-*-of-*",
-            "shards": [{k: s[k] for k in ("path", "records", "bytes")} for s in split_shards],
-            "class_counts": summary_by_split.get(split, {}).get("class_counts", {}),
-        }
-    return {
-        "manifest_version": MANIFEST_VERSION,
-        "format": "tfrecord",
-        "compression": "none",
-        "feature_keys": list(schema.FEATURE_KEYS),
-        "label_convention": schema.LABEL_CONVENTION,
-        "options": dataclasses.asdict(config),
-        "splits": splits,
-        "failures": [f._asdict() for f in sorted(failures)],
-    }
+        directory = config.split_dir_template.format(split=split)
+        splits[split] = SplitManifest(
+            name=split,
+            read=read,
+            records=written,
+            failed=failed,
+            bytes=sum(s["bytes"] for s in split_shards),
+            directory=directory,
+            file_pattern=f"{directory}/{split}-*-of-*",
+            shards=tuple(Shard(s["path"], s["records"], s["bytes"]) for s in split_shards),
+            fixed={kind: totals[split][f"fixed_{kind}"] for kind in images.FIX_KINDS},
+            class_counts=dict(sorted(classes[split].items())),
+        )
+    return Manifest(
+        splits=splits,
+        label_convention=LabelConvention(schema.LABEL_CONVENTION, schema.LABEL_OFFSET, schema.NUM_CLASSES),
+        feature_keys=tuple(schema.FEATURE_KEYS),
+        options=dataclasses.asdict(config),
+        failures=tuple(sorted(failures)),
+        directory=config.output_dir,
+    )
 
 
 @beam.ptransform_fn
 def ShardImageNet(root, config: ShardingConfig):  # noqa: N802 - Beam transforms are named like classes
-    """ImageNet inputs -> balanced TFRecord shards under ``config.output_dir``; yields the manifest dict."""
+    """ImageNet inputs -> balanced TFRecord shards under ``config.output_dir``; yields the ``Manifest``."""
     processed = (
         root
         | "Inputs" >> beam.Create(config.input_specs())
@@ -281,20 +257,21 @@ def ShardImageNet(root, config: ShardingConfig):  # noqa: N802 - Beam transforms
         | "SpreadUnits" >> beam.Reshuffle()
         | "ProcessUnits"
         >> beam.ParDo(ProcessUnitFn(config.temp_dir, config.seed)).with_outputs(
-            ProcessUnitFn.FAILURES, ProcessUnitFn.STATS, main="metas"
+            ProcessUnitFn.FAILURES, ProcessUnitFn.STATS, main="spills"
         )
     )
-    assigned = (
-        processed.metas
-        | "GroupBySplit" >> beam.GroupByKey()
-        | "AssignShards" >> beam.FlatMap(assign_shards, config).with_outputs("summaries", main="tasks")
+    as_list = beam.pvalue.AsList
+    layouts = (
+        root
+        | "LayoutTrigger" >> beam.Create([None])
+        | "Layout" >> beam.Map(lambda _, spills: build_layouts(spills, config), as_list(processed.spills))
     )
     shards = (
-        assigned.tasks
+        layouts
+        | "ShardTasks" >> beam.FlatMap(shard_tasks)
         | "SpreadShards" >> beam.Reshuffle()
-        | "WriteShards" >> beam.ParDo(WriteShardFn(config))
+        | "WriteShards" >> beam.ParDo(WriteShardFn(config), beam.pvalue.AsSingleton(layouts))
     )
-    as_list = beam.pvalue.AsList
     return (
         root
         | "ManifestTrigger" >> beam.Create([None])
@@ -304,6 +281,5 @@ def ShardImageNet(root, config: ShardingConfig):  # noqa: N802 - Beam transforms
             as_list(shards),
             as_list(processed[ProcessUnitFn.FAILURES]),
             as_list(processed[ProcessUnitFn.STATS]),
-            as_list(assigned.summaries),
         )
     )

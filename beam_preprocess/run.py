@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import dataclasses
-import json
+import logging
 
 import apache_beam as beam
 from apache_beam.options.pipeline_options import PipelineOptions
 
 from beam_preprocess import pipeline, schema, storage
 from beam_preprocess.config import ShardingConfig
+from beam_preprocess.manifest import Manifest
 
 
 class FailureBudgetExceeded(RuntimeError):
@@ -20,58 +21,84 @@ class OutputExistsError(RuntimeError):
     """The output directory holds an earlier run's shards and overwrite was not asked for."""
 
 
-def failure_report(manifest: dict, limit: int = 50) -> str:
-    failures = manifest["failures"]
-    lines = [f"  {f['split']}: {f['source']}: {f['reason']}" for f in failures[:limit]]
+def failure_report(manifest: Manifest, limit: int = 50) -> str:
+    failures = manifest.failures
+    lines = [f"  {f.split}: {f.source}: {f.reason}" for f in failures[:limit]]
     if len(failures) > limit:
         lines.append(f"  ... and {len(failures) - limit} more (all are in manifest.json)")
     return "\n".join(lines)
 
 
-def check_failure_budget(manifest: dict, max_failures: int, manifest_path: str) -> None:
-    failures = manifest["failures"]
-    if len(failures) > max_failures:
+def check_failure_budget(manifest: Manifest, max_failures: int, manifest_path: str) -> None:
+    if len(manifest.failures) > max_failures:
         raise FailureBudgetExceeded(
-            f"{len(failures)} inputs could not be used (more than --max-failures={max_failures}); "
+            f"{len(manifest.failures)} inputs could not be used (more than --max-failures={max_failures}); "
             f"they are listed in {manifest_path}:\n{failure_report(manifest)}"
         )
 
 
 def prepare_output_dir(config: ShardingConfig) -> None:
-    """Refuses to mix with an earlier run's shards, or clears them when ``overwrite`` is set."""
+    """Refuses to mix with an earlier run's output (shards, manifest, spill files), or clears it on ``overwrite``."""
     stale = [config.manifest_path] if storage.exists(config.manifest_path) else []
     for split in schema.SPLITS:
         stale += storage.glob(storage.join(config.split_dir(split), f"{split}-*-of-*"))
-    if not stale:
+    spill = storage.list_tree(config.temp_dir)
+    if not stale and not spill:
         return
     if not config.overwrite:
+        example = (stale or spill)[0]
         raise OutputExistsError(
-            f"{config.output_dir} already holds {len(stale)} files of an earlier run (e.g. {stale[0]}); "
-            "pass --overwrite to replace them, or choose another --output-dir"
+            f"{config.output_dir} already holds {len(stale) + len(spill)} files of an earlier run "
+            f"(e.g. {example}); pass --overwrite to replace them, or choose another --output-dir"
         )
     storage.remove(stale)
+    if spill:
+        storage.remove_tree(config.temp_dir)
+
+
+def leftovers_message(config: ShardingConfig) -> str:
+    """The one line a failed run prints: where its partial output and spill files are."""
+    return (
+        f"beam_preprocess did not finish: its spill files are left under {config.temp_dir} and any shards "
+        f"written under {config.output_dir}; rerun with --overwrite to replace them, or delete them"
+    )
+
+
+def run_pipeline(beam_pipeline: beam.Pipeline, config: ShardingConfig):
+    """Adds ShardImageNet to ``beam_pipeline``, runs it to completion and returns the Beam result.
+
+    A run that fails logs one line naming its leftovers before the error propagates.
+    """
+    _ = beam_pipeline | "ShardImageNet" >> pipeline.ShardImageNet(config)
+    try:
+        result = beam_pipeline.run()
+        result.wait_until_finish()
+    except BaseException:
+        logging.error("%s", leftovers_message(config))
+        raise
+    return result
 
 
 @dataclasses.dataclass
 class RunResult:
-    manifest: dict
+    manifest: Manifest
     counters: dict[str, int]
 
     def split_records(self) -> dict[str, int]:
-        return {split: info["records"] for split, info in self.manifest["splits"].items()}
+        return {split: info.records for split, info in self.manifest.splits.items()}
 
     def report(self, seconds: float) -> str:
         lines = [f"beam_preprocess finished in {seconds:.1f}s"]
-        for split, info in self.manifest["splits"].items():
-            fixed = ", ".join(f"{k} {v}" for k, v in info["fixed"].items() if v) or "none"
+        for split, info in self.manifest.splits.items():
+            fixed = ", ".join(f"{k} {v}" for k, v in info.fixed.items() if v) or "none"
             lines.append(
-                f"  {split}: read {info['read']}, written {info['records']} in {info['num_shards']} shards "
-                f"({info['bytes'] / 2**20:.1f} MiB), failed {info['failed']}, fixed: {fixed}"
+                f"  {split}: read {info.read}, written {info.records} in {info.num_shards} shards "
+                f"({info.bytes / 2**20:.1f} MiB), failed {info.failed}, fixed: {fixed}"
             )
         if self.counters:
             lines.append("  counters: " + ", ".join(f"{k}={v}" for k, v in sorted(self.counters.items())))
-        if self.manifest["failures"]:
-            lines.append(f"  {len(self.manifest['failures'])} failures:\n{failure_report(self.manifest)}")
+        if self.manifest.failures:
+            lines.append(f"  {len(self.manifest.failures)} failures:\n{failure_report(self.manifest)}")
         return "\n".join(lines)
 
 
@@ -86,11 +113,7 @@ def query_counters(result) -> dict[str, int]:
 def run(config: ShardingConfig, beam_args: list[str] | None = None) -> RunResult:
     """Runs the pipeline to completion, then raises FailureBudgetExceeded if too many inputs failed."""
     prepare_output_dir(config)
-    options = PipelineOptions(beam_args or [])
-    p = beam.Pipeline(options=options)
-    _ = p | "ShardImageNet" >> pipeline.ShardImageNet(config)
-    result = p.run()
-    result.wait_until_finish()
-    manifest = json.loads(storage.read_text(config.manifest_path))
+    result = run_pipeline(beam.Pipeline(options=PipelineOptions(beam_args or [])), config)
+    manifest = Manifest.read(config.manifest_path)
     check_failure_budget(manifest, config.max_failures, config.manifest_path)
     return RunResult(manifest, query_counters(result))

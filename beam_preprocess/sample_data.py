@@ -20,14 +20,13 @@ import argparse
 import collections
 import dataclasses
 import io
-import os
 import random
 import tarfile
 
 import numpy as np
 from PIL import Image
 
-from beam_preprocess import schema
+from beam_preprocess import schema, storage
 
 TRAIN_ARCHIVE = "ILSVRC2012_img_train.tar"
 VAL_ARCHIVE = "ILSVRC2012_img_val.tar"
@@ -67,10 +66,13 @@ def digit_samples(size: int = 32, seed: int = 0) -> list[Sample]:
     return samples
 
 
-def photo_samples(count: int, num_synsets: int = 10, seed: int = 0) -> list[Sample]:
+def photo_samples(
+    count: int, num_synsets: int = 10, seed: int = 0, short_side: tuple[int, int] = (180, 375)
+) -> list[Sample]:
     """``count`` distinct real-photo images: random crops of scikit-learn's sample photographs.
 
-    Sizes follow ImageNet's (shorter side 180 to 375 px, aspect 3/4 to 4/3); synsets are assigned round-robin.
+    Sizes follow ImageNet's (shorter side ``short_side`` px, default 180 to 375; aspect 3/4 to 4/3); synsets
+    are assigned round-robin.
     """
     from sklearn.datasets import load_sample_images
 
@@ -84,7 +86,7 @@ def photo_samples(count: int, num_synsets: int = 10, seed: int = 0) -> list[Samp
         crop_h = min(photo.height, max(150, int(crop_w * rng.uniform(0.75, 1.33))))
         left, top = rng.randint(0, photo.width - crop_w), rng.randint(0, photo.height - crop_h)
         image = photo.crop((left, top, left + crop_w, top + crop_h))
-        short = rng.randint(180, 375)
+        short = rng.randint(*short_side)
         scale = short / min(image.size)
         image = image.resize((max(1, round(image.width * scale)), max(1, round(image.height * scale))))
         if rng.random() < 0.5:
@@ -169,13 +171,12 @@ def write_archives(
         with '..', an inner tar of an unknown synset, a corrupt inner tar, and a validation file whose name
         is not an official one; the pipeline must name each in its failures.
     """
-    os.makedirs(out_dir, exist_ok=True)
     rng = random.Random(seed)
     by_synset = collections.defaultdict(list)
     for sample in samples:
         by_synset[sample.synset].append(sample.image)
     val_slots = validation_indices(sorted(by_synset))
-    contents = ArchiveContents(os.path.join(out_dir, TRAIN_ARCHIVE), os.path.join(out_dir, VAL_ARCHIVE))
+    contents = ArchiveContents(storage.join(out_dir, TRAIN_ARCHIVE), storage.join(out_dir, VAL_ARCHIVE))
 
     inner = {}  # synset -> [(member name, bytes)]
     val_members = []
@@ -201,7 +202,10 @@ def write_archives(
     if bad_inputs:
         _add_bad_inputs(inner, val_members, contents, some_image, val_slots)
 
-    with tarfile.open(contents.train_archive, "w", format=tarfile.USTAR_FORMAT) as tar:
+    with (
+        storage.open_write(contents.train_archive) as f,
+        tarfile.open(fileobj=f, mode="w", format=tarfile.USTAR_FORMAT) as tar,
+    ):
         for synset in sorted(inner):
             members = inner[synset]
             if isinstance(members, bytes):  # a deliberately corrupt inner tar
@@ -210,7 +214,10 @@ def write_archives(
             rng.shuffle(members)  # real inner tars are not in name order
             _add(tar, f"{synset}.tar", _tar_bytes(members))
     val_members.sort()
-    with tarfile.open(contents.val_archive, "w", format=tarfile.USTAR_FORMAT) as tar:
+    with (
+        storage.open_write(contents.val_archive) as f,
+        tarfile.open(fileobj=f, mode="w", format=tarfile.USTAR_FORMAT) as tar,
+    ):
         for name, data in val_members:
             _add(tar, name, data)
     return contents

@@ -25,6 +25,9 @@ FILENAME = "image/filename"
 FEATURE_KEYS = (IMAGE_ENCODED, IMAGE_FORMAT, LABEL, SYNSET, HEIGHT, WIDTH, CHANNELS, COLORSPACE, FILENAME)
 
 NUM_CLASSES = 1000
+# image/class/label = LABEL_OFFSET + index of the synset (tensorflow/tpu's converter used 1, for a background
+# class; here there is none). Written to manifest.json so readers need not assume it.
+LABEL_OFFSET = 0
 LABEL_CONVENTION = (
     "image/class/label is 0..999: the index of image/class/synset in the sorted list of the 1000 "
     "ILSVRC2012 synsets (tensorflow-datasets imagenet2012 order); no background class"

@@ -16,12 +16,11 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import io
 import posixpath
 import tarfile
 from collections.abc import Iterator
 
-from beam_preprocess import schema, storage
+from beam_preprocess import schema, storage, tfrecord
 
 KIND_TRAIN_ARCHIVE = "train_archive"  # ILSVRC2012_img_train.tar: 1000 inner <wnid>.tar
 KIND_VAL_ARCHIVE = "val_archive"  # ILSVRC2012_img_val.tar: flat, labels from the shipped list
@@ -98,9 +97,21 @@ def unsafe_member_reason(name: str) -> str | None:
     return None
 
 
-def _index_tar(path: str) -> Iterator[tuple[tarfile.TarInfo, int]]:
+# Planning reads only tar headers. The training archive's members are inner tars of about 140 MB: reading 64 KiB
+# at each header skips them. The validation archive's members (about 130 KB each) sit so close together that
+# reading it end to end with the usual large buffers is faster than one small request per header.
+HEADER_BUFFER_BYTES = {KIND_TRAIN_ARCHIVE: 64 * 2**10}
+
+
+def _index_tar(path: str, kind: str) -> Iterator[tuple[tarfile.TarInfo, int]]:
     """Members of an uncompressed tar with their data offsets, reading headers only (member data is skipped)."""
-    with storage.open_read(path) as f, tarfile.open(fileobj=f, mode="r:") as tar:
+    buffer_size = HEADER_BUFFER_BYTES.get(kind)
+    opened = (
+        storage.open_window(path, 0, storage.size(path), buffer_size)
+        if buffer_size
+        else storage.open_read(path)
+    )
+    with opened as f, tarfile.open(fileobj=f, mode="r:") as tar:
         while True:
             member = tar.next()
             if member is None:
@@ -118,11 +129,11 @@ def plan_units(spec: InputSpec, members_per_unit: int = 1000) -> Iterator[WorkUn
 
 def _plan_units(spec: InputSpec, members_per_unit: int) -> Iterator[WorkUnit]:
     if spec.kind == KIND_TRAIN_ARCHIVE:
-        for member, offset in _index_tar(spec.path):
+        for member, offset in _index_tar(spec.path, spec.kind):
             yield _plan_inner_tar(spec, member, offset)
     elif spec.kind == KIND_VAL_ARCHIVE:
         batch: list[tuple[str, int, int]] = []
-        for member, offset in _index_tar(spec.path):
+        for member, offset in _index_tar(spec.path, spec.kind):
             if member.isdir():
                 continue
             if not member.isfile():
@@ -183,61 +194,24 @@ def _plan_inner_tar(spec: InputSpec, member: tarfile.TarInfo, offset: int) -> Wo
 
 def tfds_record_files(data_dir: str, split: str) -> list[str]:
     """The TFRecord files of a prepared tensorflow-datasets ``imagenet2012`` (newest version) for ``split``."""
-    import tensorflow as tf
-
     root = storage.join(data_dir, "imagenet2012")
-    if not tf.io.gfile.isdir(root):
+    try:
+        entries = storage.list_dir(root)
+    except OSError:
         raise OSError(
             f"{root} does not exist: is {data_dir} a tensorflow-datasets data_dir holding imagenet2012?"
-        )
+        ) from None
     versions = sorted(
-        (v.rstrip("/") for v in tf.io.gfile.listdir(root) if v.rstrip("/").replace(".", "").isdigit()),
+        (name for name, is_dir in entries if is_dir and name.replace(".", "").isdigit()),
         key=lambda v: tuple(int(x) for x in v.split(".")),
     )
     if not versions:
         raise OSError(f"{root} holds no prepared version")
-    pattern = storage.join(
-        storage.join(root, versions[-1]), f"imagenet2012-{TFDS_SPLIT_NAMES[split]}.tfrecord-*"
-    )
-    files = sorted(tf.io.gfile.glob(pattern))
+    pattern = storage.join(root, versions[-1], f"imagenet2012-{TFDS_SPLIT_NAMES[split]}.tfrecord-*")
+    files = storage.glob(pattern)
     if not files:
         raise OSError(f"no files match {pattern}")
     return files
-
-
-class _Window(io.RawIOBase):
-    """A read-only view of ``size`` bytes at ``offset`` of a seekable file: an inner tar inside the outer one."""
-
-    def __init__(self, f, offset: int, size: int):
-        self._f, self._offset, self._size, self._pos = f, offset, size, 0
-
-    def readable(self) -> bool:
-        return True
-
-    def seekable(self) -> bool:
-        return True
-
-    def tell(self) -> int:
-        return self._pos
-
-    def seek(self, pos: int, whence: int = io.SEEK_SET) -> int:
-        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: self._size}[whence]
-        self._pos = max(0, min(self._size, base + pos))
-        return self._pos
-
-    def read(self, n: int = -1) -> bytes:
-        n = self._size - self._pos if n is None or n < 0 else min(n, self._size - self._pos)
-        if n <= 0:
-            return b""
-        self._f.seek(self._offset + self._pos)
-        data = self._f.read(n)
-        self._pos += len(data)
-        return data
-
-    def readinto(self, buffer) -> int:
-        data = self.read(len(buffer))
-        buffer[: len(data)] = data
-        return len(data)
 
 
 def read_unit(unit: WorkUnit) -> Iterator[InputItem]:
@@ -258,9 +232,9 @@ def read_unit(unit: WorkUnit) -> Iterator[InputItem]:
 
 def _read_inner_tar(unit: WorkUnit) -> Iterator[InputItem]:
     outer = f"{unit.path}[{unit.synset}.tar]"
-    with storage.open_read(unit.path) as f:
+    with storage.open_window(unit.path, unit.offset, unit.size) as f:
         try:
-            with tarfile.open(fileobj=_Window(f, unit.offset, unit.size), mode="r:") as tar:
+            with tarfile.open(fileobj=f, mode="r:") as tar:
                 while True:
                     try:
                         member = tar.next()
@@ -287,7 +261,11 @@ def _tar_member_item(unit: WorkUnit, tar: tarfile.TarFile, member, where: str, s
     if not member.isfile():
         return InputItem(unit.split, source, name, synset, error="not a regular file")
     try:
-        data = tar.extractfile(member).read()
+        if member.issparse():
+            data = tar.extractfile(member).read()
+        else:  # a plain member is its bytes at offset_data: read them without tarfile's file object per member
+            tar.fileobj.seek(member.offset_data)
+            data = tar.fileobj.read(member.size)
     except (tarfile.TarError, OSError, EOFError) as e:
         return InputItem(unit.split, source, name, synset, error=f"unreadable member: {e}")
     if len(data) != member.size:
@@ -303,7 +281,9 @@ def _val_synset(name: str) -> tuple[str | None, str | None]:
 
 
 def _read_tar_members(unit: WorkUnit) -> Iterator[InputItem]:
-    with storage.open_read(unit.path) as f:
+    start = min(offset for _, offset, _ in unit.members)
+    end = max(offset + size for _, offset, size in unit.members)
+    with storage.open_window(unit.path, start, end - start) as f:
         for name, offset, size in unit.members:
             source = f"{unit.path}[{name}]"
             base = posixpath.basename(name)
@@ -313,7 +293,7 @@ def _read_tar_members(unit: WorkUnit) -> Iterator[InputItem]:
                 yield InputItem(unit.split, source, base, synset, error=unsafe or error)
                 continue
             try:
-                f.seek(offset)
+                f.seek(offset - start)
                 data = f.read(size)
             except OSError as e:
                 yield InputItem(unit.split, source, base, synset, error=f"unreadable member: {e}")
@@ -358,27 +338,26 @@ def _read_dir_files(unit: WorkUnit) -> Iterator[InputItem]:
 
 
 def _read_tfds_records(unit: WorkUnit) -> Iterator[InputItem]:
-    import tensorflow as tf
-
     synsets = schema.synsets()
     try:
-        for i, record in enumerate(tf.data.TFRecordDataset(unit.path).as_numpy_iterator()):
-            source = f"{unit.path}[record {i}]"
-            try:
-                feature = tf.train.Example.FromString(record).features.feature
-                data = feature["image"].bytes_list.value[0]
-                label = feature["label"].int64_list.value[0]
-                name = feature["file_name"].bytes_list.value[0].decode()
-            except (KeyError, IndexError, UnicodeDecodeError, ValueError) as e:
-                yield InputItem(
-                    unit.split, source, f"record-{i}", None, error=f"not a tfds imagenet2012 record: {e}"
-                )
-                continue
-            if not 0 <= label < len(synsets):
-                yield InputItem(unit.split, source, name, None, error=f"label {label} is outside 0..999")
-                continue
-            yield InputItem(unit.split, f"{unit.path}[{name}]", name, synsets[label], data=data)
-    except tf.errors.OpError as e:
+        with storage.open_read(unit.path) as f:
+            for i, record in enumerate(tfrecord.read_records(f)):
+                source = f"{unit.path}[record {i}]"
+                try:
+                    feature = tfrecord.decode_example(record)
+                    data = feature["image"][0]
+                    label = feature["label"][0]
+                    name = feature["file_name"][0].decode()
+                except (KeyError, IndexError, UnicodeDecodeError, ValueError) as e:
+                    yield InputItem(
+                        unit.split, source, f"record-{i}", None, error=f"not a tfds imagenet2012 record: {e}"
+                    )
+                    continue
+                if not 0 <= label < len(synsets):
+                    yield InputItem(unit.split, source, name, None, error=f"label {label} is outside 0..999")
+                    continue
+                yield InputItem(unit.split, f"{unit.path}[{name}]", name, synsets[label], data=data)
+    except OSError as e:
         yield InputItem(
             unit.split, unit.path, posixpath.basename(unit.path), None, error=f"corrupt TFRecord: {e}"
         )

@@ -217,8 +217,20 @@ def row_overrides(row: Row, data: dict, epochs: int, image_size: int, seed: int)
 
 
 def train_row(row: Row, data: dict, args, seed: int) -> dict:
-    """Trains one row with ``python -m trainer_module`` on 8 logical CPUs; returns its metrics.json."""
+    """Trains one row with ``python -m trainer_module`` on 8 logical CPUs; returns its metrics.json.
+
+    With ``--reuse``, a finished run of the same row, seed, epochs and resolution in the work directory is
+    taken as it is (a study interrupted after some rows goes on with the rest).
+    """
     model_dir = os.path.join(args.work_dir, "runs", f"{row.name}-seed{seed}")
+    metrics_path = os.path.join(model_dir, "metrics.json")
+    if args.reuse and os.path.exists(metrics_path):
+        with open(os.path.join(model_dir, "config.json")) as f:
+            saved = json.load(f)["config"]
+        if (saved["loop"]["train_epochs"], saved["model"]["image_size"]) == (args.epochs, args.image_size):
+            print(f"[study] {row.name} seed {seed}: reusing the finished run in {model_dir}", flush=True)
+            with open(metrics_path) as f:
+                return {**json.load(f), "wall_seconds": float("nan")}
     shutil.rmtree(model_dir, ignore_errors=True)
     command = [sys.executable, "-m", "trainer_module", "--preset", "demo", "--model-dir", model_dir]
     command += ["--train-files", data["train"], "--eval-files", data["eval"], "--cpu-devices", str(NUM_CORES)]
@@ -310,10 +322,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--epochs", type=int, default=12)
     parser.add_argument("--image-size", type=int, default=16)
     parser.add_argument("--seeds", type=int, default=1)
-    parser.add_argument("--rows", default=",".join(r.name for r in ROWS), help="comma-separated row names")
+    parser.add_argument(
+        "--rows",
+        default=",".join(r.name for r in ROWS),
+        help="comma-separated row names, trained in this order",
+    )
+    parser.add_argument("--reuse", action="store_true", help="take finished rows from --work-dir as they are")
     args = parser.parse_args(argv)
     wanted = args.rows.split(",")
-    rows = [r for r in ROWS if r.name in wanted]
+    by_name = {r.name: r for r in ROWS}
+    rows = [by_name[name] for name in wanted if name in by_name]
     if len(rows) != len(wanted):
         parser.error(f"--rows: known rows are {', '.join(r.name for r in ROWS)}")
 
@@ -336,6 +354,7 @@ def main(argv: list[str] | None = None) -> int:
         histories[row.name] = [run["history"] for run in runs]
         summaries.append(summarise(row, runs, args.epochs))
 
+    summaries.sort(key=lambda s: [r.name for r in ROWS].index(s["row"]))  # the table in the paper's order
     baseline = summaries[0]
     text = table(summaries, baseline)
     header = (

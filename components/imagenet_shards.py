@@ -25,7 +25,6 @@ How TFX 1.16 reads what this writes, and why the custom properties are what they
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import time
 from typing import Any
@@ -36,8 +35,9 @@ from tfx.dsl.components.base import base_beam_executor, executor_spec
 from tfx.proto import example_gen_pb2
 from tfx.types import artifact_utils, component_spec
 
-from beam_preprocess import pipeline, run, schema, storage
+from beam_preprocess import run, schema
 from beam_preprocess.config import ShardingConfig
+from beam_preprocess.manifest import Manifest
 
 SHARDING_CONFIG_KEY = "sharding_config"
 EXAMPLES_KEY = "examples"
@@ -60,7 +60,7 @@ def artifact_config(config_json: str, uri: str) -> ShardingConfig:
     return dataclasses.replace(config, output_dir=uri, split_dir_template=SPLIT_DIR_TEMPLATE, overwrite=True)
 
 
-def describe_artifact(examples: tfx.types.standard_artifacts.Examples, manifest: dict) -> None:
+def describe_artifact(examples: tfx.types.standard_artifacts.Examples, manifest: Manifest) -> None:
     """Records splits, file format, payload format and the manifest's counts on ``examples``.
 
     Custom properties: ``file_format``, ``payload_format`` (what TFX readers need), ``compression``
@@ -69,17 +69,18 @@ def describe_artifact(examples: tfx.types.standard_artifacts.Examples, manifest:
     Raises:
       RuntimeError: no split holds a record (nothing a Trainer could read).
     """
-    splits = [s for s in schema.SPLITS if manifest["splits"].get(s, {}).get("records", 0) > 0]
+    splits = [s for s in schema.SPLITS if s in manifest.splits and manifest.splits[s].records > 0]
     if not splits:
-        raise RuntimeError(f"no split holds a record; the manifest lists the inputs: {manifest['splits']}")
+        counts = {name: (info.read, info.failed) for name, info in manifest.splits.items()}
+        raise RuntimeError(f"no split holds a record; (read, failed) inputs per split: {counts}")
     examples.split_names = artifact_utils.encode_split_names(splits)
     examples_utils.set_file_format(examples, TFRECORD_FILE_FORMAT)
     examples_utils.set_payload_format(examples, example_gen_pb2.PayloadFormat.FORMAT_TF_EXAMPLE)
-    examples.set_string_custom_property("compression", manifest["compression"])
+    examples.set_string_custom_property("compression", manifest.compression)
     for split in splits:
-        examples.set_int_custom_property(f"{split}_records", manifest["splits"][split]["records"])
-        examples.set_int_custom_property(f"{split}_shards", manifest["splits"][split]["num_shards"])
-    examples.set_int_custom_property("failed_inputs", len(manifest["failures"]))
+        examples.set_int_custom_property(f"{split}_records", manifest.split(split).num_examples)
+        examples.set_int_custom_property(f"{split}_shards", manifest.split(split).num_shards)
+    examples.set_int_custom_property("failed_inputs", len(manifest.failures))
 
 
 class Executor(base_beam_executor.BaseBeamExecutor):
@@ -106,11 +107,8 @@ class Executor(base_beam_executor.BaseBeamExecutor):
         config = artifact_config(exec_properties[SHARDING_CONFIG_KEY], examples.uri)
         run.prepare_output_dir(config)
         start = time.time()
-        beam_pipeline = self._make_beam_pipeline()
-        _ = beam_pipeline | "ShardImageNet" >> pipeline.ShardImageNet(config)
-        result = beam_pipeline.run()
-        result.wait_until_finish()
-        manifest = json.loads(storage.read_text(config.manifest_path))
+        result = run.run_pipeline(self._make_beam_pipeline(), config)
+        manifest = Manifest.read(config.manifest_path)
         logger.info("%s", run.RunResult(manifest, run.query_counters(result)).report(time.time() - start))
         run.check_failure_budget(manifest, config.max_failures, config.manifest_path)
         describe_artifact(examples, manifest)

@@ -56,3 +56,31 @@ def _fresh_collective_keys():
     """
     tf.distribute.MirroredStrategy._collective_key_base += 100_000
     yield
+
+
+@pytest.fixture(scope="session")
+def gcs_bucket():
+    """(emulator, "gs://effnet-test") : a GCS JSON-API server on 127.0.0.1, for the whole session.
+
+    Beam's GCS client finds it through ``STORAGE_EMULATOR_HOST`` (set here, inherited by Beam's worker
+    processes) and connects anonymously. Beam first looks for Google credentials and, finding none, retries for
+    about 19 s before connecting anonymously; that happens once per process, here, before the first test.
+    """
+    from gcs_emulator import GcsEmulator
+
+    from beam_preprocess import storage
+
+    emulator = GcsEmulator()
+    previous = os.environ.get("STORAGE_EMULATOR_HOST")
+    os.environ["STORAGE_EMULATOR_HOST"] = emulator.host
+    try:
+        bucket = emulator.create_bucket("effnet-test")
+        storage.write_text(f"{bucket}/warm-up", "credentials looked up")
+        storage.remove([f"{bucket}/warm-up"])
+        yield emulator, bucket
+    finally:
+        emulator.stop()
+        if previous is None:
+            os.environ.pop("STORAGE_EMULATOR_HOST", None)
+        else:
+            os.environ["STORAGE_EMULATOR_HOST"] = previous

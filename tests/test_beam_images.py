@@ -136,6 +136,13 @@ def test_plain_python_example_and_framing_are_byte_identical_to_tensorflow(tmp_p
     with open(path, "rb") as f:
         written_by_tf = f.read()
     assert b"".join(tfrecord.frame_record(r) for r in records) == written_by_tf
+    # Decoding (what reads a tensorflow-datasets copy without TensorFlow) inverts what TensorFlow wrote.
+    parsed = tf.train.Example.FromString(records[0]).features.feature
+    decoded = tfrecord.decode_example(records[0])
+    assert sorted(decoded) == sorted(parsed)
+    for key, feature in parsed.items():
+        kind = feature.WhichOneof("kind")
+        assert decoded[key] == list(getattr(feature, kind).value), key
     with open(path, "rb") as f:
         assert list(tfrecord.read_records(f)) == records
     corrupt = bytearray(written_by_tf)

@@ -13,8 +13,8 @@ from apache_beam.testing.test_pipeline import TestPipeline
 from apache_beam.testing.util import assert_that, equal_to
 
 from beam_preprocess import __main__ as cli
-from beam_preprocess import pipeline, schema, sources
-from beam_preprocess.config import ShardingConfig
+from beam_preprocess import layout, pipeline, schema, sources
+from beam_preprocess.manifest import Manifest
 
 
 def _records(path):
@@ -35,7 +35,7 @@ def _parse(record):
     "records,shards", [(10, 3), (1252 * 4 + 3, 4), (7, 7), (5, 8), (0, 2), (1_281_167, 1024)]
 )
 def test_balanced_bounds_cover_every_record_once_with_sizes_within_one(records, shards):
-    bounds = pipeline.balanced_bounds(records, shards)
+    bounds = layout.balanced_bounds(records, shards)
     assert len(bounds) == shards and bounds[0][0] == 0 and bounds[-1][1] == records
     assert all(a[1] == b[0] for a, b in zip(bounds, bounds[1:], strict=False))
     sizes = [end - start for start, end in bounds]
@@ -53,7 +53,7 @@ def test_balanced_bounds_cover_every_record_once_with_sizes_within_one(records, 
     ],
 )
 def test_shard_count_is_a_multiple_of_hosts(total_mb, requested, shard_mb, hosts, expected):
-    assert pipeline.choose_num_shards(total_mb * 2**20, requested, shard_mb, hosts) == expected
+    assert layout.choose_num_shards(total_mb * 2**20, requested, shard_mb, hosts) == expected
 
 
 def test_process_unit_spills_examples_and_reports_failures(quirky_archives, tmp_path):
@@ -65,10 +65,11 @@ def test_process_unit_spills_examples_and_reports_failures(quirky_archives, tmp_
             p
             | beam.Create(units)
             | beam.ParDo(pipeline.ProcessUnitFn(str(tmp_path), seed=0)).with_outputs(
-                pipeline.ProcessUnitFn.FAILURES, pipeline.ProcessUnitFn.STATS, main="metas"
+                pipeline.ProcessUnitFn.FAILURES, pipeline.ProcessUnitFn.STATS, main="spills"
             )
         )
-        names = outputs.metas | "Names" >> beam.Map(lambda kv: kv[1].filename)
+        # One spill per unit; the validation names travel in their sorted order, images never do.
+        names = outputs.spills | "Names" >> beam.FlatMap(lambda spill: spill.keys)
         assert_that(names, equal_to(expected_names), label="EveryGoodImage")
         reasons = outputs.failures | beam.Map(lambda f: (f.source.split("[")[-1].rstrip("]"), f.reason[:14]))
         truncated = next(n for n, what in quirky_archives.bad.items() if what == "truncated" and "val" in n)
@@ -77,38 +78,25 @@ def test_process_unit_spills_examples_and_reports_failures(quirky_archives, tmp_
             equal_to([(truncated, "does not decod"), ("not_an_official_name.JPEG", "'not_an_offici")]),
             label="Failures",
         )
-        stats = outputs.stats | beam.Map(
-            lambda kv: (kv[0], kv[1]["read"], kv[1]["failed"], kv[1]["fixed_grayscale"])
+        stats = outputs.stats | beam.MapTuple(
+            lambda split, stats, classes: (split, stats["read"], stats["failed"], stats["fixed_grayscale"])
         )
         assert_that(stats, equal_to([(schema.VALIDATION, len(expected_names) + 2, 2, 1)]), label="Stats")
-    # The spill file holds the Examples at the recorded offsets.
+        offsets = outputs.spills | "CheckOffsets" >> beam.Map(_check_spill_offsets)
+        assert_that(offsets, equal_to([len(expected_names)]), label="Offsets")
     spills = os.listdir(tmp_path / schema.VALIDATION)
     assert len(spills) == 1 and spills[0].endswith(".examples")
 
 
-def test_assign_shards_sorts_and_balances():
-    config = ShardingConfig(output_dir="/unused", tfds_data_dir="/unused", num_hosts=2, val_shards=4)
-    metas = [
-        pipeline.ImageMeta(
-            f"ILSVRC2012_val_{i:08d}.JPEG", f"ILSVRC2012_val_{i:08d}.JPEG", "n01440764", "spill", i * 10, 10
-        )
-        for i in (5, 3, 9, 1, 7, 2, 8, 4, 6)
-    ]
-    with TestPipeline() as p:
-        out = (
-            p
-            | beam.Create([(schema.VALIDATION, metas)])
-            | beam.FlatMap(pipeline.assign_shards, config).with_outputs("summaries", main="tasks")
-        )
-        tasks = out.tasks | beam.Map(
-            lambda t: (t.index, t.count, [offset // 10 for _, offset, _ in t.records])
-        )
-        assert_that(tasks, equal_to([(0, 4, [1, 2]), (1, 4, [3, 4]), (2, 4, [5, 6]), (3, 4, [7, 8, 9])]))
-        assert_that(
-            out.summaries,
-            equal_to([(schema.VALIDATION, {"class_counts": {"n01440764": 9}})]),
-            label="Summary",
-        )
+def _check_spill_offsets(spill):
+    """The spill's index locates each Example, in the order of the spill's keys (sorted names)."""
+    with open(spill.path, "rb") as f:
+        data = f.read()
+    entries = [layout.INDEX_ENTRY.unpack_from(data, spill.index_range(r)[0]) for r in range(spill.count)]
+    for key, (offset, length) in zip(spill.keys, entries, strict=True):
+        assert _parse(data[offset : offset + length])["filename"] == key
+    assert spill.num_bytes + layout.INDEX_ENTRY.size * spill.count == len(data)
+    return spill.count
 
 
 def _run_cli(args):
@@ -305,3 +293,37 @@ def test_cli_help_lists_inputs_and_beam_options():
     ):
         assert flag in result.stdout
     assert "DataflowRunner" in result.stdout
+
+
+def test_validation_given_as_class_directories_is_merged_in_name_order(clean_archives, tmp_path):
+    import tarfile
+
+    # val/<wnid>/ directories: every unit's names interleave with every other's, so the layout merges them.
+    with tarfile.open(clean_archives.val_archive) as val:
+        for member in val.getmembers():
+            target = tmp_path / "val" / clean_archives.validation[member.name]
+            target.mkdir(parents=True, exist_ok=True)
+            (target / member.name).write_bytes(val.extractfile(member).read())
+    out = tmp_path / "out"
+    assert _run_cli(["--val-dir", tmp_path / "val", "--output-dir", out, "--num-hosts", 3]) == 0
+    manifest = Manifest.read(str(out / "manifest.json"))
+    shards = manifest.split(schema.VALIDATION).shards
+    names = [[_parse(r)["filename"] for r in _records(s.path)] for s in shards]
+    assert [n for shard in names for n in shard] == sorted(clean_archives.validation)
+    assert len(names) == 3 and max(map(len, names)) - min(map(len, names)) <= 1
+
+
+def test_failed_run_says_in_one_line_where_its_leftovers_are(clean_archives, tmp_path, caplog):
+    # A file where the train split directory should be: shards cannot be written after the spill was.
+    (tmp_path / "train").write_text("in the way")
+    with pytest.raises(Exception, match="train"):
+        _run_cli(["--train-archive", clean_archives.train_archive, "--output-dir", tmp_path])
+    (line,) = [r.getMessage() for r in caplog.records if "did not finish" in r.getMessage()]
+    assert f"spill files are left under {tmp_path / '.beam_preprocess-tmp'}" in line
+    assert os.listdir(tmp_path / ".beam_preprocess-tmp" / "train")
+    # A rerun without --overwrite refuses to mix with the leftovers; with it, they are cleared.
+    (tmp_path / "train").unlink()
+    args = ["--train-archive", clean_archives.train_archive, "--output-dir", tmp_path]
+    assert _run_cli(args) == 2
+    assert _run_cli([*args, "--overwrite"]) == 0
+    assert sorted(os.listdir(tmp_path)) == ["manifest.json", "train"]

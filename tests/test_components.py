@@ -24,6 +24,7 @@ from tfx_bsl.tfxio import dataset_options, dataset_util
 
 from beam_preprocess import schema, tfrecord
 from beam_preprocess.config import ShardingConfig
+from beam_preprocess.manifest import LabelConvention, Manifest, SplitManifest
 from beam_preprocess.run import FailureBudgetExceeded
 from components import imagenet_shards
 from components.imagenet_shards import ImageNetShardGen
@@ -214,8 +215,11 @@ def test_failure_budget(quirky_archives, tmp_path, budget_covers_failures):
 
 def test_artifact_without_records_is_refused():
     examples = tfx.types.standard_artifacts.Examples()
-    manifest = {"splits": {"train": {"records": 0, "num_shards": 0}}, "failures": [], "compression": "none"}
-    with pytest.raises(RuntimeError, match="no split holds a record"):
+    only_failures = SplitManifest("train", 2, 0, 2, 0, "Split-train", "Split-train/train-*-of-*", shards=())
+    manifest = Manifest(
+        {"train": only_failures}, LabelConvention(schema.LABEL_CONVENTION), schema.FEATURE_KEYS
+    )
+    with pytest.raises(RuntimeError, match=r"no split holds a record; .* \{'train': \(2, 2\)\}"):
         imagenet_shards.describe_artifact(examples, manifest)
     assert not examples.has_custom_property("file_format")
 
