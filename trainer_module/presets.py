@@ -137,7 +137,9 @@ def demo() -> TrainerConfig:
         optimizer=OptimizerConfig(
             name="lars", weight_decay=PAPER_WEIGHT_DECAY, label_smoothing=PAPER_LABEL_SMOOTHING
         ),
-        schedule=ScheduleConfig(kind="polynomial", lr_per_256=8.0, warmup_epochs=3.0),
+        # The paper's LARS rows decay to an absolute 0.1 over hundreds of epochs; a 30-epoch run of a tiny
+        # network ends better decayed to nearly zero (measured: 0.961 at epoch 30 with 0.1).
+        schedule=ScheduleConfig(kind="polynomial", lr_per_256=8.0, warmup_epochs=3.0, end_lr=1e-4),
         data=DataConfig(
             num_train_examples=DEMO_TRAIN_EXAMPLES,
             num_eval_examples=DEMO_EVAL_EXAMPLES,
