@@ -143,12 +143,53 @@ def shard(archive_dir: str, output_dir: str) -> dict:
     }
 
 
+def trainer_plan(shards_dir: str, preset: str = "b5-lars-1024x65536") -> dict:
+    """The trainer's per-host layout of ``preset`` over the shards, from their manifest (as every host computes
+    it): files per host, steps, and an evaluation pass that counts each validation image exactly once."""
+    import tensorflow as tf
+
+    from trainer_module import input_pipeline, presets
+    from trainer_module.run import with_data_sizes
+
+    train_files = os.path.join(shards_dir, schema.TRAIN, f"{schema.TRAIN}-*")
+    eval_files = os.path.join(shards_dir, schema.VALIDATION, f"{schema.VALIDATION}-*")
+    config = with_data_sizes(presets.get_preset(preset), train_files, eval_files)
+    plan = config.plan
+    listed_train, listed_eval = input_pipeline.list_files(train_files), input_pipeline.list_files(eval_files)
+    train_per_host = {
+        len(input_pipeline.pipeline_files(listed_train, plan.hosts, h)) for h in range(plan.hosts)
+    }
+    eval_per_host = {
+        len(input_pipeline.pipeline_files(listed_eval, plan.hosts, h)) for h in range(plan.hosts)
+    }
+    context = tf.distribute.InputContext(plan.hosts, 0, plan.replicas)
+    evaluation = input_pipeline.eval_plan(listed_eval, plan.eval_global_batch_size, context)
+    if evaluation.num_examples != config.data.num_eval_examples:
+        raise RuntimeError(f"the evaluation plan counts {evaluation.num_examples}, the manifest lists "
+                           f"{config.data.num_eval_examples}")  # fmt: skip
+    return {
+        "preset": preset,
+        "replicas": plan.replicas,
+        "hosts": plan.hosts,
+        "train_files_per_host": sorted(train_per_host),
+        "eval_files_per_host": sorted(eval_per_host),
+        "steps_per_epoch": plan.steps_per_epoch,
+        "total_steps": plan.total_steps,
+        "eval_steps": evaluation.steps,
+        "eval_examples": evaluation.num_examples,
+        "eval_padding": evaluation.num_padding,
+    }
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
         "--scale", type=float, default=1.0, help="fraction of ImageNet's cardinality (1 = full)"
     )
     parser.add_argument("--image-size", type=int, default=8, help="side of the tiny JPEGs in pixels")
+    parser.add_argument(
+        "--plan-preset", default="b5-lars-1024x65536", help="trainer preset whose per-host plan is checked"
+    )
     args = parser.parse_args(argv)
     if not 0 < args.scale <= 1:
         parser.error(f"--scale must be in (0, 1], got {args.scale}")
@@ -180,7 +221,11 @@ def main(argv=None) -> None:
                 flush=True,
             )
             shutil.rmtree(archives)
-            shutil.rmtree(os.path.join(workdir, f"shards-{label}"))
+            if label == "small":
+                shutil.rmtree(os.path.join(workdir, f"shards-{label}"))
+        # After every memory measurement (TensorFlow's import would count otherwise): the trainer's per-host
+        # plan of the paper's 1024-core slice, from the full run's manifest.
+        per_host = trainer_plan(os.path.join(workdir, "shards-full"), args.plan_preset)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     small, full = results["small"], results["full"]
@@ -199,7 +244,18 @@ def main(argv=None) -> None:
         f"peak memory full / (1/{SMALL_FRACTION}): {ratio:.2f}x (goal <= {GOAL_MEMORY_RATIO}: "
         f"{'met' if ratio <= GOAL_MEMORY_RATIO else 'NOT met'})"
     )
-    print(json.dumps({"results": results, "peak_ratio": round(ratio, 3)}, sort_keys=True))
+    print(
+        f"trainer plan of {per_host['preset']} ({per_host['replicas']} replicas, {per_host['hosts']} hosts) from the "
+        f"manifest: {per_host['train_files_per_host']} training / {per_host['eval_files_per_host']} validation "
+        f"files per host, {per_host['steps_per_epoch']:.3f} steps per epoch, {per_host['total_steps']} steps; "
+        f"evaluation {per_host['eval_steps']} step(s) per pass, {per_host['eval_examples']:,} images counted once "
+        f"each plus {per_host['eval_padding']:,} masked padding"
+    )
+    print(
+        json.dumps(
+            {"results": results, "peak_ratio": round(ratio, 3), "trainer_plan": per_host}, sort_keys=True
+        )
+    )
 
 
 if __name__ == "__main__":
