@@ -200,6 +200,7 @@ def row_overrides(row: Row, data: dict, epochs: int, image_size: int, seed: int)
         f"schedule.kind={row.schedule}",
         f"schedule.lr_per_256={row.lr_per_256}",
         f"schedule.warmup_epochs={row.warmup_epochs(epochs)}",
+        "schedule.end_lr=0.1",
         f"data.num_train_examples={data['num_train']}",
         f"data.num_eval_examples={data['num_eval']}",
         f"data.global_batch_size={row.batch}",

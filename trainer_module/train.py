@@ -105,6 +105,8 @@ class Trainer:
             # Seconds already spent in the train-and-eval loop by earlier attempts of this run.
             self.elapsed = tf.Variable(0.0, dtype=tf.float64, trainable=False, name="elapsed_seconds")
         self._l2_vars = _l2_variables(self.model)
+        # Traced once: a new tf.function per evaluation would retrace the swap every time.
+        self._swap_averages = tf.function(self.average.swap) if self.average is not None else None
         tracked = {"weight_average": self.average} if self.average is not None else {}
         self.checkpoint = tf.train.Checkpoint(
             model=self.model, optimizer=self.optimizer, elapsed=self.elapsed, **tracked
@@ -130,12 +132,11 @@ class Trainer:
             yield
             return
         with self.strategy.scope():
-            swap = tf.function(self.average.swap)
-            swap()
+            self._swap_averages()
             try:
                 yield
             finally:
-                swap()
+                self._swap_averages()
 
     def _loss(self, labels, logits):
         """Per-replica share of the global-batch mean loss (+ L2 when the optimizer does not decay)."""
