@@ -110,10 +110,22 @@ def query_counters(result) -> dict[str, int]:
     return {m.key.metric.name: m.committed for m in metrics["counters"]}
 
 
-def run(config: ShardingConfig, beam_args: list[str] | None = None) -> RunResult:
-    """Runs the pipeline to completion, then raises FailureBudgetExceeded if too many inputs failed."""
+def run(
+    config: ShardingConfig, beam_args: list[str] | None = None, beam_pipeline: beam.Pipeline | None = None
+) -> RunResult:
+    """The one entry point of a sharding run (the CLI's and the TFX executor's).
+
+    Prepares the output directory, runs ShardImageNet to completion in ``beam_pipeline`` (the TFX executor
+    passes the one TFX configured) or in a new pipeline with ``beam_args``, and reads the manifest.
+
+    Raises:
+      OutputExistsError: the output holds an earlier run's files and ``config.overwrite`` is off.
+      FailureBudgetExceeded: more inputs failed than ``config.max_failures``.
+    """
     prepare_output_dir(config)
-    result = run_pipeline(beam.Pipeline(options=PipelineOptions(beam_args or [])), config)
+    if beam_pipeline is None:
+        beam_pipeline = beam.Pipeline(options=PipelineOptions(beam_args or []))
+    result = run_pipeline(beam_pipeline, config)
     manifest = Manifest.read(config.manifest_path)
     check_failure_budget(manifest, config.max_failures, config.manifest_path)
     return RunResult(manifest, query_counters(result))

@@ -32,6 +32,7 @@ from typing import Any
 from tfx import v1 as tfx
 from tfx.components.util import examples_utils
 from tfx.dsl.components.base import base_beam_executor, executor_spec
+from tfx.orchestration import data_types
 from tfx.proto import example_gen_pb2
 from tfx.types import artifact_utils, component_spec
 
@@ -40,6 +41,11 @@ from beam_preprocess.config import ShardingConfig
 from beam_preprocess.manifest import Manifest
 
 SHARDING_CONFIG_KEY = "sharding_config"
+# Execution parameters that replace the config's field of the same name when given: the inputs and the
+# shard layout, so that a compiled pipeline can bind them to runtime parameters (set at submission).
+INPUT_PARAMETERS = {"train_archive": str, "val_archive": str, "train_dir": str, "val_dir": str}
+LAYOUT_PARAMETERS = {"train_shards": int, "val_shards": int}
+OVERRIDE_PARAMETERS = {**INPUT_PARAMETERS, **LAYOUT_PARAMETERS}
 EXAMPLES_KEY = "examples"
 # TFX's artifact layout: Examples readers look for <uri>/Split-<name>/.
 SPLIT_DIR_TEMPLATE = "Split-{split}"
@@ -49,15 +55,23 @@ TFRECORD_FILE_FORMAT = "tfrecords_gzip"
 logger = logging.getLogger("components.imagenet_shards")
 
 
-def artifact_config(config_json: str, uri: str) -> ShardingConfig:
+def artifact_config(config_json: str, uri: str, overrides: dict[str, Any] | None = None) -> ShardingConfig:
     """The sharding config of one execution: its output is the Examples artifact at ``uri``.
 
     ``output_dir`` and ``split_dir_template`` of the given config are replaced; ``overwrite`` is set because
     the artifact's directory belongs to this execution alone, so anything already there is a failed earlier
-    attempt's leftovers, which TFX's ``Split-<name>/*`` readers must not see.
+    attempt's leftovers, which TFX's ``Split-<name>/*`` readers must not see. ``overrides`` (the execution's
+    input and layout parameters; None entries are absent) replace the config's fields and are validated
+    with it.
     """
     config = ShardingConfig.from_json(config_json)
-    return dataclasses.replace(config, output_dir=uri, split_dir_template=SPLIT_DIR_TEMPLATE, overwrite=True)
+    given = {key: value for key, value in (overrides or {}).items() if value is not None}
+    unknown = sorted(set(given) - set(OVERRIDE_PARAMETERS))
+    if unknown:
+        raise ValueError(f"unknown sharding parameters: {', '.join(unknown)}")
+    return dataclasses.replace(
+        config, **given, output_dir=uri, split_dir_template=SPLIT_DIR_TEMPLATE, overwrite=True
+    )
 
 
 def describe_artifact(examples: tfx.types.standard_artifacts.Examples, manifest: Manifest) -> None:
@@ -97,27 +111,32 @@ class Executor(base_beam_executor.BaseBeamExecutor):
         Args:
           input_dict: unused (the inputs are named in the config).
           output_dict: ``{'examples': [Examples]}``.
-          exec_properties: ``{'sharding_config': ShardingConfig JSON}``.
+          exec_properties: ``{'sharding_config': ShardingConfig JSON}`` and any of the input and layout
+            parameters (``OVERRIDE_PARAMETERS``), which replace the config's fields.
 
         Raises:
           FailureBudgetExceeded: more inputs failed than ``max_failures``; the message lists them.
         """
         del input_dict
         examples = artifact_utils.get_single_instance(output_dict[EXAMPLES_KEY])
-        config = artifact_config(exec_properties[SHARDING_CONFIG_KEY], examples.uri)
-        run.prepare_output_dir(config)
+        overrides = {key: exec_properties.get(key) for key in OVERRIDE_PARAMETERS}
+        config = artifact_config(exec_properties[SHARDING_CONFIG_KEY], examples.uri, overrides)
         start = time.time()
-        result = run.run_pipeline(self._make_beam_pipeline(), config)
-        manifest = Manifest.read(config.manifest_path)
-        logger.info("%s", run.RunResult(manifest, run.query_counters(result)).report(time.time() - start))
-        run.check_failure_budget(manifest, config.max_failures, config.manifest_path)
-        describe_artifact(examples, manifest)
+        result = run.run(config, beam_pipeline=self._make_beam_pipeline())
+        logger.info("%s", result.report(time.time() - start))
+        describe_artifact(examples, result.manifest)
 
 
 class ImageNetShardGenSpec(component_spec.ComponentSpec):
-    """One execution parameter (the ShardingConfig JSON) and one output (the Examples artifact)."""
+    """The ShardingConfig JSON, optional parameters overriding its inputs and layout, one Examples output."""
 
-    PARAMETERS = {SHARDING_CONFIG_KEY: component_spec.ExecutionParameter(type=str)}
+    PARAMETERS = {
+        SHARDING_CONFIG_KEY: component_spec.ExecutionParameter(type=str),
+        **{
+            key: component_spec.ExecutionParameter(type=kind, optional=True)
+            for key, kind in OVERRIDE_PARAMETERS.items()
+        },
+    }
     INPUTS = {}
     OUTPUTS = {EXAMPLES_KEY: component_spec.ChannelParameter(type=tfx.types.standard_artifacts.Examples)}
 
@@ -135,20 +154,29 @@ class ImageNetShardGen(tfx.types.BaseBeamComponent):
     SPEC_CLASS = ImageNetShardGenSpec
     EXECUTOR_SPEC = executor_spec.BeamExecutorSpec(Executor)
 
-    def __init__(self, sharding_config: ShardingConfig | str):
+    def __init__(self, sharding_config: ShardingConfig | str, **overrides):
         """Validates ``sharding_config`` now, so that a bad config fails when the pipeline is built.
 
         Args:
           sharding_config: the ``ShardingConfig`` (or its ``to_json()``) naming the inputs, shard counts and
             failure budget. Its ``output_dir`` is ignored: the shards go to the Examples artifact's URI,
             laid out as ``Split-<split>/``.
+          **overrides: any of ``OVERRIDE_PARAMETERS`` (``train_archive``, ``val_archive``, ``train_dir``,
+            ``val_dir``, ``train_shards``, ``val_shards``), each a value or a ``RuntimeParameter``; they
+            replace the config's field at execution. Plain values are checked with the config now.
         """
         if isinstance(sharding_config, ShardingConfig):
             sharding_config = sharding_config.to_json()
-        ShardingConfig.from_json(sharding_config)
+        fixed = {key: value for key, value in overrides.items() if not _is_runtime_parameter(value)}
+        artifact_config(sharding_config, ShardingConfig.from_json(sharding_config).output_dir, fixed)
         super().__init__(
             spec=ImageNetShardGenSpec(
                 sharding_config=sharding_config,
                 examples=tfx.dsl.Channel(type=tfx.types.standard_artifacts.Examples),
+                **overrides,
             )
         )
+
+
+def _is_runtime_parameter(value: Any) -> bool:
+    return isinstance(value, data_types.RuntimeParameter)

@@ -13,13 +13,12 @@ from tfx import v1 as tfx
 
 from beam_preprocess import schema
 from beam_preprocess.config import ShardingConfig
+from components import runtime_gate
 from components.imagenet_shards import ImageNetShardGen
 from trainer_module import export, tfx_trainer
 from trainer_module.config import TrainerConfig
 
 RUN_FN = "trainer_module.tfx_trainer.run_fn"
-# ShardingConfig needs an output_dir; in the pipeline the Examples artifact's URI replaces this placeholder.
-ARTIFACT_OUTPUT_DIR = "<examples artifact uri>"
 TOP1 = "sparse_categorical_accuracy"
 TOP5 = "top5_accuracy"
 # The latest blessed model may tie; only a strictly worse model is refused.
@@ -70,9 +69,11 @@ def create_pipeline(
     serving_model_dir: str,
     metadata_connection_config=None,
     beam_pipeline_args: list[str] | None = None,
-    trainer_factory=None,
+    trainer_class=runtime_gate.Trainer,
     trainer_custom_config: dict | None = None,
     enable_cache: bool = True,
+    runtime: dict | None = None,
+    extra_pusher=None,
 ) -> tfx.dsl.Pipeline:
     """The whole pipeline.
 
@@ -84,43 +85,58 @@ def create_pipeline(
       serving_model_dir: where the Pusher copies a blessed model.
       metadata_connection_config: the local SQLite store; None on Kubeflow / Vertex, which bring their own.
       beam_pipeline_args: options of the sharding component's Beam pipeline (DirectRunner or Dataflow).
-      trainer_factory: the Trainer component class (default ``tfx.components.Trainer``; the Vertex runner
-        passes ``tfx.extensions.google_cloud_ai_platform.Trainer`` to train on a TPU slice).
+      trainer_class: the Trainer component (``runtime_gate.Trainer`` here; the Vertex runner passes
+        ``runtime_gate.VertexTrainer`` to train in a Vertex AI custom job).
       trainer_custom_config: extra ``custom_config`` entries for that Trainer (Vertex job spec, region...).
       enable_cache: reuse a step's outputs when its inputs and parameters are unchanged.
+      runtime: values a compiled pipeline takes at submission, by name, each a ``RuntimeParameter`` (or a
+        plain value): ``target_top1`` (the trainer's stop and the Evaluator's gate), ``train_epochs``, and
+        the sharding step's inputs and layout (``imagenet_shards.OVERRIDE_PARAMETERS``).
+      extra_pusher: a second Pusher beside the one into ``serving_model_dir``, built by a function of (model
+        channel, blessing channel): the Vertex runner's push to the Vertex AI Model Registry and an endpoint.
     """
-    shards = ImageNetShardGen(sharding_config=sharding.to_json())
+    runtime = dict(runtime or {})
+    gate = runtime.pop(runtime_gate.TARGET_TOP1_KEY, None)
+    epochs = runtime.pop(runtime_gate.TRAIN_EPOCHS_KEY, None)
+    shards = ImageNetShardGen(sharding_config=sharding.to_json(), **runtime)
     custom_config = {tfx_trainer.CONFIG_KEY: trainer_config.to_json(), **(trainer_custom_config or {})}
-    trainer = (trainer_factory or tfx.components.Trainer)(
+    trainer = trainer_class(
         examples=shards.outputs["examples"],
         run_fn=RUN_FN,
         train_args=tfx.proto.TrainArgs(splits=[schema.TRAIN]),
         eval_args=tfx.proto.EvalArgs(splits=[schema.VALIDATION]),
         custom_config=custom_config,
-    )
+        train_epochs=epochs,
+        target_top1=gate,
+    ).with_id("Trainer")
     latest_blessed = tfx.dsl.Resolver(
         strategy_class=tfx.dsl.experimental.LatestBlessedModelStrategy,
         model=tfx.dsl.Channel(type=tfx.types.standard_artifacts.Model),
         model_blessing=tfx.dsl.Channel(type=tfx.types.standard_artifacts.ModelBlessing),
     ).with_id("latest_blessed_model_resolver")
-    evaluator = tfx.components.Evaluator(
+    evaluator = runtime_gate.Evaluator(
         examples=shards.outputs["examples"],
         model=trainer.outputs["model"],
         baseline_model=latest_blessed.outputs["model"],
         eval_config=eval_config(target_top1),
         example_splits=[schema.VALIDATION],
+        target_top1=gate,
     )
-    pusher = tfx.components.Pusher(
-        model=trainer.outputs["model"],
-        model_blessing=evaluator.outputs["blessing"],
-        push_destination=tfx.proto.PushDestination(
-            filesystem=tfx.proto.PushDestination.Filesystem(base_directory=serving_model_dir)
-        ),
-    )
+    pushers = [
+        tfx.components.Pusher(
+            model=trainer.outputs["model"],
+            model_blessing=evaluator.outputs["blessing"],
+            push_destination=tfx.proto.PushDestination(
+                filesystem=tfx.proto.PushDestination.Filesystem(base_directory=serving_model_dir)
+            ),
+        )
+    ]
+    if extra_pusher is not None:
+        pushers.append(extra_pusher(trainer.outputs["model"], evaluator.outputs["blessing"]))
     return tfx.dsl.Pipeline(
         pipeline_name=pipeline_name,
         pipeline_root=pipeline_root,
-        components=[shards, trainer, latest_blessed, evaluator, pusher],
+        components=[shards, trainer, latest_blessed, evaluator, *pushers],
         enable_cache=enable_cache,
         metadata_connection_config=metadata_connection_config,
         beam_pipeline_args=beam_pipeline_args or [],

@@ -10,7 +10,12 @@ from __future__ import annotations
 
 import dataclasses
 
+from beam_preprocess.config import ShardingConfig
 from trainer_module import presets as trainer_presets
+
+# A pipeline's ShardingConfig needs an output_dir; the sharding component replaces this placeholder with its
+# Examples artifact's URI.
+ARTIFACT_OUTPUT_DIR = "<examples artifact uri>"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -33,6 +38,23 @@ class PipelinePreset:
     def trainer_config(self):
         return trainer_presets.get_preset(self.name)
 
+    def sharding_config(self, max_failures: int = 0, **inputs: str) -> ShardingConfig:
+        """The sharding step's config for this preset: the shard layout of its hosts, reading ``inputs``
+        (``train_archive``, ``val_archive``, ``train_dir``, ``val_dir``, ``tfds_data_dir``; empty ones
+        ignored) into the pipeline's Examples artifact. The one place both runners build it.
+
+        Raises:
+          ValueError / TypeError: an unknown input name or an invalid combination (from ShardingConfig).
+        """
+        return ShardingConfig(
+            output_dir=ARTIFACT_OUTPUT_DIR,
+            num_hosts=self.num_hosts,
+            train_shards=self.train_shards,
+            val_shards=self.val_shards,
+            max_failures=max_failures,
+            **{key: value for key, value in inputs.items() if value},
+        )
+
 
 def _paper(name: str) -> PipelinePreset:
     config = trainer_presets.get_preset(name)
@@ -51,7 +73,7 @@ def _build() -> dict[str, PipelinePreset]:
     table = {
         # The embedded digits, sharded as if for 2 hosts; the target the demo reaches on this machine.
         "demo": PipelinePreset("demo", target_top1=demo_target, num_hosts=2, train_shards=8, val_shards=2),
-        # End-to-end checks: two training steps; any model passes a zero target.
+        # End-to-end checks: one epoch of small data at batch 8; any model passes a zero target.
         "smoke": PipelinePreset("smoke", target_top1=0.0, num_hosts=1, train_shards=2, val_shards=1),
     }
     for name in trainer_presets.preset_names():

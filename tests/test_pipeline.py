@@ -3,15 +3,17 @@
 import json
 import os
 import pathlib
+import re
+import subprocess
+import sys
 
 import pytest
-from google.auth.credentials import AnonymousCredentials
-from kfp.pipeline_spec import pipeline_spec_pb2
 from ml_metadata.metadata_store import metadata_store
 from ml_metadata.proto import metadata_store_pb2
 
-from pipeline import kubeflow_v2_runner, local_runner, presets
+from pipeline import local_runner, presets
 
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # A short demo run: 5 epochs reach about 0.4-0.6 top-1 on the embedded digits.
 SHORT = ["--preset", "demo", "--set", "loop.train_epochs=5", "--set", "loop.eval_every_epochs=5"]
 
@@ -35,17 +37,32 @@ def result_report_path(out: str) -> str:
     return next(line.split(": ", 1)[1] for line in out.splitlines() if line.startswith("run report: "))
 
 
+def _run_cli(*args):
+    """``python -m pipeline.local_runner`` as a person runs it."""
+    return subprocess.run(
+        [sys.executable, "-m", "pipeline.local_runner", *map(str, args)],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=1800,
+    )
+
+
+def _console_lines(result) -> list[str]:
+    return [line for line in (result.stdout + result.stderr).splitlines() if line.strip()]
+
+
 @pytest.fixture(scope="module")
 def blessed_run(tmp_path_factory):
     root = tmp_path_factory.mktemp("local_pipeline")
-    code = local_runner.main(["--pipeline-root", str(root), *SHORT, "--target-top1", "0.2"])
-    return root, code
+    result = _run_cli("--pipeline-root", root, *SHORT, "--target-top1", "0.2")
+    return root, result
 
 
 @pytest.mark.slow
-def test_local_pipeline_trains_evaluates_blesses_and_pushes(blessed_run, capsys):
-    root, code = blessed_run
-    assert code == 0
+def test_local_pipeline_trains_evaluates_blesses_and_pushes(blessed_run):
+    root, result = blessed_run
+    assert result.returncode == 0, result.stderr[-3000:]
     store = _store(root)
     types = {store.get_artifact_types_by_id([a.type_id])[0].name for a in store.get_artifacts()}
     assert {"Examples", "Model", "ModelRun", "ModelEvaluation", "ModelBlessing", "PushedModel"} <= types
@@ -62,89 +79,55 @@ def test_local_pipeline_trains_evaluates_blesses_and_pushes(blessed_run, capsys)
 
 
 @pytest.mark.slow
-def test_unreachable_target_reuses_cached_steps_blesses_nothing_and_pushes_nothing(blessed_run, capsys):
+def test_console_is_a_short_account_and_the_library_logs_go_to_a_file(blessed_run):
+    root, result = blessed_run
+    out, lines = result.stdout, _console_lines(result)
+    # The full demo evaluates every 5 of its 30 epochs, this short run once: the demo's further evaluation
+    # lines must fit in the 40-line budget too.
+    demo = presets.get("demo").trainer_config().loop
+    assert len(lines) + demo.train_epochs // demo.eval_every_epochs - 1 <= 40, "\n".join(lines)
+    assert not result.stderr.strip()  # TensorFlow's import messages, Beam, TFX: all in the log file
+    for step in ("ImageNetShardGen", "Trainer", "Evaluator", "Pusher"):
+        assert re.search(rf"^\[\d/\d\] {step}: running$", out, re.M), step
+        assert re.search(rf"^\[\d/\d\] {step}: done in [\dhms.]+$", out, re.M), step
+    (evaluation,) = [line for line in lines if line.startswith("epoch ")]
+    assert "top-1 " in evaluation and "img/s" in evaluation and "ETA " in evaluation
+    assert "model BLESSED by the Evaluator" in out and f"pushed to {root / 'serving_model'}" in out
+    assert re.search(
+        rf"^TensorBoard: tensorboard --logdir {re.escape(str(root))}/artifacts/\S+/tensorboard$", out, re.M
+    )
+    (log_line,) = [line for line in lines[:3] if line.startswith("full log: ")]
+    log = pathlib.Path(log_line.split(": ", 1)[1])
+    assert log.parent == root / "logs"
+    text = log.read_text()
+    assert "Going to run a new execution" in text and "Component Pusher is finished" in text  # TFX
+    assert "apache_beam" in text  # Beam
+    assert "trainer_module: train step" in text  # this project's own INFO records
+
+
+@pytest.mark.slow
+def test_unreachable_target_reuses_cached_steps_blesses_nothing_and_pushes_nothing(blessed_run):
     root, _ = blessed_run
-    capsys.readouterr()
-    code = local_runner.main(["--pipeline-root", str(root), *SHORT, "--target-top1", "0.999"])
-    out = capsys.readouterr().out
-    assert code == local_runner.NOT_BLESSED_EXIT
+    # --verbose: the same short account on stdout, the libraries' logs live on stderr instead of in a file.
+    result = _run_cli("--pipeline-root", root, *SHORT, "--target-top1", "0.999", "--verbose")
+    out = result.stdout
+    assert result.returncode == local_runner.NOT_BLESSED_EXIT, result.stderr[-3000:]
     assert "NOT blessed" in out and "nothing pushed" in out
-    result = json.loads(out.strip().splitlines()[-1])
-    assert result["model_run_uri"] and result_report_path(out) == f"{result['model_run_uri']}/report.html"
-    assert result["blessed"] is False and result["pushed"] is False and 0.0 < result["top1"] < 0.999
+    outcome = json.loads(out.strip().splitlines()[-1])
+    assert outcome["model_run_uri"] and result_report_path(out) == f"{outcome['model_run_uri']}/report.html"
+    assert outcome["blessed"] is False and outcome["pushed"] is False and 0.0 < outcome["top1"] < 0.999
     assert len(os.listdir(root / "serving_model")) == 1  # only the first run's model
     store = _store(root)
     cached = metadata_store_pb2.Execution.CACHED
     for component in ("ImageNetShardGen", "Trainer"):
         states = [e.last_known_state for e in _executions(store, component)]
         assert states[-1] == cached, component
+        assert re.search(rf"^\[\d/\d\] {component}: CACHED", out, re.M), component
     assert [e.last_known_state for e in _executions(store, "Evaluator")][
         -1
     ] == metadata_store_pb2.Execution.COMPLETE
-
-
-def _settings():
-    return kubeflow_v2_runner.CloudSettings(
-        project="my-project",
-        region="us-central1",
-        image="us-docker.pkg.dev/my-project/effnet/pipeline:1",
-        pipeline_root="gs://my-bucket/pipelines",
-        tpu_type="TPU_V3",
-        tpu_count=8,
-    )
-
-
-@pytest.mark.parametrize("preset", ["b5-lars-1024x65536", "demo"])
-def test_compiles_to_a_vertex_pipeline_job_with_images_dataflow_and_tpu(preset, tmp_path):
-    output = str(tmp_path / "effnet.json")
-    code = kubeflow_v2_runner.main(
-        [
-            "--output", output, "--preset", preset,
-            "--project", "my-project", "--region", "us-central1",
-            "--image", "us-docker.pkg.dev/my-project/effnet/pipeline:1",
-            "--pipeline-root", "gs://my-bucket/pipelines",
-            "--train-archive", "gs://my-bucket/ILSVRC2012_img_train.tar",
-            "--val-archive", "gs://my-bucket/ILSVRC2012_img_val.tar",
-        ]
-    )  # fmt: skip
-    assert code == 0
-    with open(output) as f:
-        job = json.load(f)
-    assert job["displayName"] == f"effnet-{preset}"
-    assert job["runtimeConfig"]["gcsOutputDirectory"] == "gs://my-bucket/pipelines"
-    spec = pipeline_spec_pb2.PipelineSpec()
-    from google.protobuf import json_format
-
-    json_format.ParseDict(job["pipelineSpec"], spec, ignore_unknown_fields=True)
-    tasks = set(spec.root.dag.tasks)
-    assert {"ImageNetShardGen", "Trainer", "Evaluator", "Pusher"} <= tasks
-    assert any(task.startswith("latest_blessed_model_resolver") for task in tasks)
-    executors = spec.deployment_spec["executors"]
-    text = json.dumps(job["pipelineSpec"])
-    for name, executor in executors.items():
-        if "container" in executor:
-            assert executor["container"]["image"] == "us-docker.pkg.dev/my-project/effnet/pipeline:1", name
-    assert "DataflowRunner" in text and "--region=us-central1" in text
-    assert "cloud-tpu" in text and "TPU_V3" in text and "ai_platform_training_args" in text
-    assert "b5" in text if preset.startswith("b5") else "tiny" in text
-
-
-def test_vertex_job_is_built_and_validated_without_the_network(tmp_path):
-    output = str(tmp_path / "effnet.json")
-    settings = _settings()
-    pipeline = kubeflow_v2_runner.build_pipeline(
-        "b2-lars-1024x32768", settings, {"train_archive": "gs://b/t.tar", "val_archive": "gs://b/v.tar"}, []
-    )
-    kubeflow_v2_runner.compile_pipeline(pipeline, settings.image, output)
-    job = kubeflow_v2_runner.vertex_job(output, settings, credentials=AnonymousCredentials())
-    assert job.project == "my-project" and job.location == "us-central1"
-    assert job.pipeline_spec["pipelineInfo"]["name"] == "effnet-b2-lars-1024x32768"
-    assert job.runtime_config.gcs_output_directory == "gs://my-bucket/pipelines"
-
-
-def test_cloud_settings_refuse_a_local_root():
-    with pytest.raises(ValueError, match="must be a gs:// path"):
-        kubeflow_v2_runner.CloudSettings("p", "r", "img", "/tmp/root")
+    assert "Going to run a new execution" in result.stderr and "apache_beam" in result.stderr
+    assert "full log: " not in out and len(os.listdir(root / "logs")) == 1  # the first run's log only
 
 
 def test_paper_presets_shard_for_their_hosts():

@@ -19,9 +19,19 @@ if TYPE_CHECKING:
 STRATEGIES = Registry("loop.strategy")
 
 
+def tpu_to_resolve(config: TrainerConfig) -> str:
+    """The TPU the 'tpu' strategy connects to: ``loop.tpu_name``, else ``$TPU_NAME``, else 'local'.
+
+    'local' is the TPU attached to this VM: a single-host slice (a Vertex TPU job, a v3-8 TPU VM). A
+    multi-host TPU VM slice is driven by one client, run on its worker 0 with ``TPU_NAME`` (or
+    ``loop.tpu_name``) naming the slice; the resolver finds every host's TPU worker through the Cloud TPU API.
+    """
+    return config.loop.tpu_name or os.environ.get("TPU_NAME", "") or "local"
+
+
 @STRATEGIES.register("tpu")
 def _tpu(config: TrainerConfig, devices: list[str] | None) -> tf.distribute.Strategy:
-    resolver = tf.distribute.cluster_resolver.TPUClusterResolver(tpu=config.loop.tpu_name or "local")
+    resolver = tf.distribute.cluster_resolver.TPUClusterResolver(tpu=tpu_to_resolve(config))
     tf.config.experimental_connect_to_cluster(resolver)
     tf.tpu.experimental.initialize_tpu_system(resolver)
     return tf.distribute.TPUStrategy(resolver)

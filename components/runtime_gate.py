@@ -1,0 +1,161 @@
+"""TFX's Trainer and Evaluator with two more execution parameters: ``train_epochs`` and ``target_top1``.
+
+A compiled Kubeflow / Vertex pipeline can only bind a runtime parameter to a whole execution parameter of a
+component (int, float or str), never to a field inside the Trainer's ``custom_config`` JSON or the
+Evaluator's ``EvalConfig``. These components add the two values a user changes at submission as parameters
+of their own, and their executors fold them into what TFX's executors read, so one runtime parameter
+``target_top1`` both stops the training at the target and gates the blessing:
+
+- ``Trainer`` / ``VertexTrainer``: ``train_epochs`` and ``target_top1`` replace ``loop.train_epochs`` and
+  ``loop.target_top1`` of the trainer config in ``custom_config`` (``trainer_module.tfx_trainer.CONFIG_KEY``),
+  then TFX's generic executor runs ``run_fn`` as before. ``VertexTrainer`` runs that same executor inside
+  the Vertex AI custom job (TFX's Vertex Trainer extension, which serialises every execution parameter into
+  the job's command).
+- ``Evaluator``: ``target_top1`` becomes the lower bound of the top-1 value threshold of the ``EvalConfig``.
+
+Left as None (the local runner), each parameter leaves the config as it was built.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import tensorflow_model_analysis as tfma
+from google.protobuf import json_format
+from tfx import v1 as tfx
+from tfx.components.evaluator import executor as evaluator_executor
+from tfx.components.trainer import executor as trainer_executor
+from tfx.dsl.components.base import executor_spec
+from tfx.extensions.google_cloud_ai_platform.trainer import executor as vertex_trainer_executor
+from tfx.types import component_spec, standard_component_specs
+from tfx.utils import json_utils
+
+TRAIN_EPOCHS_KEY = "train_epochs"
+TARGET_TOP1_KEY = "target_top1"
+# The metric the top-1 gate is a threshold of (pipeline_def.eval_config).
+TOP1_METRIC = "SparseCategoricalAccuracy"
+
+
+def trainer_custom_config(custom_config_json: str, train_epochs: Any, target_top1: Any) -> str:
+    """``custom_config`` JSON with the trainer config's epochs and target replaced (None keeps them)."""
+    from trainer_module import tfx_trainer
+    from trainer_module.config import TrainerConfig, with_overrides
+
+    custom_config = json_utils.loads(custom_config_json)
+    overrides = []
+    if train_epochs is not None:
+        overrides.append(f"loop.train_epochs={int(train_epochs)}")
+    if target_top1 is not None:
+        overrides.append(f"loop.target_top1={float(target_top1)}")
+    if overrides:
+        config = TrainerConfig.from_json(custom_config[tfx_trainer.CONFIG_KEY])
+        custom_config[tfx_trainer.CONFIG_KEY] = with_overrides(config, overrides).to_json()
+    return json_utils.dumps(custom_config)
+
+
+def gated_eval_config(eval_config_json: str, target_top1: Any) -> str:
+    """``EvalConfig`` JSON whose top-1 value threshold's lower bound is ``target_top1`` (None keeps it).
+
+    Raises:
+      ValueError: the config has no top-1 value threshold to move.
+    """
+    if target_top1 is None:
+        return eval_config_json
+    config = json_format.Parse(eval_config_json, tfma.EvalConfig())
+    moved = 0
+    for spec in config.metrics_specs:
+        for metric in spec.metrics:
+            if metric.class_name == TOP1_METRIC and metric.threshold.HasField("value_threshold"):
+                metric.threshold.value_threshold.lower_bound.value = float(target_top1)
+                moved += 1
+    if not moved:
+        raise ValueError(f"the EvalConfig has no {TOP1_METRIC} value threshold for target_top1 to set")
+    return json_format.MessageToJson(config, indent=None)
+
+
+def _with_trainer_parameters(exec_properties: dict[str, Any]) -> dict[str, Any]:
+    properties = dict(exec_properties)
+    properties[standard_component_specs.CUSTOM_CONFIG_KEY] = trainer_custom_config(
+        properties.get(standard_component_specs.CUSTOM_CONFIG_KEY) or "{}",
+        properties.pop(TRAIN_EPOCHS_KEY, None),
+        properties.pop(TARGET_TOP1_KEY, None),
+    )
+    return properties
+
+
+class TrainerExecutor(trainer_executor.GenericExecutor):
+    """TFX's generic trainer executor, after folding ``train_epochs`` / ``target_top1`` into the config."""
+
+    def Do(self, input_dict, output_dict, exec_properties):  # noqa: N802 - TFX's executor interface
+        super().Do(input_dict, output_dict, _with_trainer_parameters(exec_properties))
+
+
+class VertexTrainerExecutor(vertex_trainer_executor.GenericExecutor):
+    """Starts the Vertex AI custom job that runs ``TrainerExecutor`` (with every execution parameter)."""
+
+    def _GetExecutorClass(self):  # noqa: N802 - TFX's interface
+        return TrainerExecutor
+
+
+class EvaluatorExecutor(evaluator_executor.Executor):
+    """TFMA's evaluator executor, after setting the top-1 gate to ``target_top1``."""
+
+    def Do(self, input_dict, output_dict, exec_properties):  # noqa: N802 - TFX's executor interface
+        properties = dict(exec_properties)
+        target = properties.pop(TARGET_TOP1_KEY, None)
+        key = standard_component_specs.EVAL_CONFIG_KEY
+        properties[key] = gated_eval_config(properties[key], target)
+        super().Do(input_dict, output_dict, properties)
+
+
+def _optional(kind: type) -> component_spec.ExecutionParameter:
+    return component_spec.ExecutionParameter(type=kind, optional=True)
+
+
+class RuntimeTrainerSpec(standard_component_specs.TrainerSpec):
+    PARAMETERS = {
+        **standard_component_specs.TrainerSpec.PARAMETERS,
+        TRAIN_EPOCHS_KEY: _optional(int),
+        TARGET_TOP1_KEY: _optional(float),
+    }
+
+
+class RuntimeEvaluatorSpec(standard_component_specs.EvaluatorSpec):
+    PARAMETERS = {**standard_component_specs.EvaluatorSpec.PARAMETERS, TARGET_TOP1_KEY: _optional(float)}
+
+
+def _respec(component, spec_class, **parameters) -> None:
+    """Rebuilds ``component.spec`` as ``spec_class`` with ``parameters`` added (validated by TFX's spec)."""
+    spec = component.spec
+    component.spec = spec_class(
+        **spec.inputs,
+        **spec.outputs,
+        **spec.exec_properties,
+        **{key: value for key, value in parameters.items() if value is not None},
+    )
+
+
+class Trainer(tfx.components.Trainer):
+    """``tfx.components.Trainer`` taking ``train_epochs`` and ``target_top1`` (values or RuntimeParameters)."""
+
+    EXECUTOR_SPEC = executor_spec.ExecutorClassSpec(TrainerExecutor)
+
+    def __init__(self, *, train_epochs=None, target_top1=None, **kwargs):
+        super().__init__(**kwargs)
+        _respec(self, RuntimeTrainerSpec, **{TRAIN_EPOCHS_KEY: train_epochs, TARGET_TOP1_KEY: target_top1})
+
+
+class VertexTrainer(Trainer):
+    """The same Trainer run as a Vertex AI custom job (``custom_config`` carries the job, as for TFX's)."""
+
+    EXECUTOR_SPEC = executor_spec.ExecutorClassSpec(VertexTrainerExecutor)
+
+
+class Evaluator(tfx.components.Evaluator):
+    """``tfx.components.Evaluator`` taking ``target_top1`` (a value or a RuntimeParameter) as its top-1 gate."""
+
+    EXECUTOR_SPEC = executor_spec.BeamExecutorSpec(EvaluatorExecutor)
+
+    def __init__(self, *, target_top1=None, **kwargs):
+        super().__init__(**kwargs)
+        _respec(self, RuntimeEvaluatorSpec, **{TARGET_TOP1_KEY: target_top1})

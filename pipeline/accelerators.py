@@ -1,0 +1,227 @@
+"""The machines a pipeline's Trainer can run on in Vertex AI custom training, and the check of a preset against one.
+
+``ACCELERATORS`` is the registry of ``--accelerator``: each name is bound to the function that builds its
+``Accelerator`` for ``--machines`` machines. An ``Accelerator`` knows the Vertex worker pools it compiles to
+(machine type, accelerator type and count, TPU topology, the primary/worker pools of a multi-node job), the
+``tf.distribute`` strategy that drives it, and the replicas and hosts it provides, so that a preset that does
+not fit is refused before anything is compiled, written or paid for.
+
+What Vertex AI custom training offers, from Google's documentation and the ``aiplatform_v1`` API (sources in
+docs/accelerators-research.md and the README):
+
+- TPU v2 and v3 only as single-host ``cloud-tpu`` machines with 8 cores (``tpu-v2-8``, ``tpu-v3-8``): the API
+  has no v2/v3 pod accelerator type, so the paper's v3-512 and v3-1024 slices are not offered.
+- TPU v5e (``ct5lp-hightpu-{1,4,8}t``, topologies 1x1, 2x2, 2x4): single host here. Larger v5e topologies
+  (4x4 and up) run one container per host; TensorFlow drives a multi-host slice from a single client through
+  the Cloud TPU runtime service, which no Google document or sample shows inside a Vertex container, so they
+  are refused with a pointer to the standalone trainer on a TPU VM slice. From v6e Vertex no longer supports
+  TensorFlow training.
+- GPU machines with 8 GPUs each, one machine (MirroredStrategy) or several (MultiWorkerMirroredStrategy from
+  the ``TF_CONFIG`` Vertex sets: pool 0 is the chief, pool 1 the other workers).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+
+from trainer_module.registry import Registry
+
+ACCELERATORS = Registry("--accelerator")
+
+# Where a slice Vertex does not offer runs: the same config, on every worker of a TPU VM slice (README).
+TPU_VM_POINTER = (
+    "run it with the standalone trainer on a TPU VM slice (README: 'Slices Vertex does not offer')"
+)
+
+
+class AcceleratorMismatch(ValueError):
+    """A preset or an accelerator request that cannot run; the message is one line for the user."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Accelerator:
+    """One kind of Vertex training machine, times ``machines``.
+
+    Attributes:
+      name: the ``--accelerator`` name, e.g. 'tpu-v3-8', 'gpu-h100x8'.
+      kind: 'tpu', 'gpu' or 'cpu'.
+      machine_type: Vertex machine type, e.g. 'cloud-tpu', 'a3-highgpu-8g'.
+      accelerator_type: ``aiplatform_v1.AcceleratorType`` name; '' where Vertex takes a topology instead (v5e).
+      accelerator_count: accelerators per machine as the machine spec counts them (TPU v2/v3: cores).
+      replicas_per_machine: ``tf.distribute`` replicas one machine provides (TPU cores, or GPUs).
+      tpu_topology: the TPU slice's topology where Vertex needs one (v5e), else ''.
+      machines: machines of the job (several only for GPU machines).
+      env: environment variables the training container needs on this machine, as (name, value) pairs.
+    """
+
+    name: str
+    kind: str
+    machine_type: str
+    accelerator_type: str
+    accelerator_count: int
+    replicas_per_machine: int
+    tpu_topology: str = ""
+    machines: int = 1
+    env: tuple[tuple[str, str], ...] = ()
+
+    @property
+    def replicas(self) -> int:
+        return self.replicas_per_machine * self.machines
+
+    @property
+    def strategy(self) -> str:
+        """The trainer's ``loop.strategy`` on this machine (a name of ``trainer_module.strategies``)."""
+        if self.kind in ("tpu", "cpu"):
+            return {"tpu": "tpu", "cpu": "one_device"}[self.kind]
+        return "multi_worker" if self.machines > 1 else "mirrored"
+
+    def describe(self) -> str:
+        """'tpu-v3-8', or '2 x gpu-h100x8' for several machines."""
+        return f"{self.machines} x {self.name}" if self.machines > 1 else self.name
+
+    def machine_spec(self) -> dict:
+        """The Vertex ``MachineSpec`` of one machine."""
+        spec = {"machine_type": self.machine_type}
+        if self.accelerator_type:
+            spec["accelerator_type"] = self.accelerator_type
+            spec["accelerator_count"] = self.accelerator_count
+        if self.tpu_topology:
+            spec["tpu_topology"] = self.tpu_topology
+        return spec
+
+    def worker_pool_specs(self, image: str, boot_disk_gb: int = 0) -> list[dict]:
+        """The CustomJob's worker pools: the primary (chief) pool, and one pool of the other workers.
+
+        TFX's Vertex job client replaces each pool's command with its executor call but fills the image only
+        in pools that lack one, with TFX's own image; so every pool names ``image``.
+        """
+        container = {"image_uri": image}
+        if self.env:
+            container["env"] = [{"name": name, "value": value} for name, value in self.env]
+        pool = {"machine_spec": self.machine_spec(), "container_spec": container}
+        if boot_disk_gb:
+            pool["disk_spec"] = {"boot_disk_type": "pd-ssd", "boot_disk_size_gb": boot_disk_gb}
+        pools = [{**pool, "replica_count": 1}]
+        if self.machines > 1:
+            pools.append({**pool, "replica_count": self.machines - 1})
+        return pools
+
+    def trainer_overrides(self) -> list[str]:
+        """Config overrides that bind the trainer to this machine: its strategy and replicas per host."""
+        return [f"loop.strategy={self.strategy}", f"data.replicas_per_host={self.replicas_per_machine}"]
+
+    def check(self, preset: str, config) -> None:
+        """Refuses a trainer config that does not fit: replicas, the per-replica batch and batch-norm groups.
+
+        Raises:
+          AcceleratorMismatch: one line naming the preset's size and this accelerator's.
+        """
+        plan = config.plan
+        if plan.replicas != self.replicas:
+            raise AcceleratorMismatch(
+                f"preset {preset} needs {plan.replicas} replicas; {self.describe()} has {self.replicas}"
+            )
+        if config.data.global_batch_size % self.replicas:
+            raise AcceleratorMismatch(
+                f"preset {preset}: global batch {config.data.global_batch_size} does not split evenly over the"
+                f" {self.replicas} replicas of {self.describe()}"
+            )
+        if self.replicas % plan.bn_group_replicas:
+            raise AcceleratorMismatch(
+                f"preset {preset}: batch-norm groups of {plan.bn_group_replicas} replicas do not tile the"
+                f" {self.replicas} replicas of {self.describe()}"
+            )
+
+
+def _single_machine_only(name: str, machines: int) -> None:
+    if machines != 1:
+        raise AcceleratorMismatch(f"--machines {machines}: {name} runs on one machine; give --machines 1")
+
+
+def _register_tpu(name: str, **fields) -> None:
+    @ACCELERATORS.register(name)
+    def build(machines: int) -> Accelerator:
+        _single_machine_only(name, machines)
+        return Accelerator(name=name, kind="tpu", **fields)
+
+
+def _register_gpu(name: str, machine_type: str, gpu: str, gpus: int) -> None:
+    @ACCELERATORS.register(name)
+    def build(machines: int) -> Accelerator:
+        if machines < 1:
+            raise AcceleratorMismatch(f"--machines {machines}: give at least 1")
+        return Accelerator(name, "gpu", machine_type, gpu, gpus, gpus, machines=machines)
+
+
+# TPU v2 / v3: Vertex counts the 8 cores of the one host (4 chips, 2 cores each).
+_register_tpu("tpu-v2-8", machine_type="cloud-tpu", accelerator_type="TPU_V2", accelerator_count=8,
+              replicas_per_machine=8)  # fmt: skip
+_register_tpu("tpu-v3-8", machine_type="cloud-tpu", accelerator_type="TPU_V3", accelerator_count=8,
+              replicas_per_machine=8)  # fmt: skip
+# TPU v5e: one TensorCore per chip; Vertex takes the machine type and topology, no accelerator fields.
+# TensorFlow reaches v5e only through the PJRT plug-in (Vertex's TPU custom-container instructions), i.e.
+# libtpu loaded as a pluggable device from where the trainer-tpu image links it.
+V5E_PJRT_ENV = (
+    ("NEXT_PLUGGABLE_DEVICE_USE_C_API", "true"),
+    ("TF_PLUGGABLE_DEVICE_LIBRARY_PATH", "/lib/libtpu.so"),
+)
+for _chips, _topology in ((1, "1x1"), (4, "2x2"), (8, "2x4")):
+    _register_tpu(f"tpu-v5litepod-{_chips}", machine_type=f"ct5lp-hightpu-{_chips}t", accelerator_type="",
+                  accelerator_count=0, replicas_per_machine=_chips, tpu_topology=_topology,
+                  env=V5E_PJRT_ENV)  # fmt: skip
+_register_gpu("gpu-h100x8", "a3-highgpu-8g", "NVIDIA_H100_80GB", 8)
+
+
+# A CPU machine, one replica: the demo and smoke presets on small data (the embedded digits copied to gs://)
+# as a cheap end-to-end check of a project's set-up, and what the tests run the compiled training step as.
+@ACCELERATORS.register("cpu")
+def _cpu(machines: int) -> Accelerator:
+    _single_machine_only("cpu", machines)
+    return Accelerator("cpu", "cpu", "n1-standard-8", "", 0, 1)
+
+
+_register_gpu("gpu-a100x8", "a2-highgpu-8g", "NVIDIA_TESLA_A100", 8)
+_register_gpu("gpu-a100-80gbx8", "a2-ultragpu-8g", "NVIDIA_A100_80GB", 8)
+
+_TPU_SLICE = re.compile(r"^tpu-v(?P<version>2|3|4|5p|5litepod|6e)-(?P<size>\d+)$")
+
+
+def _not_offered(name: str) -> str | None:
+    """Why Vertex cannot run a well-formed TPU slice name that is not registered, or None."""
+    match = _TPU_SLICE.match(name)
+    if not match:
+        return None
+    version, size = match["version"], int(match["size"])
+    if version in ("2", "3"):
+        return (
+            f"--accelerator {name}: Vertex AI custom training offers TPU v{version} only as tpu-v{version}-8"
+            f" (one host, 8 cores); for a {size}-core slice {TPU_VM_POINTER}"
+        )
+    if version == "5litepod":
+        return (
+            f"--accelerator {name}: a {size}-chip v5e slice spans several hosts, and TensorFlow on a multi-host"
+            f" TPU slice is not supported in Vertex containers (single-host: tpu-v5litepod-1/4/8); "
+            f"{TPU_VM_POINTER}"
+        )
+    return (
+        f"--accelerator {name}: Vertex AI custom training offers no TensorFlow training on TPU v{version}; "
+        f"{TPU_VM_POINTER}"
+    )
+
+
+def get(name: str, machines: int = 1) -> Accelerator:
+    """The accelerator ``name`` on ``machines`` machines.
+
+    Raises:
+      AcceleratorMismatch: a TPU slice Vertex does not offer (with where to run it), an unknown name (listing
+        the known ones) or a machine count the accelerator cannot take.
+    """
+    reason = _not_offered(name) if name not in ACCELERATORS else None
+    if reason:
+        raise AcceleratorMismatch(reason)
+    try:
+        ACCELERATORS.check(name)
+    except ValueError as e:
+        raise AcceleratorMismatch(str(e)) from None
+    return ACCELERATORS.build(name, machines)

@@ -1,0 +1,264 @@
+"""A minimal KFP v2 launcher: runs one container task of a compiled Vertex PipelineJob on this machine.
+
+What the launcher of Vertex AI Pipelines (and of Kubeflow Pipelines v2) does for a container task, this does
+too, from the compiled job alone:
+
+- resolves the task's input parameters: constants compiled into the task (``runtimeValue``) and the job's
+  runtime parameters (``componentInputParameter``: the ``runtimeConfig`` defaults merged with the run's values),
+  typed by the root's input definitions, as both ``inputs.parameters`` (the typed ``Value`` that TFX's entry
+  point reads for a spec without an inputs spec) and ``inputs.parameterValues``;
+- resolves the input artifacts to the upstream tasks' outputs as their ``executor_output.json`` describes them
+  (name, URI and metadata; the type from the consuming component's input definitions);
+- names its output artifacts and places them at ``{root}/{task}/{output_key}/{execution}`` with the type of the
+  component's output definitions;
+- writes all of it as the ``ExecutorInput`` JSON in place of the ``{{$}}`` placeholder of the container's
+  args, runs the container's command as a subprocess of this interpreter (``.venv/bin/python`` standing for the
+  image's ``python``), and returns the ``ExecutorOutput`` the executor wrote.
+
+Deviations, each because the real thing cannot run here:
+
+- Beam: the compiled args say ``--runner=DataflowRunner``; it becomes ``--runner=DirectRunner
+  --direct_num_workers=1``. The other compiled Beam args (project, region, ``--temp_location``,
+  ``--sdk_container_image``...) stay: the DirectRunner ignores the Dataflow-only ones, and the SDK image is what
+  tells TFX not to package itself for the workers.
+- Resolver tasks (the latest blessed model) are not run: they resolve to no artifact, the first run's "no
+  baseline", so the Evaluator gets an empty ``baseline_model`` list.
+- A run on a root other than the compiled one (``runtimeConfig.gcsOutputDirectory``): TensorFlow's gs:// cannot
+  reach a local GCS emulator, so a step that runs TensorFlow runs on a local root. The compile-time root also
+  sits inside constants (the Pusher's ``push_destination``) and Beam args (``--temp_location``); they are
+  pointed at the run's root too, where Vertex would keep them as compiled.
+- ``outputs.outputFile`` is a local file under ``scratch_dir``, as in the open-source KFP launcher's container
+  (Vertex gives a path under the pipeline root); the executor's ``.temp`` directory sits beside it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Mapping, Sequence
+
+PLACEHOLDER = "{{$}}"
+DATAFLOW_RUNNER = "--runner=DataflowRunner"
+LOCAL_BEAM_ARGS = ("--runner=DirectRunner", "--direct_num_workers=1")
+# Output artifacts are named as Vertex ML Metadata names them; TFX's entry point maps the names to ids.
+ARTIFACT_NAME = "projects/0/locations/local/metadataStores/default/artifacts/{task}-{key}-{execution}"
+TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
+REPO_DIR = os.path.dirname(TESTS_DIR)
+# Lines of a failed task's log quoted in the error.
+LOG_TAIL_LINES = 60
+
+_TYPED_VALUE = {"STRING": "stringValue", "INT": "intValue", "DOUBLE": "doubleValue"}
+_PLAIN = {"stringValue": str, "intValue": int, "doubleValue": float}
+
+
+@dataclasses.dataclass(frozen=True)
+class TaskResult:
+    """One executed task: the ``ExecutorInput`` it was given and the ``ExecutorOutput`` it wrote (as dicts)."""
+
+    task: str
+    executor_input: dict
+    executor_output: dict
+    log_path: str
+
+    def artifacts(self, key: str) -> list[dict]:
+        """The output artifacts ``key`` (each with ``name``, ``uri`` and ``metadata``)."""
+        return self.executor_output.get("artifacts", {}).get(key, {}).get("artifacts", [])
+
+    def artifact(self, key: str) -> dict:
+        (artifact,) = self.artifacts(key)
+        return artifact
+
+
+def pipeline_spec(job: dict) -> dict:
+    return job["pipelineSpec"]
+
+
+def compiled_root(job: dict) -> str:
+    return job["runtimeConfig"]["gcsOutputDirectory"].rstrip("/")
+
+
+def _plain(value: dict):
+    """A typed pipeline ``Value`` ({'intValue': '2'}) as a Python value."""
+    (kind, raw), *rest = value.items()
+    if rest or kind not in _PLAIN:
+        raise ValueError(f"not a single typed parameter value: {value}")
+    return _PLAIN[kind](raw)
+
+
+def runtime_parameters(job: dict, overrides: Mapping[str, object] | None = None) -> dict:
+    """The run's parameter values: ``runtimeConfig`` defaults, replaced by ``overrides`` (typed as declared).
+
+    Raises:
+      ValueError: an override names no declared parameter.
+    """
+    declared = pipeline_spec(job)["root"].get("inputDefinitions", {}).get("parameters", {})
+    values = {name: _plain(value) for name, value in job["runtimeConfig"].get("parameters", {}).items()}
+    for name, value in (overrides or {}).items():
+        if name not in declared:
+            raise ValueError(f"{name} is not a runtime parameter; declared: {', '.join(sorted(declared))}")
+        kind = _TYPED_VALUE[declared[name]["type"]]
+        values[name] = _PLAIN[kind](value)
+    return values
+
+
+def _typed(value, kind: str) -> dict:
+    key = _TYPED_VALUE[kind]
+    return {key: str(int(value)) if key == "intValue" else _PLAIN[key](value)}
+
+
+def _relocate(text: str, job: dict, root: str) -> str:
+    return text.replace(compiled_root(job), root.rstrip("/"))
+
+
+def _is_resolver(job: dict, task: str) -> bool:
+    spec = pipeline_spec(job)
+    label = spec["components"][spec["root"]["dag"]["tasks"][task]["componentRef"]["name"]]["executorLabel"]
+    return "resolver" in spec["deploymentSpec"]["executors"][label]
+
+
+def build_executor_input(
+    job: dict,
+    task: str,
+    pipeline_root: str,
+    parameters: Mapping[str, object],
+    upstream: Mapping[str, TaskResult],
+    output_file: str,
+    execution: int = 1,
+) -> dict:
+    """The ``ExecutorInput`` (as a dict) the launcher hands task ``task`` in place of ``{{$}}``.
+
+    Args:
+      parameters: the run's parameter values (``runtime_parameters``).
+      upstream: the results of the tasks this one reads artifacts of, by task name.
+      execution: numbers this task's output URIs, so a task can run more than once on one root.
+
+    Raises:
+      ValueError: an input artifact's producer has not run (and is not a resolver) or a binding this launcher
+        does not implement.
+    """
+    spec = pipeline_spec(job)
+    dag_task = spec["root"]["dag"]["tasks"][task]
+    component = spec["components"][dag_task["componentRef"]["name"]]
+    root = pipeline_root.rstrip("/")
+    declared = spec["root"].get("inputDefinitions", {}).get("parameters", {})
+
+    typed, plain = {}, {}
+    for name, binding in dag_task.get("inputs", {}).get("parameters", {}).items():
+        if "runtimeValue" in binding:
+            value = dict(binding["runtimeValue"]["constantValue"])
+            if "stringValue" in value:
+                value["stringValue"] = _relocate(value["stringValue"], job, root)
+        elif "componentInputParameter" in binding:
+            source = binding["componentInputParameter"]
+            value = _typed(parameters[source], declared[source]["type"])
+        else:
+            raise ValueError(f"{task}.{name}: unsupported parameter binding {binding}")
+        typed[name] = value
+        plain[name] = _plain(value)
+
+    schemas = component.get("inputDefinitions", {}).get("artifacts", {})
+    inputs = {}
+    for name, binding in dag_task.get("inputs", {}).get("artifacts", {}).items():
+        source = binding.get("taskOutputArtifact")
+        if source is None:
+            raise ValueError(f"{task}.{name}: unsupported artifact binding {binding}")
+        producer = source["producerTask"]
+        if producer in upstream:
+            found = upstream[producer].artifacts(source["outputArtifactKey"])
+        elif _is_resolver(job, producer):
+            found = []  # the latest blessed model: none yet
+        else:
+            raise ValueError(f"{task}.{name} reads {producer}, which has not run")
+        schema = schemas[name]["artifactType"]
+        inputs[name] = {"artifacts": [{**artifact, "type": schema} for artifact in found]}
+
+    outputs = {
+        key: {
+            "artifacts": [
+                {
+                    "name": ARTIFACT_NAME.format(task=task, key=key, execution=execution),
+                    "uri": f"{root}/{task}/{key}/{execution}",
+                    "type": definition["artifactType"],
+                    "metadata": {},
+                }
+            ]
+        }
+        for key, definition in component.get("outputDefinitions", {}).get("artifacts", {}).items()
+    }
+    return {
+        "inputs": {"parameters": typed, "parameterValues": plain, "artifacts": inputs},
+        "outputs": {"artifacts": outputs, "outputFile": output_file},
+    }
+
+
+def container_argv(job: dict, task: str, executor_input: dict, pipeline_root: str) -> list[str]:
+    """The task's container command and args, ``{{$}}`` filled and the Beam runner made local."""
+    spec = pipeline_spec(job)
+    label = spec["components"][spec["root"]["dag"]["tasks"][task]["componentRef"]["name"]]["executorLabel"]
+    container = spec["deploymentSpec"]["executors"][label]["container"]
+    command = list(container["command"])
+    if command[0] == "python":
+        command[0] = sys.executable
+    args = []
+    for arg in container.get("args", []):
+        if arg == PLACEHOLDER:
+            args.append(json.dumps(executor_input))
+        elif arg == DATAFLOW_RUNNER:
+            args.extend(LOCAL_BEAM_ARGS)
+        elif "{{$" in arg:
+            raise ValueError(f"{task}: placeholder this launcher does not implement: {arg}")
+        else:
+            args.append(_relocate(arg, job, pipeline_root))
+    return [*command, *args]
+
+
+def run_task(
+    job: dict,
+    task: str,
+    pipeline_root: str,
+    scratch_dir: str,
+    parameters: Mapping[str, object],
+    upstream: Mapping[str, TaskResult] | None = None,
+    execution: int = 1,
+    wrapper: Sequence[str] = (),
+    env: Mapping[str, str] | None = None,
+    timeout: float = 900,
+) -> TaskResult:
+    """Runs ``task`` of the compiled ``job`` as its container would, and returns what its executor wrote.
+
+    Args:
+      pipeline_root: the run's root (local or gs://) for the output artifacts.
+      scratch_dir: a local directory for the executor output file, the executor's temp dir and the task's log.
+      parameters: the run's parameter values (``runtime_parameters``).
+      upstream: results of the tasks this one depends on, by task name.
+      execution: numbers the output URIs (run a task twice on one root with 1, 2...).
+      wrapper: a command put in front of the container's (e.g. ``fake_vertex.wrapper(...)``).
+      env: variables added to this process's environment for the container; ``tests/`` is on its PYTHONPATH.
+
+    Raises:
+      RuntimeError: the container exited non-zero (the message quotes the end of its log).
+    """
+    task_dir = os.path.join(scratch_dir, f"{task}-{execution}")
+    os.makedirs(task_dir, exist_ok=True)
+    output_file = os.path.join(task_dir, "executor_output.json")
+    executor_input = build_executor_input(
+        job, task, pipeline_root, parameters, upstream or {}, output_file, execution
+    )
+    argv = [*wrapper, *container_argv(job, task, executor_input, pipeline_root)]
+    child_env = {**os.environ, **(env or {})}
+    child_env["PYTHONPATH"] = os.pathsep.join(p for p in (TESTS_DIR, child_env.get("PYTHONPATH")) if p)
+    log_path = os.path.join(task_dir, "log.txt")
+    with open(log_path, "wb") as log:
+        code = subprocess.run(
+            argv, cwd=REPO_DIR, env=child_env, stdout=log, stderr=subprocess.STDOUT, timeout=timeout
+        ).returncode
+    if code:
+        with open(log_path, errors="replace") as log:
+            tail = "".join(log.readlines()[-LOG_TAIL_LINES:])
+        raise RuntimeError(f"task {task} exited with {code}; end of {log_path}:\n{tail}")
+    with open(output_file) as f:
+        executor_output = json.load(f)
+    return TaskResult(task, executor_input, executor_output, log_path)

@@ -1,0 +1,239 @@
+"""The compiled Vertex PipelineJob's steps, run the way their containers run them, on the embedded digits.
+
+``python -m pipeline.kubeflow_v2_runner`` compiles the pipeline (smoke preset, the ``cpu`` accelerator); then
+``kfp_launcher`` runs each container task of the compiled JSON as the Vertex launcher would: the task's own
+command and args with the ``ExecutorInput`` built from the compiled spec, the run's parameter values and the
+upstream tasks' executor outputs. The Trainer task starts its Vertex AI custom job through TFX's Vertex job
+client, whose network client ``fake_vertex`` replaces: it records the CustomJob request and runs the job's
+worker pool 0 command on this machine. The deviations (DirectRunner for Dataflow, no baseline model from the
+resolver, a local root) are listed in ``kfp_launcher``.
+
+The run's parameter values differ from the compiled defaults, so what the steps produce shows that each value
+reached its step: the shard count, the trainer's epochs and target, the Evaluator's gate. (The Pusher, TFX's
+own filesystem Pusher, is left out: each step is a fresh interpreter importing TensorFlow, TFX and Beam, and
+the suite's time is better spent on the steps this project wrote.)
+
+The training chain runs on a local pipeline root: TensorFlow's own gs:// (the Trainer, TFMA, the Pusher)
+cannot reach the GCS emulator. The sharding step, which reads and writes through Beam's GCS client, also runs
+with its archives and the compiled gs:// root on the emulator.
+
+The data is the ``clean_archives`` pair of a few hundred real digits: an epoch of the trainer is a pass over
+the shards (their manifest's count), so the full embedded set would train and evaluate several times longer.
+"""
+
+import dataclasses
+import json
+import os
+import pathlib
+
+import fake_vertex
+import kfp_launcher
+import pytest
+import tensorflow_model_analysis as tfma
+
+from beam_preprocess import schema
+from beam_preprocess.manifest import Manifest
+from pipeline import kubeflow_v2_runner
+
+PROJECT, REGION = "effnet-test-project", "us-central1"
+PIPELINE_IMAGE = "us-docker.pkg.dev/effnet-test-project/effnet/pipeline@sha256:" + "a" * 64
+TRAINER_IMAGE = "us-docker.pkg.dev/effnet-test-project/effnet/trainer-cpu@sha256:" + "b" * 64
+SERVICE_ACCOUNT = "effnet@effnet-test-project.iam.gserviceaccount.com"
+NETWORK = "projects/123/global/networks/vpc"
+# Compiled defaults that no model here meets, and the run's values that replace them.
+COMPILED = {"target_top1": 0.99, "train_epochs": 1, "train_shards": 2}
+RUN = {"target_top1": 0.0, "train_epochs": 3, "train_shards": 3}
+SHARDS, TRAINER, EVALUATOR = "ImageNetShardGen", "Trainer", "Evaluator"
+
+
+def compile_job(out_dir, pipeline_root: str, train_archive: str, val_archive: str) -> dict:
+    """The Vertex PipelineJob ``kubeflow_v2_runner`` writes for the smoke preset on the cpu accelerator."""
+    output = os.path.join(out_dir, "effnet.json")
+    argv = [
+        "--output", output, "--project", PROJECT, "--region", REGION, "--pipeline-root", pipeline_root,
+        "--image", PIPELINE_IMAGE, "--trainer-image", TRAINER_IMAGE, "--accelerator", "cpu",
+        "--service-account", SERVICE_ACCOUNT, "--network", NETWORK, "--preset", "smoke",
+        "--train-archive", train_archive, "--val-archive", val_archive,
+        *[f"--param={name}={value}" for name, value in COMPILED.items()],
+    ]  # fmt: skip
+    assert kubeflow_v2_runner.main(argv) == 0
+    with open(output) as f:
+        return json.load(f)
+
+
+def trainer_values() -> dict:
+    return {name: RUN[name] for name in ("train_epochs", "target_top1")}
+
+
+def shard_files() -> list[str]:
+    """What the sharding step leaves in its Examples artifact with the run's layout, sorted."""
+    layout = ((schema.TRAIN, RUN["train_shards"]), (schema.VALIDATION, 1))
+    shards = [
+        f"Split-{split}/{schema.shard_name(split, i, count)}" for split, count in layout for i in range(count)
+    ]
+    return sorted(["manifest.json", *shards])
+
+
+def files_under(directory) -> list[str]:
+    return sorted(
+        os.path.relpath(os.path.join(parent, name), directory)
+        for parent, _, names in os.walk(directory)
+        for name in names
+    )
+
+
+def overall_metrics(evaluation_uri: str) -> dict[str, float]:
+    """TFMA's metrics of the overall slice, by name."""
+    (overall,) = [m for m in tfma.load_metrics(evaluation_uri) if not m.slice_key.single_slice_keys]
+    return {kv.key.name: kv.value.double_value.value for kv in overall.metric_keys_and_values}
+
+
+def exec_properties_of(command: list[str]) -> dict:
+    """The execution properties TFX wrote into a worker pool's ``run_executor`` command."""
+    return json.loads(command[command.index("--exec-properties") + 1])
+
+
+@dataclasses.dataclass(frozen=True)
+class LocalRun:
+    """The compiled job, run on a local root with the run's values."""
+
+    job: dict
+    out: pathlib.Path
+    parameters: dict
+
+    @property
+    def root(self) -> str:
+        return str(self.out / "root")
+
+    def run(self, task: str, upstream=(), **kwargs) -> kfp_launcher.TaskResult:
+        results = {result.task: result for result in upstream}
+        scratch = str(self.out / "launcher")
+        return kfp_launcher.run_task(self.job, task, self.root, scratch, self.parameters, results, **kwargs)
+
+
+@pytest.fixture(scope="module")
+def local_run(tmp_path_factory, clean_archives):
+    out = tmp_path_factory.mktemp("vertex_steps")
+    job = compile_job(out, "gs://effnet-test-bucket/pipelines", clean_archives.train_archive,
+                      clean_archives.val_archive)  # fmt: skip
+    return LocalRun(job, out, kfp_launcher.runtime_parameters(job, RUN))
+
+
+@pytest.fixture(scope="module")
+def shards(local_run):
+    return local_run.run(SHARDS)
+
+
+@pytest.fixture(scope="module")
+def trainer(local_run, shards):
+    return local_run.run(TRAINER, [shards], wrapper=fake_vertex.wrapper(str(local_run.out / "vertex")))
+
+
+@pytest.fixture(scope="module")
+def evaluator(local_run, shards, trainer):
+    return local_run.run(EVALUATOR, [shards, trainer])
+
+
+def test_run_values_differ_from_the_compiled_defaults(local_run):
+    """The premise of the step tests: what a step produces tells the run's value from the compiled one."""
+    defaults = kfp_launcher.runtime_parameters(local_run.job)
+    assert {name: defaults[name] for name in COMPILED} == COMPILED
+    assert {name: local_run.parameters[name] for name in RUN} == RUN
+
+
+@pytest.mark.slow
+def test_sharding_step_writes_the_run_shard_count_and_manifest(shards, clean_archives, local_run):
+    examples = shards.artifact("examples")
+    assert examples["uri"] == f"{local_run.root}/{SHARDS}/examples/1"
+    metadata = examples["metadata"]
+    assert json.loads(metadata["split_names"]) == [schema.TRAIN, schema.VALIDATION]
+    assert metadata["train_records"] == len(clean_archives.train)
+    assert metadata["validation_records"] == len(clean_archives.validation)
+    assert (metadata["train_shards"], metadata["validation_shards"]) == (RUN["train_shards"], 1)
+    assert files_under(examples["uri"]) == shard_files()  # no spill or temp file left
+    manifest = Manifest.read(os.path.join(examples["uri"], "manifest.json"))
+    assert manifest.split(schema.TRAIN).num_examples == len(clean_archives.train)
+    assert manifest.split(schema.TRAIN).num_shards == RUN["train_shards"]
+
+
+@pytest.mark.slow
+def test_trainer_runs_as_a_vertex_custom_job_with_the_run_values(trainer, local_run):
+    executors = local_run.job["pipelineSpec"]["deploymentSpec"]["executors"]
+    assert executors["Trainer_executor"]["container"]["image"] == PIPELINE_IMAGE  # it only starts the job
+    vertex = local_run.out / "vertex"
+    (record_file,) = [name for name in os.listdir(vertex) if name.endswith(".json")]
+    with open(vertex / record_file) as f:
+        record = json.load(f)
+    assert record["parent"] == f"projects/{PROJECT}/locations/{REGION}"
+    assert record["api_endpoint"] == f"{REGION}-aiplatform.googleapis.com"
+    spec = record["custom_job"]["job_spec"]
+    assert (spec["service_account"], spec["network"]) == (SERVICE_ACCOUNT, NETWORK)
+    (pool,) = spec["worker_pool_specs"]
+    assert pool["machine_spec"] == {"machine_type": "n1-standard-8"}
+    assert pool["replica_count"] == 1
+    assert pool["container_spec"]["image_uri"] == TRAINER_IMAGE
+    command = pool["container_spec"]["command"]
+    assert command[:5] == [
+        "python", "-m", "tfx.scripts.run_executor",
+        "--executor_class_path", "components.runtime_gate.TrainerExecutor",
+    ]  # fmt: skip
+    properties = exec_properties_of(command)  # the run's values travel in the job's command
+    assert {name: properties[name] for name in ("train_epochs", "target_top1")} == trainer_values()
+
+    model = trainer.artifact("model")
+    assert os.path.isfile(os.path.join(model["uri"], "Format-Serving", "saved_model.pb"))
+    run_dir = trainer.artifact("model_run")["uri"]
+    with open(os.path.join(run_dir, "config.json")) as f:
+        config = json.load(f)
+    loop = config["config"]["loop"]
+    assert {name: loop[name] for name in ("train_epochs", "target_top1")} == trainer_values()
+    with open(os.path.join(run_dir, "metrics.json")) as f:
+        metrics = json.load(f)
+    # The target (0.0) is met at the first evaluation, after one of the three epochs planned.
+    assert metrics["target_top1"] == RUN["target_top1"] and metrics["target_reached"]
+    assert metrics["steps"] == config["plan"]["total_steps"] // RUN["train_epochs"]
+
+
+@pytest.mark.slow
+def test_evaluator_gates_at_the_run_target(local_run, trainer, evaluator):
+    evaluation = evaluator.artifact("evaluation")["uri"]
+    top1 = overall_metrics(evaluation)["sparse_categorical_accuracy"]
+    assert top1 < COMPILED["target_top1"]  # the compiled gate would refuse this model...
+    blessing = evaluator.artifact("blessing")
+    assert blessing["metadata"]["blessed"] == 1  # ...the run's target blesses it
+    assert os.path.exists(os.path.join(blessing["uri"], "BLESSED"))
+    assert blessing["metadata"]["current_model_id"] == trainer.artifact("model")["name"]
+    assert tfma.load_validation_result(evaluation).validation_ok
+
+
+@pytest.mark.slow
+def test_sharding_step_reads_and_writes_gcs(gcs_bucket, clean_archives, tmp_path):
+    """The sharding step with its archives and the compiled gs:// root on the GCS emulator, as on Vertex.
+
+    Only this step runs on gs:// here: the Trainer, TFMA and the Pusher go through TensorFlow's own gs://, which
+    cannot reach the emulator. Beam's GCS client finds it through STORAGE_EMULATOR_HOST, given to the container.
+    """
+    from beam_preprocess import storage
+
+    emulator, bucket = gcs_bucket
+    archives = []
+    for local in (clean_archives.train_archive, clean_archives.val_archive):
+        url = f"{bucket}/vertex-inputs/{os.path.basename(local)}"
+        with open(local, "rb") as f, storage.open_write(url) as out:
+            out.write(f.read())
+        archives.append(url)
+    root = f"{bucket}/vertex-root"
+    job = compile_job(tmp_path, root, *archives)
+    parameters = kfp_launcher.runtime_parameters(job, {"train_shards": RUN["train_shards"]})
+    result = kfp_launcher.run_task(
+        job, SHARDS, root, str(tmp_path / "launcher"), parameters,
+        env={"STORAGE_EMULATOR_HOST": emulator.host},
+    )  # fmt: skip
+    uri = result.artifact("examples")["uri"]
+    assert uri == f"{root}/{SHARDS}/examples/1"
+    assert result.artifact("examples")["metadata"]["train_records"] == len(clean_archives.train)
+    # Everything the step left under the root: the shards and the manifest, no spill, no Beam temp files.
+    left = emulator.list_objects(bucket.removeprefix("gs://"), "vertex-root/")
+    assert left == [f"{uri}/{name}" for name in shard_files()]
+    manifest = Manifest.read(f"{uri}/manifest.json")
+    assert manifest.split(schema.VALIDATION).num_examples == len(clean_archives.validation)
