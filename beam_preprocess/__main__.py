@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
 import os
 import sys
 import time
@@ -21,8 +20,11 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("PYTHONWARNINGS", "ignore::FutureWarning")
 warnings.filterwarnings("ignore", category=FutureWarning)
 
+from beam_preprocess import console, schema, sources, storage  # noqa: E402
 from beam_preprocess.config import ShardingConfig  # noqa: E402
-from beam_preprocess.run import FailureBudgetExceeded, OutputExistsError, run  # noqa: E402
+from beam_preprocess.run import FailureBudgetExceeded, OutputExistsError, leftovers_message, run  # noqa: E402
+
+LOG_NAME = "beam_preprocess.log"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -60,12 +62,30 @@ def build_parser() -> argparse.ArgumentParser:
     checks.add_argument(
         "--members-per-unit", type=int, default=1000, help="validation images one worker reads at a time"
     )
+    parser.add_argument(
+        "--verbose",
+        action="store_true",
+        help="show Beam's and this program's logs live instead of writing them beside the output directory",
+    )
     return parser
 
 
-def main(argv: list[str] | None = None) -> int:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
-    args, beam_args = build_parser().parse_known_args(argv)
+def log_path(output_dir: str) -> str:
+    """The run's log file: beside the output directory (which holds only shards and the manifest), or in it
+    when it is a file system's or bucket's root."""
+    trimmed = output_dir.rstrip("/")
+    if not trimmed or storage.dirname(trimmed).endswith("://"):
+        return storage.join(output_dir, LOG_NAME)
+    return f"{trimmed}.{LOG_NAME}"
+
+
+def preflight(args) -> ShardingConfig:
+    """The config, the inputs (exist and readable) and the output directory (created last, so that a failed
+    check leaves nothing behind), checked before any work.
+
+    Raises:
+      console.UsageError: naming the flag and the problem.
+    """
     try:
         config = ShardingConfig(
             output_dir=args.output_dir,
@@ -84,18 +104,49 @@ def main(argv: list[str] | None = None) -> int:
             overwrite=args.overwrite,
         )
     except ValueError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    start = time.time()
-    try:
-        result = run(config, beam_args)
-    except OutputExistsError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    except FailureBudgetExceeded as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
-    print(result.report(time.time() - start))
+        raise console.UsageError("", "", console.one_line(e)) from None  # the message names the option
+    for flag, path in (("--train-archive", args.train_archive), ("--val-archive", args.val_archive)):
+        if path:
+            console.check_file(flag, path)
+    for flag, path in (("--train-dir", args.train_dir), ("--val-dir", args.val_dir)):
+        if path:
+            console.check_directory(flag, path)
+    if args.tfds_data_dir:
+        for split in schema.SPLITS:
+            try:
+                sources.tfds_record_files(args.tfds_data_dir, split)
+            except OSError as e:
+                raise console.UsageError("--tfds-data-dir", args.tfds_data_dir, console.one_line(e)) from None
+    console.make_writable_directory("--output-dir", args.output_dir)
+    return config
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    with console.session(verbose=console.wants_verbose(argv)) as session:
+        args, beam_args = build_parser().parse_known_args(argv)
+        try:
+            config = preflight(args)
+        except console.UsageError as e:
+            return console.fail(e)
+        session.keep_log(log_path(config.output_dir))
+        console.say("sharding into %s (%d hosts)", config.output_dir, config.num_hosts)
+        start = time.time()
+        try:
+            result = run(config, beam_args)
+        except OutputExistsError as e:
+            return console.fail(e)
+        except FailureBudgetExceeded as e:
+            return console.fail(e, status=1)
+        except Exception:
+            # An error nobody foresaw: its traceback follows this line (which run_pipeline also logged).
+            print(f"error: {leftovers_message(config)}", file=sys.stderr)
+            raise
+        seconds = time.time() - start
+        for line in result.report(seconds).splitlines():
+            console.say("%s", line)
+        images = sum(info.read for info in result.manifest.splits.values())
+        console.say("%d images in %s: %.0f images/s", images, console.duration(seconds), images / seconds)
     print(json.dumps({"manifest": config.manifest_path, "splits": result.split_records()}))
     return 0
 

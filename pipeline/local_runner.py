@@ -3,7 +3,11 @@
 Runs on the embedded default data (scikit-learn's real digits laid out as the ILSVRC2012 archives) unless
 archives or directories are given. Metadata goes to a SQLite store under the pipeline root, so a second run
 reuses the cached steps. Ends by printing the top-1 the Evaluator measured, whether the model was blessed, and
-where it was pushed; exits 0 when a model was pushed, 3 when the model missed the target (nothing pushed).
+where it was pushed; exits 0 when a model was pushed, 3 when the model missed the target (nothing pushed), 2
+with one ``error:`` line when a flag is wrong (checked before anything runs) or a step fails for a known reason.
+
+The console shows a short account: each step as it starts and ends, one line per training evaluation, the
+verdict. The libraries' logs go to PIPELINE_ROOT/logs/local_runner-<time>.log (``--verbose``: live on stderr).
 """
 
 from __future__ import annotations
@@ -13,13 +17,18 @@ import json
 import logging
 import os
 import sys
+import time
 import warnings
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("PYTHONWARNINGS", "ignore::FutureWarning")
 warnings.filterwarnings("ignore", category=FutureWarning)
 
+from beam_preprocess import console  # noqa: E402
+
 NOT_BLESSED_EXIT = 3
+LOG_DIR = "logs"
+EMBEDDED_DIR = "embedded_data"
 SETUP_FILE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "setup.py")
 
 
@@ -52,53 +61,173 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--beam-workers", type=int, default=2, help="DirectRunner worker threads for sharding"
     )
+    parser.add_argument(
+        "--verbose",
+        action="store_true",
+        help="show the libraries' logs live instead of writing them to a file",
+    )
     return parser
 
 
 def embedded_archives(root: str) -> tuple[str, str]:
-    """The embedded digits as ILSVRC2012-style archives under ``root`` (written once, deterministic)."""
+    """Where the embedded digits sit as ILSVRC2012-style archives under ``root`` (see ``write_embedded``)."""
     from beam_preprocess import sample_data
 
-    train = os.path.join(root, sample_data.TRAIN_ARCHIVE)
-    val = os.path.join(root, sample_data.VAL_ARCHIVE)
-    if not (os.path.exists(train) and os.path.exists(val)):
+    return os.path.join(root, sample_data.TRAIN_ARCHIVE), os.path.join(root, sample_data.VAL_ARCHIVE)
+
+
+def write_embedded(root: str) -> None:
+    """Writes the embedded archives under ``root`` once (they are deterministic)."""
+    from beam_preprocess import sample_data
+
+    if not all(os.path.exists(path) for path in embedded_archives(root)):
         sample_data.write_digits_archives(root)
-    return train, val
+
+
+class StepLines(logging.Handler):
+    """The console's account of the pipeline's steps, from the records TFX's launcher logs in this process.
+
+    The LocalDagRunner runs each component in turn and logs (through absl) when a component starts and
+    finishes, whether its cached outputs were reused, and when its execution failed; each step gets a line
+    as it starts and one as it ends, with its time.
+    """
+
+    RUNNING = "Component %s is running."
+    NEW_EXECUTION = "Going to run a new execution %d"
+    CACHED = "A cached execution %d is used."
+    FAILED = "Execution %d failed."
+    FINISHED = "Component %s is finished."
+
+    def __init__(self, num_steps: int):
+        super().__init__(logging.INFO)
+        self._total = num_steps
+        self._index = 0
+        self._node = ""
+        self._started = 0.0
+        self._cached = False
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if not isinstance(record.msg, str) or record.msg not in self._EVENTS:
+            return
+        try:
+            self._EVENTS[record.msg](self, record.args or ())
+        except Exception:  # a console line must never break the run
+            self.handleError(record)
+
+    def _prefix(self) -> str:
+        return f"[{self._index}/{self._total}] {self._node}"
+
+    def _running(self, args) -> None:
+        self._index += 1
+        self._node, self._started, self._cached = str(args[0]), time.time(), False
+
+    def _new_execution(self, args) -> None:
+        console.say("%s: running", self._prefix())
+
+    def _cached_execution(self, args) -> None:
+        self._cached = True
+
+    def _failed(self, args) -> None:
+        console.say("%s: FAILED after %s", self._prefix(), console.duration(time.time() - self._started))
+
+    def _finished(self, args) -> None:
+        took = console.duration(time.time() - self._started)
+        if self._cached:
+            console.say("%s: CACHED, outputs of an earlier run reused (%s)", self._prefix(), took)
+        else:
+            console.say("%s: done in %s", self._prefix(), took)
+
+    _EVENTS = {
+        RUNNING: _running,
+        NEW_EXECUTION: _new_execution,
+        CACHED: _cached_execution,
+        FAILED: _failed,
+        FINISHED: _finished,
+    }
+
+
+def known_errors() -> tuple[type[BaseException], ...]:
+    """Failures a person fixes from one line (the log file holds the rest): bad inputs and budgets."""
+    from beam_preprocess.run import FailureBudgetExceeded, OutputExistsError
+    from trainer_module.input_pipeline import LabelError
+    from trainer_module.train import NonFiniteLossError
+
+    return (console.UsageError, FailureBudgetExceeded, OutputExistsError, LabelError, NonFiniteLossError)
 
 
 def main(argv: list[str] | None = None) -> int:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
-    logging.getLogger("absl").setLevel(logging.WARNING)
-    args = build_parser().parse_args(argv)
-    from tfx import v1 as tfx
+    argv = sys.argv[1:] if argv is None else argv
+    with console.session(verbose=console.wants_verbose(argv)) as session:
+        args = build_parser().parse_args(argv)
+        try:
+            return run(args, session)
+        except Exception as e:
+            if isinstance(e, known_errors()):
+                return console.fail(e)
+            raise
 
-    from beam_preprocess.config import ShardingConfig
-    from pipeline import outcome, pipeline_def, presets
+
+def preflight(args, preset):
+    """Everything checked before any work: overrides, inputs, the pipeline root (created last, so that a
+    failed check leaves nothing behind). Returns the sharding config and the trainer config.
+
+    Raises:
+      console.UsageError: naming the flag and the problem.
+    """
+    from beam_preprocess import storage
     from trainer_module.config import with_overrides
+
+    try:
+        trainer_config = with_overrides(preset.trainer_config(), args.overrides)
+    except (TypeError, ValueError) as e:
+        raise console.UsageError("", "", console.one_line(e)) from None  # the message names the override
+    if args.target_top1 is not None and not 0.0 <= args.target_top1 <= 1.0:
+        raise console.UsageError("--target-top1", args.target_top1, "must lie in [0, 1]")
+    if args.beam_workers < 1:
+        raise console.UsageError("--beam-workers", args.beam_workers, "must be at least 1")
+    if args.max_failures < 0:
+        raise console.UsageError("--max-failures", args.max_failures, "must be at least 0")
+    inputs = {"train_archive": args.train_archive, "val_archive": args.val_archive}
+    inputs.update(train_dir=args.train_dir, val_dir=args.val_dir)
+    for name, path in inputs.items():
+        if path:
+            check = console.check_directory if name.endswith("_dir") else console.check_file
+            check("--" + name.replace("_", "-"), path)
+    if not any(inputs.values()):
+        root = os.path.abspath(args.pipeline_root)
+        inputs["train_archive"], inputs["val_archive"] = embedded_archives(os.path.join(root, EMBEDDED_DIR))
+    try:
+        sharding = preset.sharding_config(max_failures=args.max_failures, **inputs)
+    except (TypeError, ValueError) as e:
+        raise console.UsageError("", "", console.one_line(e)) from None  # the message names the input
+    if not storage.is_local(args.pipeline_root):
+        raise console.UsageError(
+            "--pipeline-root", args.pipeline_root, "must be a local directory (its metadata store is SQLite)"
+        )
+    console.make_writable_directory("--pipeline-root", os.path.abspath(args.pipeline_root))
+    return sharding, trainer_config
+
+
+def run(args, session: console.Session) -> int:
+    """The pipeline on this machine; returns the exit status."""
+    from pipeline import presets
 
     preset = presets.get(args.preset)
     target = preset.target_top1 if args.target_top1 is None else args.target_top1
+    sharding, trainer_config = preflight(args, preset)
     root = os.path.abspath(args.pipeline_root)
-    train_archive, val_archive = args.train_archive, args.val_archive
-    if not (train_archive or val_archive or args.train_dir or args.val_dir):
-        train_archive, val_archive = embedded_archives(os.path.join(root, "embedded_data"))
-    try:
-        sharding = ShardingConfig(
-            output_dir=pipeline_def.ARTIFACT_OUTPUT_DIR,
-            train_archive=train_archive,
-            val_archive=val_archive,
-            train_dir=args.train_dir,
-            val_dir=args.val_dir,
-            num_hosts=preset.num_hosts,
-            train_shards=preset.train_shards,
-            val_shards=preset.val_shards,
-            max_failures=args.max_failures,
+    session.keep_log(os.path.join(root, LOG_DIR, console.log_name("local_runner")))
+    from tfx import v1 as tfx
+
+    from pipeline import outcome, pipeline_def
+
+    if not (args.train_archive or args.val_archive or args.train_dir or args.val_dir):
+        write_embedded(os.path.join(root, EMBEDDED_DIR))
+        console.say(
+            "data: the embedded digits as ILSVRC2012 archives in %s", os.path.join(root, EMBEDDED_DIR)
         )
-        trainer_config = with_overrides(preset.trainer_config(), args.overrides)
-    except (TypeError, ValueError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
     name = f"effnet-{preset.name}"
+    console.say("pipeline %s: preset %s, target top-1 %.4f, root %s", name, preset.name, target, root)
     serving_dir = os.path.join(root, "serving_model")
     metadata_path = os.path.join(root, "metadata.sqlite")
     beam_args = [f"--direct_num_workers={args.beam_workers}", "--direct_running_mode=multi_threading"]
@@ -117,13 +246,22 @@ def main(argv: list[str] | None = None) -> int:
         ),
         beam_pipeline_args=beam_args,
     )
-    tfx.orchestration.LocalDagRunner().run(pipeline)
+    steps = StepLines(len(pipeline.components))
+    logging.getLogger().addHandler(steps)
+    try:
+        tfx.orchestration.LocalDagRunner().run(pipeline)
+    finally:
+        logging.getLogger().removeHandler(steps)
     result = outcome.read_outcome(metadata_path, name, target)
-    print(result.report())
+    for line in result.report().splitlines():
+        console.say("%s", line)
     if result.model_run_uri:
         from trainer_module import report
 
-        print(f"run report: {report.write_report(result.model_run_uri, pipeline=result.report_lines())}")
+        console.say(
+            "run report: %s", report.write_report(result.model_run_uri, pipeline=result.report_lines())
+        )
+        console.say("TensorBoard: tensorboard --logdir %s", os.path.join(result.model_run_uri, "tensorboard"))
     print(json.dumps(result.as_dict()))
     return 0 if result.pushed else NOT_BLESSED_EXIT
 

@@ -7,8 +7,9 @@ paying for it.
 
 A training run writes MODEL_DIR/export/ (SavedModel: serving_default on serialized tf.Example, serve_jpeg on raw JPEG),
 MODEL_DIR/metrics.json (final and peak top-1, evaluation history, time to accuracy, images/s),
-MODEL_DIR/run_log.jsonl, MODEL_DIR/config.json, TensorBoard summaries and checkpoints. Re-running with the
-same MODEL_DIR resumes from the last checkpoint.
+MODEL_DIR/run_log.jsonl, MODEL_DIR/config.json, TensorBoard summaries (MODEL_DIR/tensorboard) and checkpoints.
+Re-running with the same MODEL_DIR resumes from the last checkpoint. The console shows one line per
+evaluation; the libraries' logs go to MODEL_DIR/logs/trainer-<time>.log (--verbose: live on stderr).
 """
 
 from __future__ import annotations
@@ -22,11 +23,15 @@ import warnings
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 warnings.filterwarnings("ignore", category=FutureWarning)
 
-from trainer_module import presets  # noqa: E402
-from trainer_module.config import with_overrides  # noqa: E402
+# TensorFlow (imported by the presets) prints on import: it is imported inside the console session.
+from beam_preprocess import console  # noqa: E402
+
+LOG_DIR = "logs"
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from trainer_module import presets
+
     parser = argparse.ArgumentParser(
         prog="python -m trainer_module",
         description=__doc__.split("\n\n")[0],
@@ -53,6 +58,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--lr-steps", type=_step_list, default=[], metavar="S1,S2,...",
         help="with --plan: also print the learning rate at these steps",
     )  # fmt: skip
+    parser.add_argument(
+        "--verbose",
+        action="store_true",
+        help="show the libraries' logs live instead of writing them to MODEL_DIR/logs/",
+    )
     return parser
 
 
@@ -98,38 +108,95 @@ def report_main(argv: list[str]) -> int:
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
-    import logging
+def _task_suffix() -> str:
+    """'' for a single process or the chief; '-worker-1' for another task of a TF_CONFIG cluster (the tasks
+    share the model directory, each keeps its own log)."""
+    task = json.loads(os.environ.get("TF_CONFIG") or "{}").get("task", {})
+    if not task or task.get("type") == "chief" or (task.get("type") == "worker" and task.get("index") == 0):
+        return ""
+    return f"-{task.get('type')}-{task.get('index')}"
 
-    argv = sys.argv[1:] if argv is None else argv
-    if argv[:1] == ["report"]:
-        return report_main(argv[1:])
 
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
-    parser = build_parser()
-    args = parser.parse_args(argv)
+def _upload(local_path: str, path: str) -> None:
+    from trainer_module import files
+
+    with open(local_path, encoding="utf-8", errors="backslashreplace") as f:
+        files.write_text(path, f.read())
+
+
+def preflight(args, parser):
+    """The config, the data (each glob matches a readable file), the model directory (created last, so that
+    a failed check leaves nothing behind); every path through tf.io.gfile (local, gs://, ram://).
+
+    Raises:
+      console.UsageError: naming the flag and the problem.
+    """
+    from trainer_module import presets
+    from trainer_module.config import with_overrides
+
     try:
         config = with_overrides(presets.get_preset(args.preset), args.overrides)
     except (TypeError, ValueError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+        raise console.UsageError("", "", console.one_line(e)) from None  # the message names the override
     if args.plan:
-        print(json.dumps(plan_report(config, args.lr_steps), indent=2))
-        return 0
+        return config
     if args.lr_steps:
         parser.error("--lr-steps goes with --plan")
     missing = [flag for flag in ("train_files", "eval_files", "model_dir") if not getattr(args, flag)]
     if missing:
         parser.error("a training run needs " + ", ".join("--" + m.replace("_", "-") for m in missing))
-    from trainer_module import run, train
+    import tensorflow as tf
 
-    devices = run.use_logical_cpus(args.cpu_devices) if args.cpu_devices else None
+    for flag, patterns in (("--train-files", args.train_files), ("--eval-files", args.eval_files)):
+        for pattern in patterns:
+            try:
+                matches = tf.io.gfile.glob(pattern)
+                if not matches:
+                    raise console.UsageError(flag, pattern, "matches no file")
+                with tf.io.gfile.GFile(matches[0], "rb") as f:
+                    f.read(1)
+            except tf.errors.OpError as e:
+                raise console.UsageError(
+                    flag, pattern, f"cannot read ({console.one_line(e.message)})"
+                ) from None
     try:
-        result = run.run(config, args.train_files, args.eval_files, train.RunPaths(args.model_dir), devices)
-    except ValueError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    print(json.dumps(result.summary(), indent=2))
+        tf.io.gfile.makedirs(args.model_dir)
+        if not tf.io.gfile.isdir(args.model_dir):
+            raise console.UsageError("--model-dir", args.model_dir, "is not a directory")
+    except tf.errors.OpError as e:
+        raise console.UsageError("--model-dir", args.model_dir, f"cannot create it ({e.message})") from None
+    return config
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["report"]:
+        return report_main(argv[1:])
+    with console.session(verbose=console.wants_verbose(argv)) as session:
+        parser = build_parser()
+        args = parser.parse_args(argv)
+        try:
+            config = preflight(args, parser)
+        except console.UsageError as e:
+            return console.fail(e)
+        if args.plan:
+            print(json.dumps(plan_report(config, args.lr_steps), indent=2))
+            return 0
+        from trainer_module import files, input_pipeline, run, train
+
+        session.keep_log(
+            files.join(args.model_dir, LOG_DIR, console.log_name("trainer" + _task_suffix())), _upload
+        )
+        devices = run.use_logical_cpus(args.cpu_devices) if args.cpu_devices else None
+        try:
+            result = run.run(
+                config, args.train_files, args.eval_files, train.RunPaths(args.model_dir), devices
+            )
+        except (input_pipeline.LabelError, train.NonFiniteLossError, ValueError) as e:
+            return console.fail(e)
+        peak = "none" if result.peak_top1 is None else f"{result.peak_top1:.4f} at step {result.peak_step}"
+        console.say("peak top-1 %s; exported to %s", peak, result.export_dir)
+    print(json.dumps(result.summary()))
     return 0
 
 

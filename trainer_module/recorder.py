@@ -16,6 +16,7 @@ import time
 
 import tensorflow as tf
 
+from beam_preprocess import console
 from trainer_module import files
 
 logger = logging.getLogger("trainer_module")
@@ -106,9 +107,13 @@ class Recorder:
         self._steps_per_epoch = steps_per_epoch
         self._events: list[dict] = []
         self.history: list[dict] = []
+        self._tensorboard_dir = tensorboard_dir
         self._summary = (
             tf.summary.create_file_writer(tensorboard_dir) if chief else tf.summary.create_noop_writer()
         )
+        self._total_steps = 0
+        self._seconds_per_step: float | None = None
+        self._images_per_second: float | None = None
         self._first_call_seconds: float | None = None
         self._train_seconds = 0.0
         self._trained_images = 0
@@ -125,10 +130,28 @@ class Recorder:
     # -- events
 
     def event(self, name: str, **fields) -> None:
-        """One event of the run log; printed as a line unless it is a progress or evaluation record."""
+        """One event of the run log; logged as a line unless it is a progress or evaluation record (those have
+        lines of their own). The chief says on the console what the start of the run is."""
         self._events.append({"event": name, "time": time.time(), **fields})
         if name not in ("progress", "eval"):
             logger.info("%s %s", name, json.dumps(fields, default=str))
+        if name == "start":
+            self._total_steps = int(fields.get("total_steps", 0))
+            if self._chief:
+                self._say_start(fields)
+
+    def _say_start(self, fields: dict) -> None:
+        total, replicas = self._total_steps, fields.get("replicas", 1)
+        where = f"resumed at step {fields['step']} of {total}" if fields.get("resumed") else f"{total} steps"
+        console.say(
+            "training: %s (%.1f epochs) on %d replica%s, evaluating on %s images",
+            where,
+            total / self._steps_per_epoch,
+            replicas,
+            "" if replicas == 1 else "s",
+            fields.get("eval_examples", "?"),
+        )
+        console.say("TensorBoard: tensorboard --logdir %s", self._tensorboard_dir)
 
     def write_config(self, config_json: str, plan: dict) -> None:
         if self._chief:
@@ -144,6 +167,7 @@ class Recorder:
         else:
             self._train_seconds += seconds
             self._trained_images += num_steps * self._batch
+        self._seconds_per_step, self._images_per_second = seconds / num_steps, rate
         eta = format_eta((total_steps - step) * seconds / num_steps)
         epoch = step / self._steps_per_epoch
         self.event(
@@ -181,14 +205,21 @@ class Recorder:
         }
         self.history.append(entry)
         self.event("eval", **entry)
-        logger.info(
-            "eval  step %d  epoch %.2f  top1 %.4f  top5 %.4f  loss %.4f  (%d examples)",
-            step,
+        # The console's one line per evaluation (other workers log theirs): the training rate and the time
+        # left to the epoch budget come from the latest training call.
+        rate = "" if self._images_per_second is None else f"{self._images_per_second:.0f} img/s  "
+        remaining = max(0, self._total_steps - step) * (self._seconds_per_step or 0.0)
+        say = console.say if self._chief else logger.info
+        say(
+            "epoch %.2f  step %d/%d  top-1 %.4f  top-5 %.4f  loss %.4f  %sETA %s",
             entry["epoch"],
+            step,
+            self._total_steps,
             result["top1"],
             result["top5"],
             result["loss"],
-            result["examples"],
+            rate,
+            format_eta(remaining),
         )
         with self._summary.as_default(step=step):
             for key in ("top1", "top5", "loss"):

@@ -7,6 +7,10 @@ checkpoint; stop at the target top-1 or the epoch budget) -> metrics.json and th
 Time to accuracy is measured the way the paper does: from the start of the train-and-eval loop to the
 evaluation that reached peak top-1. A run killed at any point resumes from its last checkpoint with the right
 step, learning rate and data position (the training stream is seeded and skips what was already consumed).
+
+``loop.seed`` fixes everything random: initial weights, dropout and stochastic depth, file and record order,
+crops and augmentation. With ``loop.deterministic`` TensorFlow's ops run deterministically as well, so two runs
+of one config on the same hardware and software end with the same weights and metrics, bit for bit.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ import time
 
 import keras
 import tensorflow as tf
+from tensorflow.python.framework import config as tf_framework_config
 
 from trainer_module import files, input_pipeline, optimizers, schedules
 from trainer_module.averaging import WeightAverage, averaged_variables
@@ -84,13 +89,46 @@ def _l2_variables(model: keras.Model) -> list:
     return [v for v in model.trainable_variables if not optimizers.is_excluded(v.path)]
 
 
+def seed_everything(seed: int) -> None:
+    """Seeds Python, NumPy, TensorFlow and Keras: the initial weights and the dropout and stochastic-depth masks.
+
+    Keras draws each initializer's and each dropout layer's seed from Python's ``random`` when the layer is
+    built, so a model built right after this call starts from the same weights and mask stream every time.
+    Process-wide, like any global seed.
+    """
+    keras.utils.set_random_seed(seed)
+
+
+@contextlib.contextmanager
+def op_determinism(enabled: bool):
+    """TensorFlow's deterministic op implementations inside the block (``enable_op_determinism``), when
+    ``enabled``; the previous process-wide setting is restored at exit, so later work in the same process (the
+    TFX Evaluator, other tests) runs as it would have.
+
+    Under it TensorFlow raises for ops without a deterministic implementation, runs tf.data ``map`` and
+    ``interleave`` in order, and refuses unseeded random ops.
+    """
+    if not enabled or tf_framework_config.is_op_determinism_enabled():
+        yield
+        return
+    tf.config.experimental.enable_op_determinism()
+    try:
+        yield
+    finally:
+        tf_framework_config.disable_op_determinism()  # the public API has no switch back
+
+
 class Trainer:
-    """Holds the model, optimizer and compiled steps of one run on one strategy."""
+    """Holds the model, optimizer and compiled steps of one run on one strategy.
+
+    Building it seeds the process with ``loop.seed`` (see ``seed_everything``) before the model is built.
+    """
 
     def __init__(self, config: TrainerConfig, strategy: tf.distribute.Strategy):
         self.config = config
         self.strategy = strategy
         plan = config.plan
+        seed_everything(config.loop.seed)
         with strategy.scope():
             self.model = build_model(config)
             schedule = schedules.build_schedule(config.schedule, plan.peak_learning_rate, plan.schedule_steps)
@@ -288,6 +326,7 @@ class RunInputs:
                 config.data.global_batch_size,
                 plan.input_size,
                 seed=config.loop.seed,
+                deterministic=config.loop.deterministic,
                 skip_records=consumed,
                 min_crop_area=config.data.min_crop_area,
                 random_flip=config.data.random_flip,
@@ -332,6 +371,11 @@ def train_and_evaluate(
       paths: where checkpoints, logs, TensorBoard summaries, metrics.json and the export go.
       strategy: the strategy built by ``trainer_module.strategies.build_strategy``.
     """
+    with op_determinism(config.loop.deterministic):
+        return _train_and_evaluate(config, train_files, eval_files, paths, strategy)
+
+
+def _train_and_evaluate(config, train_files, eval_files, paths, strategy) -> tuple[RunResult, Trainer]:
     plan = config.plan
     chief = is_chief(strategy)
     task_dir = _task_dir(paths, strategy)

@@ -1,0 +1,363 @@
+"""What a person sees while a command runs, and where everything else goes.
+
+The commands (``python -m beam_preprocess``, ``python -m trainer_module``, ``python -m pipeline.local_runner``)
+print a short account: the lines of ``say`` on stdout and, for a problem the user can fix, one ``error: ...``
+line on stderr (``fail``). Everything the libraries log (Beam, TFX, TensorFlow, absl, and this project's own
+INFO records) goes to a log file whose path is printed near the start; ``--verbose`` shows it live on stderr
+instead. How:
+
+- The account is the ``console`` logger. Inside a ``session`` its records print as bare lines (and reach the
+  log file too); outside one (a TFX Trainer on Vertex, a test calling the trainer) they are ordinary records.
+- Every other record goes through the root logger to the log file.
+- What bypasses Python logging (TensorFlow's C++ messages when it is imported, gRPC, Beam's worker
+  processes) is written to file descriptor 2: during a session of a real process that descriptor points at
+  the log file, and Python's ``sys.stderr`` at the terminal, so tracebacks and ``fail`` lines still show.
+- The log starts in a local temporary file, because the imports that print come before the output location is
+  checked; ``Session.keep_log(path)`` moves it to its place once the preflight passed (a local path is
+  written from then on; a remote one, ``gs://...``, is uploaded when the session closes). A session that ends
+  before ``keep_log`` (a preflight error) leaves no file behind.
+
+Nothing here imports TensorFlow: Beam workers import ``beam_preprocess``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import shutil
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+
+CONSOLE_LOGGER = "console"
+LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+
+_console = logging.getLogger(CONSOLE_LOGGER)
+_current: Session | None = None  # the session of the running command
+
+
+class UsageError(Exception):
+    """A problem the user fixes by changing a flag: printed as one ``error: FLAG VALUE: problem`` line."""
+
+    def __init__(self, flag: str, value: object, problem: str):
+        where = " ".join(str(part) for part in (flag, value) if str(part))
+        super().__init__(f"{where}: {problem}" if where else problem)
+        self.flag = flag
+
+
+def say(message: str, *args: object) -> None:
+    """One line of the short account (``message % args``)."""
+    _console.info(message, *args)
+
+
+def one_line(error: BaseException | str) -> str:
+    """The first line of an error's message, without a trailing colon (the rest belongs in the log file)."""
+    text = str(error).strip() or type(error).__name__
+    return text.splitlines()[0].rstrip(":")
+
+
+def fail(error: BaseException | str, status: int = 2) -> int:
+    """Prints ``error: <first line>`` on stderr (the whole error, with its traceback, goes to the session's
+    log file); returns ``status`` for the command to exit with."""
+    keeps_log = _current is not None and not _current.verbose  # --verbose: the line is enough on the console
+    if keeps_log and isinstance(error, BaseException) and not isinstance(error, UsageError):
+        logging.getLogger(__name__).info("the run stops on this error", exc_info=error)
+    _console.error("%s", one_line(error))
+    return status
+
+
+def duration(seconds: float) -> str:
+    """12.3s, 4m05s, 2h03m."""
+    if seconds < 60:
+        return f"{seconds:.1f}s"
+    minutes, seconds = divmod(int(seconds), 60)
+    if minutes < 60:
+        return f"{minutes}m{seconds:02d}s"
+    return f"{minutes // 60}h{minutes % 60:02d}m"
+
+
+def wants_verbose(argv: list[str]) -> bool:
+    """Whether ``argv`` asks for --verbose, before the full parser is built (building it imports TensorFlow,
+    whose import already prints)."""
+    return any(len(arg) > 4 and "--verbose".startswith(arg) for arg in argv)
+
+
+# -- preflight: a bad path becomes one UsageError line before any work starts (Beam's FileSystems: local or gs://)
+
+
+def _reason(error: BaseException) -> str:
+    """'Not a directory', 'Permission denied', ... of an OSError, also when Beam wrapped it."""
+    details = getattr(error, "exception_details", None)  # BeamIOError: {path: the underlying exception}
+    if isinstance(details, dict) and details:
+        error = next(iter(details.values()))
+    while (
+        isinstance(error, OSError)
+        and not error.strerror
+        and error.args
+        and isinstance(error.args[0], BaseException)
+    ):
+        error = error.args[0]  # Beam's local file system raises IOError(the OSError)
+    if isinstance(error, OSError) and error.strerror:
+        return error.strerror
+    return one_line(error)
+
+
+def check_file(flag: str, path: str) -> None:
+    """``path`` exists, is not empty and its first byte can be read (that byte only: a buffered open of an
+    object would fetch megabytes)."""
+    from beam_preprocess import storage
+
+    try:
+        if not storage.exists(path):
+            raise UsageError(flag, path, "no such file")
+        if storage.size(path) == 0:
+            raise UsageError(flag, path, "is an empty file")
+        storage.read_ranges(path, [(0, 1)])
+    except UsageError:
+        raise
+    except Exception as e:  # any file system's refusal is the user's to fix
+        raise UsageError(flag, path, f"cannot read ({_reason(e)})") from None
+
+
+def check_directory(flag: str, path: str) -> None:
+    """``path`` is a directory holding at least one entry."""
+    from beam_preprocess import storage
+
+    try:
+        entries = storage.list_dir(path)
+    except Exception as e:
+        problem = "no such directory" if isinstance(e, FileNotFoundError) else f"cannot list ({_reason(e)})"
+        raise UsageError(flag, path, problem) from None
+    if not entries:
+        raise UsageError(flag, path, "is an empty directory")
+
+
+def make_writable_directory(flag: str, path: str) -> None:
+    """Creates ``path`` if needed and writes (then deletes) a probe file in it: the output location works."""
+    from apache_beam.io.filesystems import FileSystems
+
+    from beam_preprocess import storage
+
+    try:
+        if not FileSystems.exists(path):
+            FileSystems.mkdirs(path)  # a no-op on object stores
+        probe = storage.join(path, f".write-probe-{os.getpid()}")
+        with FileSystems.create(probe) as f:
+            f.write(b"")
+        FileSystems.delete([probe])
+    except Exception as e:
+        raise UsageError(flag, path, f"cannot write here ({_reason(e)})") from None
+
+
+# -- the session
+
+
+class _ConsoleHandler(logging.Handler):
+    """The account's lines: INFO on stdout, WARNING and above as ``error: ...`` on stderr.
+
+    The streams are looked up at each record, so a replaced ``sys.stdout`` (a test's capture) is honoured.
+    """
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            if record.levelno >= logging.WARNING:
+                stream, line = sys.stderr, f"error: {record.getMessage()}"
+            else:
+                stream, line = sys.stdout, record.getMessage()
+            stream.write(line + "\n")
+            stream.flush()
+        except Exception:  # logging must never raise into the program
+            self.handleError(record)
+
+
+class _CurrentStderrHandler(logging.StreamHandler):
+    """--verbose: every record on whatever ``sys.stderr`` is when it is emitted."""
+
+    @property
+    def stream(self):
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, _value):
+        pass
+
+
+def _not_console(record: logging.LogRecord) -> bool:
+    return not (record.name == CONSOLE_LOGGER or record.name.startswith(CONSOLE_LOGGER + "."))
+
+
+class Session:
+    """One command's console set-up; use ``session(verbose)``."""
+
+    def __init__(self, verbose: bool):
+        self.verbose = verbose
+        self.log_path: str | None = None
+        self._temp_path: str | None = None
+        self._stream = None
+        self._upload: Callable[[str, str], None] | None = None
+        self._saved_fd2: int | None = None
+        self._saved_sys_stderr = None
+        self._handlers: list[tuple[logging.Logger, logging.Handler]] = []
+        self._levels: list[tuple[logging.Logger, int]] = []
+        self._restore: list[Callable[[], None]] = []
+
+    # -- set-up and tear-down
+
+    def _open(self) -> None:
+        self._add(_console, _ConsoleHandler(logging.INFO))
+        self._set_level(_console, logging.INFO)
+        root = logging.getLogger()
+        if self.verbose:
+            handler: logging.Handler = _CurrentStderrHandler()
+            handler.addFilter(_not_console)
+        else:
+            fd, self._temp_path = tempfile.mkstemp(prefix="effnet-", suffix=".log")
+            self._stream = open(fd, "a", encoding="utf-8", errors="backslashreplace", buffering=1)
+            handler = logging.StreamHandler(self._stream)
+            self._redirect_fd2(self._stream.fileno())
+        handler.setFormatter(logging.Formatter(LOG_FORMAT))
+        self._file_handler = handler
+        self._add(root, handler)
+        self._set_level(root, logging.INFO)
+        self._absl_info()
+        logging.captureWarnings(True)
+
+    def _redirect_fd2(self, fd: int) -> None:
+        """Points descriptor 2 at ``fd`` and ``sys.stderr`` at the terminal; only in a real process (under a
+        test's capture, ``sys.stderr`` is not descriptor 2's stream and is left alone)."""
+        if self._saved_fd2 is None:
+            if sys.stderr is not sys.__stderr__ or sys.__stderr__ is None:
+                return
+            try:
+                if sys.__stderr__.fileno() != 2:
+                    return
+            except (AttributeError, OSError, ValueError):
+                return
+            sys.stderr.flush()
+            self._saved_fd2 = os.dup(2)
+            self._saved_sys_stderr = sys.stderr
+            sys.stderr = open(  # closed in close()
+                self._saved_fd2, "w", encoding="utf-8", errors="backslashreplace", buffering=1, closefd=False
+            )
+        os.dup2(fd, 2)
+
+    def close(self) -> None:
+        logging.captureWarnings(False)
+        for logger, handler in reversed(self._handlers):
+            logger.removeHandler(handler)
+        for logger, level in reversed(self._levels):
+            logger.setLevel(level)
+        for restore in reversed(self._restore):
+            restore()
+        if self._saved_fd2 is not None:
+            sys.stderr.flush()
+            os.dup2(self._saved_fd2, 2)
+            terminal, sys.stderr = sys.stderr, self._saved_sys_stderr
+            terminal.close()
+            os.close(self._saved_fd2)
+            self._saved_fd2 = None
+        if self._stream is not None:
+            self._stream.close()
+            self._stream = None
+        if self._temp_path is None:
+            return
+        if self._upload is not None and self.log_path is not None:
+            try:
+                self._upload(self._temp_path, self.log_path)
+            except Exception as e:  # the run's own outcome matters more than its log
+                sys.stderr.write(
+                    f"warning: the log stays at {self._temp_path}: copying it to {self.log_path} failed ({one_line(e)})\n"
+                )
+                return
+        os.remove(self._temp_path)
+        self._temp_path = None
+
+    def _absl_info(self) -> None:
+        """TFX logs through absl, whose level is its ``verbosity`` flag: set to INFO through absl itself,
+        since TensorFlow resets the level to the flag's value (for instance while saving a model)."""
+        try:
+            from absl import logging as absl_logging
+        except ImportError:  # a Beam worker without absl: nothing logs through it
+            return
+        previous, logger = absl_logging.get_verbosity(), logging.getLogger("absl")
+        level = logger.level
+        absl_logging.set_verbosity(absl_logging.INFO)
+
+        def restore() -> None:
+            absl_logging.set_verbosity(previous)
+            logger.setLevel(level)
+
+        self._restore.append(restore)
+
+    def _add(self, logger: logging.Logger, handler: logging.Handler) -> None:
+        logger.addHandler(handler)
+        self._handlers.append((logger, handler))
+
+    def _set_level(self, logger: logging.Logger, level: int) -> None:
+        self._levels.append((logger, logger.level))
+        logger.setLevel(level)
+
+    # -- the log file
+
+    def keep_log(self, path: str, upload: Callable[[str, str], None] | None = None) -> None:
+        """Keeps the log at ``path`` (local, or remote through ``upload(local_file, path)`` at the end; Beam's
+        ``FileSystems`` by default) and says where it is. Nothing to keep with --verbose."""
+        if self.verbose or self._stream is None:
+            return
+        self.log_path = path
+        local = _local_path(path)
+        if local is not None:
+            # A plain file, not FileSystems: descriptor 2 is pointed at it.
+            os.makedirs(os.path.dirname(os.path.abspath(local)), exist_ok=True)
+            stream = open(local, "a", encoding="utf-8", errors="backslashreplace", buffering=1)
+            self._stream.flush()
+            with open(self._temp_path, encoding="utf-8", errors="backslashreplace") as earlier:
+                shutil.copyfileobj(earlier, stream)
+            self._file_handler.setStream(stream)
+            if self._saved_fd2 is not None:
+                self._redirect_fd2(stream.fileno())
+            self._stream.close()
+            os.remove(self._temp_path)
+            self._stream, self._temp_path = stream, None
+        else:
+            self._upload = upload or _upload_with_filesystems
+        say("full log: %s", path)
+
+
+def _local_path(path: str) -> str | None:
+    """The local file a path names (no scheme, or file://), None for a remote one (gs://, ram://...)."""
+    if path.startswith("file://"):
+        return path[len("file://") :]
+    return None if "://" in path else path
+
+
+def _upload_with_filesystems(local_path: str, path: str) -> None:
+    from beam_preprocess import storage
+
+    with open(local_path, "rb") as source, storage.open_write(path) as target:
+        shutil.copyfileobj(source, target)
+
+
+@contextlib.contextmanager
+def session(verbose: bool = False) -> Iterator[Session]:
+    """Sets up the console for one command (see the module's docstring) and restores everything on exit."""
+    global _current
+    current = Session(verbose)
+    current._open()
+    _current = current
+    try:
+        yield current
+    except Exception:
+        if not verbose:  # the traceback shows on the terminal; the log file keeps it beside what led to it
+            logging.getLogger(__name__).error("the run ends with an unexpected error", exc_info=True)
+        raise
+    finally:
+        _current = None
+        current.close()
+
+
+def log_name(program: str) -> str:
+    """``program-YYYYmmdd-HHMMSS.log``: one log file per run."""
+    return f"{program}-{time.strftime('%Y%m%d-%H%M%S')}.log"

@@ -1,0 +1,142 @@
+"""Preflight: each command checks its inputs, its output location and its overrides before doing any work,
+and a problem is one ``error:`` line naming the flag (exit status 2), never a traceback; nothing is created.
+
+The commands run as real subprocesses, as a person runs them.
+"""
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _run(module, *args):
+    return subprocess.run(
+        [sys.executable, "-m", module, *map(str, args)],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=900,
+    )
+
+
+def _one_error_line(result) -> str:
+    """The single non-empty stderr line of a refused run (and no traceback anywhere)."""
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, result.stderr[-3000:]
+    assert "Traceback" not in result.stdout + result.stderr
+    assert lines[0].startswith("error: ")
+    return lines[0]
+
+
+@pytest.fixture
+def workspace(tmp_path):
+    """A regular file to put output paths under, the output path each command would create, and two
+    small files standing in for shards."""
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
+    for name in ("train-00000-of-00001", "validation-00000-of-00001"):
+        (tmp_path / name).write_bytes(b"\0" * 16)
+    return tmp_path, blocker, tmp_path / "out"
+
+
+def _local_runner_case(case, tmp_path, blocker, out, archives):
+    inputs = ["--train-archive", archives.train_archive, "--val-archive", archives.val_archive]
+    return {
+        "missing input": (
+            ["--pipeline-root", out, "--train-archive", tmp_path / "missing.tar"],
+            f"error: --train-archive {tmp_path / 'missing.tar'}: no such file",
+        ),
+        "unwritable output": (
+            ["--pipeline-root", blocker / "root", *inputs],
+            f"error: --pipeline-root {blocker / 'root'}: cannot write here (Not a directory)",
+        ),
+        "bad override": (["--pipeline-root", out, "--set", "loop.nope=1", *inputs], "'loop.nope'"),
+    }[case]
+
+
+def _beam_case(case, tmp_path, blocker, out, archives):
+    return {
+        "missing input": (
+            ["--train-archive", tmp_path / "missing.tar", "--output-dir", out],
+            f"error: --train-archive {tmp_path / 'missing.tar'}: no such file",
+        ),
+        "unwritable output": (
+            ["--train-archive", archives.train_archive, "--output-dir", blocker / "shards"],
+            f"error: --output-dir {blocker / 'shards'}: cannot write here (Not a directory)",
+        ),
+        "bad override": (
+            ["--train-archive", archives.train_archive, "--output-dir", out, "--shard-mb", "0"],
+            "error: shard_mb must be positive, got 0.0",
+        ),
+    }[case]
+
+
+def _trainer_case(case, tmp_path, blocker, out, archives):
+    files = ["--train-files", tmp_path / "train-*", "--eval-files", tmp_path / "validation-*"]
+    return {
+        "missing input": (
+            [
+                "--model-dir",
+                out,
+                "--train-files",
+                tmp_path / "none-*",
+                "--eval-files",
+                tmp_path / "validation-*",
+            ],
+            f"error: --train-files {tmp_path / 'none-*'}: matches no file",
+        ),
+        "unwritable output": (
+            ["--model-dir", blocker / "model", *files],
+            f"error: --model-dir {blocker / 'model'}: cannot create it",
+        ),
+        "bad override": (["--model-dir", out, *files, "--set", "loop.nope=1"], "'loop.nope'"),
+    }[case]
+
+
+COMMANDS = {
+    "pipeline.local_runner": (["--preset", "smoke"], _local_runner_case),
+    "beam_preprocess": ([], _beam_case),
+    "trainer_module": (["--preset", "smoke"], _trainer_case),
+}
+
+
+@pytest.mark.parametrize("case", ["missing input", "unwritable output", "bad override"])
+@pytest.mark.parametrize("module", list(COMMANDS))
+def test_a_bad_flag_is_one_line_exit_2_and_creates_nothing(module, case, workspace, clean_archives):
+    tmp_path, blocker, out = workspace
+    before = sorted(os.listdir(tmp_path))
+    common, build_case = COMMANDS[module]
+    args, expected = build_case(case, tmp_path, blocker, out, clean_archives)
+    result = _run(module, *common, *args)
+    assert result.returncode == 2, result.stderr[-3000:]
+    line = _one_error_line(result)
+    assert line.startswith(expected) if expected.startswith("error: ") else expected in line, line
+    assert not result.stdout.strip()
+    assert sorted(os.listdir(tmp_path)) == before  # no output directory, no log file beside it
+
+
+def test_sharding_over_its_failure_budget_is_one_line(quirky_archives, tmp_path):
+    out = tmp_path / "shards"
+    result = _run("beam_preprocess", "--train-archive", quirky_archives.train_archive, "--output-dir", out)
+    assert result.returncode == 1
+    line = _one_error_line(result)
+    assert "inputs could not be used (more than --max-failures=0)" in line and "manifest.json" in line
+    # The inputs that failed are listed in the manifest and in the log file.
+    assert "n99999999.tar" in (tmp_path / "shards.beam_preprocess.log").read_text()
+
+
+@pytest.mark.slow
+def test_pipeline_step_failing_on_bad_inputs_is_one_line_not_a_traceback(quirky_archives, tmp_path):
+    root = tmp_path / "root"
+    args = ["--pipeline-root", root, "--preset", "smoke"]
+    args += ["--train-archive", quirky_archives.train_archive, "--val-archive", quirky_archives.val_archive]
+    result = _run("pipeline.local_runner", *args)
+    assert result.returncode == 2
+    line = _one_error_line(result)
+    assert "inputs could not be used (more than --max-failures=0)" in line
+    assert "] ImageNetShardGen: running" in result.stdout and "] ImageNetShardGen: FAILED" in result.stdout
+    assert "Traceback" in next((root / "logs").iterdir()).read_text()  # the details are in the log file
