@@ -159,6 +159,7 @@ def test_table2_preset(row):
     if optimizer == "rmsprop":
         assert (config.schedule.decay_epochs, config.schedule.decay_rate) == (2.4, 0.97)
         assert config.model.bn_group_rule == "reference_tpu"
+        assert config.optimizer.rmsprop_form == "tf1"  # tf.compat.v1's RMSProp: accumulator from 1
     else:
         assert config.optimizer.lars_l2_in_loss is True
         assert config.schedule.end_lr == 0.1
@@ -166,9 +167,20 @@ def test_table2_preset(row):
 
 
 def test_preset_registry_holds_table2_demo_and_smoke():
-    assert preset_names() == [row[0] for row in TABLE2] + ["demo", "smoke"]
+    assert preset_names() == [row[0] for row in TABLE2] + ["b0-rmsprop-8x2048", "demo", "smoke"]
     with pytest.raises(ValueError, match="unknown preset 'b9-adam'.*b2-rmsprop-128x4096"):
         get_preset("b9-adam")
+
+
+def test_single_host_b0_preset_is_the_reference_default():
+    """The EfficientNet reference's B0 default on one 8-core slice or 8-GPU machine, by Table 2's rules."""
+    config = get_preset("b0-rmsprop-8x2048")
+    plan = config.plan
+    assert (config.model.variant, plan.input_size, config.optimizer.name) == ("b0", 224, "rmsprop")
+    assert (plan.replicas, plan.hosts, plan.per_replica_batch_size, plan.bn_group_replicas) == (8, 1, 256, 1)
+    assert plan.peak_learning_rate == pytest.approx(0.016 * 2048 / 256)
+    assert plan.warmup_steps == int(5 * 1_281_167 / 2048)
+    assert config.loop.target_top1 == 0.763
 
 
 def test_demo_preset():
@@ -392,6 +404,11 @@ def test_bn_group_replicas(batch, cores, rule, explicit, expected):
             lambda: OptimizerConfig(weight_decay=-1e-5),
             ValueError,
             "optimizer.weight_decay=-1e-05 must be >= 0",
+        ),
+        (
+            lambda: OptimizerConfig(rmsprop_form="tf2"),
+            ValueError,
+            "optimizer.rmsprop_form='tf2' is not one of 'keras', 'tf1'",
         ),
         (lambda: ScheduleConfig(lr_per_256=0.0), ValueError, "schedule.lr_per_256=0.0 must be positive"),
         (lambda: DataConfig(num_cores=0), ValueError, "data.num_cores=0 must be at least 1"),

@@ -26,7 +26,7 @@ from collections.abc import Iterable
 from trainer_module.augment import POLICIES
 from trainer_module.input_pipeline import eval_crop_padding
 from trainer_module.models.efficientnet import VARIANTS
-from trainer_module.optimizers import OPTIMIZERS
+from trainer_module.optimizers import OPTIMIZERS, RMSPROP_FORMS
 from trainer_module.replica_groups import GROUP_SIZE_RULES, LAYOUTS
 from trainer_module.schedules import (
     DEFAULT_END_LEARNING_RATE,
@@ -193,6 +193,10 @@ class OptimizerConfig(_Section):
         so weight decay is applied twice (once in the loss gradient, once inside LARS). Off by default.
       rmsprop_rho: RMSProp mean-square decay ("decay" in TF1).
       rmsprop_epsilon: RMSProp epsilon.
+      rmsprop_form: 'keras' (``keras.optimizers.RMSprop``) or 'tf1', the reference's
+        ``tf.compat.v1.train.RMSPropOptimizer`` (``optimizers.TF1RMSProp``): the same update, but the
+        mean-square accumulator starts at 1 instead of 0, so the first steps are momentum-SGD-sized instead of
+        about 3 x lr per weight. The paper's RMSProp presets use 'tf1'.
       label_smoothing: label smoothing of the cross-entropy.
       ema_decay: exponential moving average of the weights and batch-norm statistics, with the reference's
         warm-up min(decay, (1 + t) / (10 + t)); 0 turns it off.
@@ -207,6 +211,7 @@ class OptimizerConfig(_Section):
     lars_l2_in_loss: bool = False
     rmsprop_rho: float = 0.9
     rmsprop_epsilon: float = 1e-3
+    rmsprop_form: str = "keras"
     label_smoothing: float = 0.1
     ema_decay: float = 0.0
 
@@ -222,6 +227,7 @@ class OptimizerConfig(_Section):
         _check_range("optimizer.rmsprop_rho", self.rmsprop_rho, 0.0, 1.0, high_inclusive=False)
         if self.rmsprop_epsilon <= 0.0:
             raise ValueError(f"optimizer.rmsprop_epsilon={self.rmsprop_epsilon} must be positive")
+        _check_choice("optimizer.rmsprop_form", self.rmsprop_form, RMSPROP_FORMS)
         _check_range("optimizer.label_smoothing", self.label_smoothing, 0.0, 1.0, high_inclusive=False)
         _check_range("optimizer.ema_decay", self.ema_decay, 0.0, 1.0, high_inclusive=False)
 
@@ -345,7 +351,11 @@ class LoopConfig(_Section):
       target_top1: stop once evaluation top-1 reaches this; None runs the whole budget.
       strategy: 'tpu', 'multi_worker', 'mirrored' or 'one_device'.
       tpu_name: TPU to resolve when ``strategy`` is 'tpu' ('' = the local / environment default).
-      seed: seed of the training input order and augmentation; a resumed run continues the same stream.
+      seed: seed of the initial weights, dropout and stochastic depth, and of the training input order, crops
+        and augmentation (a resumed run continues the same stream); runs that differ only in it are the
+        independent repeats of a recipe.
+      deterministic: run TensorFlow's ops deterministically (``enable_op_determinism``) for the training run,
+        so that the same seed, data, hardware and software give the same weights and metrics bit for bit.
     """
 
     train_epochs: int = 350
@@ -355,6 +365,7 @@ class LoopConfig(_Section):
     strategy: str = "tpu"
     tpu_name: str = ""
     seed: int = 0
+    deterministic: bool = False
 
     def _validate(self):
         if self.train_epochs < 1:

@@ -1,5 +1,8 @@
 """Optimizers of the recipe: LARS for the large-batch runs, RMSProp for the original baseline.
 
+RMSProp comes in two forms (``optimizer.rmsprop_form``): Keras' ``RMSprop`` and ``TF1RMSProp``, the
+reference's ``tf.compat.v1.train.RMSPropOptimizer``, whose accumulator starts at 1 instead of 0.
+
 ``build_optimizer`` turns the optimizer section of the trainer config plus a learning-rate schedule into a
 Keras 3 optimizer; ``OPTIMIZERS`` is the registry of the accepted ``optimizer.name`` values. Weight
 averaging is not the optimizer's business here (see ``trainer_module.averaging``).
@@ -167,20 +170,122 @@ class LARS(keras.optimizers.Optimizer):
         return config
 
 
-def rmsprop(learning_rate, rho: float = 0.9, momentum: float = 0.9, epsilon: float = 1e-3, **kwargs):
-    """RMSProp with the original EfficientNet recipe's settings (decay 0.9, momentum 0.9, epsilon 0.001).
+@keras.saving.register_keras_serializable(package="trainer_module")
+class TF1RMSProp(keras.optimizers.Optimizer):
+    """RMSProp exactly as the reference ran it: ``tf.compat.v1.train.RMSPropOptimizer`` (non-centred).
 
-    Keras' RMSprop keeps epsilon inside the square root like tf.compat.v1's RMSPropOptimizer, but starts its
-    mean-square accumulator at 0 where the TF1 optimizer started it at 1; the first steps are larger here.
-    Weight decay for this recipe is an L2 term in the loss (see ``TrainingPlan.l2_loss_weight``).
+    For every variable w with gradient g, learning rate lr, decay ``rho``, momentum m and ``epsilon``, the
+    update of TF1's ``ApplyRMSProp`` kernel::
+
+        ms  = rho * ms + (1 - rho) * g^2          (ms starts at 1.0)
+        mom = m * mom + lr * g / sqrt(ms + epsilon)
+        w   = w - mom
+
+    It differs from Keras 3's ``RMSprop`` in one place only: TF1 starts the mean-square accumulator ``ms`` at
+    ones (``rmsprop.py::_create_slots``, ``init_ops.ones_initializer``), Keras at zeros. Both keep epsilon under
+    the square root. With zeros, the first step divides g by sqrt((1 - rho) g^2 + eps), about 3.2 |g| / g:
+    every weight moves by about 3 lr, whatever its gradient, and momentum 0.9 carries that on for ten steps.
+    With ones, the first steps are plain momentum SGD (g / ~1), and the accumulator forgets its start as
+    rho^t (0.12 after 20 steps, 0.01 after 44): an implicit warm-up of a few dozen steps that is negligible
+    in the paper's thousands of steps but decisive in a run of a hundred.
+
+    Weight decay is an L2 term in the loss, as in the reference (``TrainingPlan.l2_loss_weight``). Under
+    ``tf.distribute`` the same contract as ``LARS`` holds: Keras sums the replicas' gradients, so each replica
+    passes its share of the global-batch mean; build under the strategy's scope.
+
+    Args:
+      learning_rate: float or ``keras.optimizers.schedules.LearningRateSchedule``.
+      rho: discounting factor of the mean square of gradients ("decay" in TF1), in [0, 1).
+      momentum: momentum coefficient, in [0, 1).
+      epsilon: added to the mean square under the square root, > 0 (0.001 in the EfficientNet recipe).
+      name: optimizer name.
+      **kwargs: other ``keras.optimizers.Optimizer`` arguments (clipnorm, loss_scale_factor, ...).
+    """
+
+    # The accumulator's start in tf.compat.v1.train.RMSPropOptimizer.
+    INITIAL_MEAN_SQUARE = 1.0
+
+    def __init__(
+        self,
+        learning_rate,
+        rho: float = 0.9,
+        momentum: float = 0.9,
+        epsilon: float = 1e-3,
+        name: str = "TF1RMSProp",
+        **kwargs,
+    ):
+        super().__init__(learning_rate=learning_rate, name=name, **kwargs)
+        if not 0.0 <= rho < 1.0:
+            raise ValueError(f"RMSProp rho must be in [0, 1), got {rho}")
+        if not 0.0 <= momentum < 1.0:
+            raise ValueError(f"RMSProp momentum must be in [0, 1), got {momentum}")
+        if epsilon <= 0.0:
+            raise ValueError(f"RMSProp epsilon must be positive, got {epsilon}")
+        self.rho = float(rho)
+        self.momentum = float(momentum)
+        self.epsilon = float(epsilon)
+
+    def build(self, variables):
+        """Creates the mean-square slot (at ones) and the momentum slot (at zeros) of every variable."""
+        if self.built:
+            return
+        super().build(variables)
+        self.mean_squares = self.add_optimizer_variables(
+            variables, "mean_square", initializer=keras.initializers.Constant(self.INITIAL_MEAN_SQUARE)
+        )
+        self.momentums = self.add_optimizer_variables(variables, "momentum")
+
+    def update_step(self, gradient, variable, learning_rate):
+        """Applies one TF1 RMSProp step to ``variable`` (see the class docstring for the rule)."""
+        index = self._get_variable_index(variable)
+        mean_square = self.mean_squares[index]
+        velocity = self.momentums[index]
+        dtype = variable.dtype
+        learning_rate = tf.cast(learning_rate, dtype)
+        gradient = tf.cast(gradient, dtype)
+        rho = tf.cast(self.rho, dtype)
+
+        new_mean_square = rho * mean_square + (1.0 - rho) * tf.square(gradient)
+        self.assign(mean_square, new_mean_square)
+        new_velocity = tf.cast(self.momentum, dtype) * velocity + learning_rate * gradient * tf.math.rsqrt(
+            new_mean_square + tf.cast(self.epsilon, dtype)
+        )
+        self.assign(velocity, new_velocity)
+        self.assign_sub(variable, new_velocity)
+
+    def get_config(self):
+        config = super().get_config()
+        config.update({"rho": self.rho, "momentum": self.momentum, "epsilon": self.epsilon})
+        return config
+
+
+# optimizer.rmsprop_form -> the RMSProp it builds.
+RMSPROP_FORMS = ("keras", "tf1")
+
+
+def rmsprop(
+    learning_rate,
+    rho: float = 0.9,
+    momentum: float = 0.9,
+    epsilon: float = 1e-3,
+    form: str = "keras",
+    **kwargs,
+):
+    """RMSProp with the original EfficientNet recipe's settings (decay 0.9, momentum 0.9, epsilon 0.001).
 
     Args:
       learning_rate: float or ``LearningRateSchedule``.
       rho: discounting factor of the mean square of gradients ("decay" in TF1).
       momentum: momentum coefficient.
-      epsilon: added to the mean square under the square root.
-      **kwargs: other ``keras.optimizers.RMSprop`` arguments.
+      epsilon: added to the mean square under the square root (in both forms).
+      form: 'keras' for ``keras.optimizers.RMSprop`` (accumulator starts at 0), 'tf1' for ``TF1RMSProp``,
+        the reference's ``tf.compat.v1.train.RMSPropOptimizer`` (accumulator starts at 1).
+      **kwargs: other optimizer arguments.
     """
+    if form == "tf1":
+        return TF1RMSProp(learning_rate, rho=rho, momentum=momentum, epsilon=epsilon, **kwargs)
+    if form != "keras":
+        raise ValueError(f"RMSProp form {form!r} is not one of {', '.join(map(repr, RMSPROP_FORMS))}")
     return keras.optimizers.RMSprop(
         learning_rate=learning_rate, rho=rho, momentum=momentum, epsilon=epsilon, name="RMSprop", **kwargs
     )
@@ -201,7 +306,11 @@ def _lars(section: OptimizerConfig, learning_rate):
 @OPTIMIZERS.register("rmsprop")
 def _rmsprop(section: OptimizerConfig, learning_rate):
     return rmsprop(
-        learning_rate, rho=section.rmsprop_rho, momentum=section.momentum, epsilon=section.rmsprop_epsilon
+        learning_rate,
+        rho=section.rmsprop_rho,
+        momentum=section.momentum,
+        epsilon=section.rmsprop_epsilon,
+        form=section.rmsprop_form,
     )
 
 

@@ -82,14 +82,20 @@ TABLE2_ROWS = (
     _lars_row("b5", 1024, 65536, 0.081, 43.0, 0.830),
 )
 
+# Single-host recipes derived by the same rules, so a user can start on one 8-core TPU slice or one 8-GPU
+# machine: the EfficientNet reference's own B0 default (batch 2048, RMSProp, 350 epochs), gated at the B0
+# top-1 of the EfficientNet paper (REFERENCE.md section 4).
+SINGLE_HOST_ROWS = (_rmsprop_row("b0", 8, 2048, 0.763),)
+
 
 def paper_preset(row: Table2Row) -> TrainerConfig:
     """The config of one Table 2 row: ImageNet, 350 epochs, bfloat16 on TPU, EMA 0.9999, AutoAugment.
 
     LARS rows decay polynomially to 0.1 with weight decay inside LARS and, as in the reference, an L2 term in
     the loss too; their batch-norm groups hold about 128 examples (4 replicas at 32 examples per core).
-    RMSProp rows decay by 0.97 every 2.4 epochs with weight decay as an L2 loss term, and group batch norm
-    by the reference's slice rule. Evaluation uses the paper-era crop.
+    RMSProp rows run TF1's RMSProp (``rmsprop_form='tf1'``: the accumulator starts at 1), decay by 0.97 every
+    2.4 epochs with weight decay as an L2 loss term, and group batch norm by the reference's slice rule.
+    Evaluation uses the paper-era crop.
     """
     lars = row.optimizer == "lars"
     return TrainerConfig(
@@ -105,6 +111,7 @@ def paper_preset(row: Table2Row) -> TrainerConfig:
             label_smoothing=PAPER_LABEL_SMOOTHING,
             ema_decay=PAPER_EMA_DECAY,
             lars_l2_in_loss=lars,
+            rmsprop_form="tf1",  # tf.compat.v1.train.RMSPropOptimizer; read by the RMSProp rows only
         ),
         schedule=ScheduleConfig(
             kind="polynomial" if lars else "exponential",
@@ -125,15 +132,23 @@ def demo() -> TrainerConfig:
     """CPU demo: the 'tiny' network on 32-pixel digits rendered as ImageNet-style JPEGs, one device.
 
     Labels are positions in the 1000 ImageNet synsets, so the classifier keeps 1000 outputs. LARS with the
-    polynomial schedule, as in the large-batch runs. Three departures from the ImageNet recipe, each because
+    polynomial schedule, as in the large-batch runs. Four departures from the ImageNet recipe, each because
     of the data: batch-norm momentum 0.9 (with 0.99 the moving statistics lag so far behind in a run this
     short that evaluation stays at chance); random crops of at least half the image (8% of a 32-pixel digit
-    is a blob: top-1 stays near 0.5); no flips (digits are not mirror-invariant). Measured here: top-1 0.96
-    after 15 epochs, 0.98 after 30; the run stops at the 0.95 target.
+    is a blob: top-1 stays near 0.5); no flips (digits are not mirror-invariant); no stochastic depth (over
+    seeds 0-3, epoch-30 top-1 0.947-0.975 without it, 0.933-0.961 with 0.2).
+
+    The run is reproducible: seeded and with deterministic ops, so every run on the same machine and software
+    stops at the same step with the same top-1. Evaluating every 10 epochs keeps the target check off the
+    still-rising middle of the run, where a top-1 just above the target would stop it with no margin. Seed 0
+    here: top-1 0.922 at epoch 10, 0.969 at epoch 20, where it stops (the 0.95 target, 1.9 points of margin);
+    every seed of 0-3 passes by epoch 30.
     """
     return TrainerConfig(
         name="demo",
-        model=ModelConfig(variant="tiny", image_size=32, bn_momentum=0.9, precision="float32"),
+        model=ModelConfig(
+            variant="tiny", image_size=32, bn_momentum=0.9, drop_connect_rate=0.0, precision="float32"
+        ),
         optimizer=OptimizerConfig(
             name="lars", weight_decay=PAPER_WEIGHT_DECAY, label_smoothing=PAPER_LABEL_SMOOTHING
         ),
@@ -149,15 +164,23 @@ def demo() -> TrainerConfig:
             min_crop_area=0.5,
             random_flip=False,
         ),
-        loop=LoopConfig(train_epochs=30, eval_every_epochs=5, target_top1=0.95, strategy="one_device"),
+        loop=LoopConfig(
+            train_epochs=30,
+            eval_every_epochs=10,
+            target_top1=0.95,
+            strategy="one_device",
+            seed=0,
+            deterministic=True,
+        ),
     )
 
 
 def smoke() -> TrainerConfig:
-    """CI end-to-end run: the 'tiny' network for 2 training steps (1 warmup, 1 decay) and one evaluation.
+    """CI end-to-end run: the 'tiny' network for one epoch at batch 8 and one evaluation.
 
-    The example counts are what the trainer reads per epoch / evaluation, not the dataset's size: 16 training
-    examples at batch 8 make an epoch of 2 steps.
+    Where shards carry a manifest (the CLI and the pipeline), an epoch is a pass over them; the example
+    counts here (16 at batch 8: 2 steps, 1 warmup and 1 decay) hold only for data without one. So smoke is
+    cheap on small data such as the embedded digits, not on ImageNet.
     """
     return TrainerConfig(
         name="smoke",
@@ -173,7 +196,7 @@ def smoke() -> TrainerConfig:
 
 def _paper_presets() -> dict[str, Callable[[], TrainerConfig]]:
     # Bind each row now; a bare lambda in the loop would see only the last row.
-    return {row.name: (lambda row=row: paper_preset(row)) for row in TABLE2_ROWS}
+    return {row.name: (lambda row=row: paper_preset(row)) for row in (*TABLE2_ROWS, *SINGLE_HOST_ROWS)}
 
 
 PRESETS: dict[str, Callable[[], TrainerConfig]] = {**_paper_presets(), "demo": demo, "smoke": smoke}
