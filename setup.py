@@ -36,6 +36,9 @@ setup(
     python_requires=">=3.10",
     packages=find_packages(include=["beam_preprocess*", "components*", "pipeline*", "trainer_module*"]),
     install_requires=INSTALL_REQUIRES,
-    # gcp-storage-emulator: a GCS JSON-API server the tests run beam_preprocess against (tests/gcs_emulator.py).
-    extras_require={"dev": ["pytest>=8", "ruff==0.8.6", "gcp-storage-emulator==2026.7.19"]},
+    # gcp-storage-emulator: a GCS JSON-API server the tests run beam_preprocess against (tests/gcs_emulator.py);
+    # pytest-xdist: the suite runs on two workers (scripts/test.sh).
+    extras_require={
+        "dev": ["pytest>=8", "ruff==0.8.6", "gcp-storage-emulator==2026.7.19", "pytest-xdist==3.8.0"]
+    },
 )

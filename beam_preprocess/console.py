@@ -9,9 +9,11 @@ instead. How:
 - The account is the ``console`` logger. Inside a ``session`` its records print as bare lines (and reach the
   log file too); outside one (a TFX Trainer on Vertex, a test calling the trainer) they are ordinary records.
 - Every other record goes through the root logger to the log file.
-- What bypasses Python logging (TensorFlow's C++ messages when it is imported, gRPC, Beam's worker
-  processes) is written to file descriptor 2: during a session of a real process that descriptor points at
-  the log file, and Python's ``sys.stderr`` at the terminal, so tracebacks and ``fail`` lines still show.
+- What bypasses Python logging (TensorFlow's C++ messages when it is imported or shuts down, gRPC, Beam's
+  worker processes) is written to file descriptor 2: from the start of a session of a real process to its
+  exit, that descriptor points at the log file and Python's ``sys.stderr`` at the terminal, so tracebacks and
+  ``fail`` lines still show. (Under a test's capture, ``sys.stderr`` is not descriptor 2's stream and both
+  are left alone.)
 - The log starts in a local temporary file, because the imports that print come before the output location is
   checked; ``Session.keep_log(path)`` moves it to its place once the preflight passed (a local path is
   written from then on; a remote one, ``gs://...``, is uploaded when the session closes). A session that ends
@@ -197,8 +199,7 @@ class Session:
         self._temp_path: str | None = None
         self._stream = None
         self._upload: Callable[[str, str], None] | None = None
-        self._saved_fd2: int | None = None
-        self._saved_sys_stderr = None
+        self._terminal_fd: int | None = None
         self._handlers: list[tuple[logging.Logger, logging.Handler]] = []
         self._levels: list[tuple[logging.Logger, int]] = []
         self._restore: list[Callable[[], None]] = []
@@ -225,9 +226,8 @@ class Session:
         logging.captureWarnings(True)
 
     def _redirect_fd2(self, fd: int) -> None:
-        """Points descriptor 2 at ``fd`` and ``sys.stderr`` at the terminal; only in a real process (under a
-        test's capture, ``sys.stderr`` is not descriptor 2's stream and is left alone)."""
-        if self._saved_fd2 is None:
+        """Points descriptor 2 at ``fd`` and ``sys.stderr`` at the terminal (a real process only)."""
+        if self._terminal_fd is None:
             if sys.stderr is not sys.__stderr__ or sys.__stderr__ is None:
                 return
             try:
@@ -236,10 +236,9 @@ class Session:
             except (AttributeError, OSError, ValueError):
                 return
             sys.stderr.flush()
-            self._saved_fd2 = os.dup(2)
-            self._saved_sys_stderr = sys.stderr
-            sys.stderr = open(  # closed in close()
-                self._saved_fd2, "w", encoding="utf-8", errors="backslashreplace", buffering=1, closefd=False
+            self._terminal_fd = os.dup(2)
+            sys.stderr = open(
+                self._terminal_fd, "w", encoding="utf-8", errors="backslashreplace", buffering=1
             )
         os.dup2(fd, 2)
 
@@ -251,13 +250,8 @@ class Session:
             logger.setLevel(level)
         for restore in reversed(self._restore):
             restore()
-        if self._saved_fd2 is not None:
-            sys.stderr.flush()
-            os.dup2(self._saved_fd2, 2)
-            terminal, sys.stderr = sys.stderr, self._saved_sys_stderr
-            terminal.close()
-            os.close(self._saved_fd2)
-            self._saved_fd2 = None
+        # Descriptor 2 stays on the log file (and sys.stderr on the terminal) until the process exits: what
+        # TensorFlow prints while shutting down (gRPC, the multi-worker coordination service) belongs there.
         if self._stream is not None:
             self._stream.close()
             self._stream = None
@@ -316,7 +310,7 @@ class Session:
             with open(self._temp_path, encoding="utf-8", errors="backslashreplace") as earlier:
                 shutil.copyfileobj(earlier, stream)
             self._file_handler.setStream(stream)
-            if self._saved_fd2 is not None:
+            if self._terminal_fd is not None:
                 self._redirect_fd2(stream.fileno())
             self._stream.close()
             os.remove(self._temp_path)

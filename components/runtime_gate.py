@@ -49,7 +49,12 @@ def trainer_custom_config(custom_config_json: str, train_epochs: Any, target_top
         overrides.append(f"loop.target_top1={float(target_top1)}")
     if overrides:
         config = TrainerConfig.from_json(custom_config[tfx_trainer.CONFIG_KEY])
-        custom_config[tfx_trainer.CONFIG_KEY] = with_overrides(config, overrides).to_json()
+        try:
+            folded = with_overrides(config, overrides)
+        except ValueError as error:
+            given = ", ".join(o.split(".", 1)[1] for o in overrides)
+            raise ValueError(f"runtime parameters {given} do not fit the compiled preset: {error}") from None
+        custom_config[tfx_trainer.CONFIG_KEY] = folded.to_json()
     return json_utils.dumps(custom_config)
 
 

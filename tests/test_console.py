@@ -36,6 +36,7 @@ with console.session(verbose=mode == "verbose") as session:
     if mode == "crash":
         raise RuntimeError("an error nobody foresaw")
 print("after the session", file=sys.stderr)
+os.write(2, b"descriptor 2 while the process shuts down\\n")
 """
 
 
@@ -71,6 +72,7 @@ def test_session_sends_library_records_and_descriptor_2_to_the_log_file(tmp_path
     assert result.stdout == f"full log: {log}\na line for the person\n"
     assert result.stderr == "after the session\n"
     text = log.read_text()
+    assert "descriptor 2 while the process shuts down" in text
     for expected in (
         "a line for the person",
         "apache_beam.runners: a library record",

@@ -292,11 +292,22 @@ def test_tags_are_warned_about_and_the_vertex_pusher_is_optional(tmp_path, capsy
 def test_trainer_parameters_replace_the_config_epochs_and_target():
     config = get_preset("demo")
     custom = json.dumps({tfx_trainer.CONFIG_KEY: config.to_json(), "other": 1})
-    folded = json.loads(runtime_gate.trainer_custom_config(custom, 7, 0.25))
+    folded = json.loads(runtime_gate.trainer_custom_config(custom, 30, 0.25))
     result = TrainerConfig.from_json(folded[tfx_trainer.CONFIG_KEY])
-    assert (result.loop.train_epochs, result.loop.target_top1, folded["other"]) == (7, 0.25, 1)
+    assert (result.loop.train_epochs, result.loop.target_top1, folded["other"]) == (30, 0.25, 1)
     unchanged = json.loads(runtime_gate.trainer_custom_config(custom, None, None))
     assert TrainerConfig.from_json(unchanged[tfx_trainer.CONFIG_KEY]) == config
+
+
+def test_trainer_parameters_that_break_the_compiled_preset_name_the_parameter():
+    custom = json.dumps({tfx_trainer.CONFIG_KEY: get_preset("demo").to_json()})
+    assert get_preset("demo").loop.eval_every_epochs == 10
+    with pytest.raises(ValueError) as raised:
+        runtime_gate.trainer_custom_config(custom, 7, None)
+    message = str(raised.value)
+    assert message.startswith("runtime parameters train_epochs=7 do not fit the compiled preset: ")
+    assert "loop.eval_every_epochs=10 exceeds loop.train_epochs=7" in message
+    assert "\n" not in message
 
 
 def test_evaluator_parameter_moves_the_top1_gate():

@@ -183,11 +183,12 @@ class TF1RMSProp(keras.optimizers.Optimizer):
 
     It differs from Keras 3's ``RMSprop`` in one place only: TF1 starts the mean-square accumulator ``ms`` at
     ones (``rmsprop.py::_create_slots``, ``init_ops.ones_initializer``), Keras at zeros. Both keep epsilon under
-    the square root. With zeros, the first step divides g by sqrt((1 - rho) g^2 + eps), about 3.2 |g| / g:
-    every weight moves by about 3 lr, whatever its gradient, and momentum 0.9 carries that on for ten steps.
-    With ones, the first steps are plain momentum SGD (g / ~1), and the accumulator forgets its start as
-    rho^t (0.12 after 20 steps, 0.01 after 44): an implicit warm-up of a few dozen steps that is negligible
-    in the paper's thousands of steps but decisive in a run of a hundred.
+    the square root. With zeros, the first step divides g by sqrt((1 - rho) g^2 + eps): every weight whose
+    gradient is well above sqrt(eps / (1 - rho)) (0.1 in the recipe) moves by about 3.2 lr whatever the size
+    of its gradient, and momentum 0.9 carries that on for ten steps. With ones, the first steps are plain
+    momentum SGD (g / ~1), and the accumulator forgets its start as rho^t (0.12 after 20 steps, 0.01 after
+    44): an implicit warm-up of a few dozen steps, negligible in the paper's thousands of steps but not in a
+    run of a few hundred.
 
     Weight decay is an L2 term in the loss, as in the reference (``TrainingPlan.l2_loss_weight``). Under
     ``tf.distribute`` the same contract as ``LARS`` holds: Keras sums the replicas' gradients, so each replica
