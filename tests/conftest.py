@@ -51,7 +51,7 @@ def clean_archives(tmp_path_factory):
 # collection order, so the long ones go first and the short ones fill the gaps at the end; the figures are
 # seconds measured on 2 quiet cores, the order is all that matters. Unlisted modules keep their order, after.
 LONG_MODULES_FIRST = (
-    "test_train.py",  # 500 s: 8-replica training, SIGKILL and resume, multi-worker over loopback
+    "test_train.py",  # 400 s: replicas in BN groups, SIGKILL and resume, multi-worker over loopback
     "test_vertex_steps.py",  # 200 s: the compiled pipeline's steps as their containers run them
     "test_pipeline.py",  # 140 s: the demo pipeline and its cached rerun
     "test_console.py",  # 90 s
