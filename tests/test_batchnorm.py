@@ -313,6 +313,38 @@ def test_training_in_cross_replica_context_fails(strategy):
 # The layer without a strategy ------------------------------------------------------------------------------------
 
 
+def test_virtual_batches_normalise_each_sub_batch_and_average_their_statistics(strategy):
+    """Ghost batch norm: each replica's batch of 4 in sub-batches of 2, against NumPy."""
+    rng = np.random.default_rng(5)
+    shape = (NUM_REPLICAS, 2, 2, 3, 3, CHANNELS)  # replica, sub-batch, example in it, height, width, channels
+    batches = (rng.normal(size=shape) * (1.0 + np.arange(2).reshape(1, 2, 1, 1, 1, 1)) + 0.7).astype(
+        np.float32
+    )
+    with strategy.scope():
+        layer = GroupedBatchNormalization(momentum=MOMENTUM, epsilon=EPSILON, virtual_batch=2)
+        layer.build((None, 3, 3, CHANNELS))
+        layer.gamma.assign(GAMMA)
+        layer.beta.assign(BETA)
+    per_replica = batches.reshape(NUM_REPLICAS, 4, 3, 3, CHANNELS)
+    train_step = tf.function(lambda x: strategy.run(lambda b: layer(b, training=True), args=(x,)))
+    outputs = strategy.experimental_local_results(train_step(_distribute(strategy, per_replica)))
+
+    wide = batches.astype(np.float64)
+    mean = wide.mean(axis=(2, 3, 4), keepdims=True)
+    variance = wide.var(axis=(2, 3, 4), keepdims=True)
+    expected = ((wide - mean) / np.sqrt(variance + EPSILON) * GAMMA + BETA).reshape(per_replica.shape)
+    np.testing.assert_allclose(np.stack(outputs), expected, atol=1e-5, rtol=1e-5)
+    expected_mean = mean.mean(axis=(0, 1)).ravel() * (1 - MOMENTUM)
+    expected_variance = MOMENTUM + variance.mean(axis=(0, 1)).ravel() * (1 - MOMENTUM)
+    for replica_mean, replica_variance in zip(
+        _replica_copies(layer.moving_mean), _replica_copies(layer.moving_variance), strict=True
+    ):
+        np.testing.assert_allclose(replica_mean, expected_mean, atol=1e-5, rtol=1e-5)
+        np.testing.assert_allclose(replica_variance, expected_variance, atol=1e-5, rtol=1e-5)
+    with pytest.raises(ValueError, match="virtual_batch=3 does not divide the per-replica batch of 4"):
+        GroupedBatchNormalization(virtual_batch=3, name="bn")(tf.ones((4, 3, 3, CHANNELS)), training=True)
+
+
 def test_without_strategy_group_size_one_equals_keras_batch_norm():
     batches = _replica_batches(seed=8)
     ours = GroupedBatchNormalization(momentum=MOMENTUM, epsilon=EPSILON)
@@ -353,6 +385,8 @@ def test_variables_and_parameter_count_equal_keras_batch_norm(options):
 def test_config_round_trip():
     layer = GroupedBatchNormalization(group_size=8, layout="torus2d", momentum=0.9, epsilon=1e-5, name="bn")
     clone = GroupedBatchNormalization.from_config(layer.get_config())
+    ghost = GroupedBatchNormalization.from_config(GroupedBatchNormalization(virtual_batch=128).get_config())
+    assert ghost.virtual_batch == 128 and clone.virtual_batch is None
 
     assert (clone.group_size, clone.layout, clone.momentum, clone.epsilon, clone.name) == (
         8,
@@ -372,6 +406,11 @@ def test_config_round_trip():
         ({"axis": 1}, "channels-last only"),
         ({"synchronized": True}, "does not support synchronized=True"),
         ({"renorm": True}, "does not support renorm=True"),
+        ({"virtual_batch": 0}, "virtual_batch must be an integer >= 1"),
+        (
+            {"group_size": 2, "virtual_batch": 64},
+            "virtual_batch=64 splits a replica's batch; it needs group_size=1",
+        ),
     ],
 )
 def test_bad_layer_settings_fail_at_construction(options, message):

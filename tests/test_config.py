@@ -367,6 +367,21 @@ def test_bn_group_replicas(batch, cores, rule, explicit, expected):
             "model.bn_group_size=3 does not divide data.num_cores=8",
         ),
         (
+            lambda: _config(model=ModelConfig(bn_group_size=1, bn_virtual_batch=24)),
+            ValueError,
+            r"model.bn_virtual_batch=24 must divide the per-replica batch \(32\) in batch-norm groups of one replica",
+        ),
+        (
+            lambda: _config(model=ModelConfig(bn_group_size=2, bn_virtual_batch=16)),
+            ValueError,
+            r"model.bn_virtual_batch=16 .* \(here 2; set model.bn_group_size=1\)",
+        ),
+        (
+            lambda: _config(model=ModelConfig(bn_virtual_batch=0)),
+            ValueError,
+            "model.bn_virtual_batch=0 must be >= 1",
+        ),
+        (
             lambda: _config(data=DataConfig(global_batch_size=256, eval_batch_size=100, num_cores=8)),
             ValueError,
             "data.eval_batch_size=100 is not divisible by data.num_cores=8",

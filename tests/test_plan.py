@@ -23,7 +23,11 @@ def test_plan_of_the_paper_headline_row(capsys):
     assert derived["steps_per_epoch"] == pytest.approx(1_281_167 / 65536)
     assert (derived["warmup_steps"], derived["total_steps"]) == (840, 6842)
     assert derived["peak_learning_rate"] == pytest.approx(20.736)
-    assert (derived["bn_group_replicas"], derived["input_size"]) == (2, 456)
+    assert (derived["bn_group_replicas"], derived["bn_group_examples"], derived["input_size"]) == (
+        2,
+        128,
+        456,
+    )
     lr = report["learning_rate"]
     assert lr["0"] == 0.0
     assert lr["420"] == pytest.approx(20.736 / 2, rel=1e-6)
@@ -41,6 +45,10 @@ def test_plan_follows_overrides(capsys):
     derived = report["derived"]
     assert (derived["replicas"], derived["hosts"], derived["per_replica_batch_size"]) == (8, 1, 256)
     assert derived["bn_group_replicas"] == 1  # the reference's rule: per-replica statistics up to 8 replicas
+    assert derived["bn_group_examples"] == 256
+    ghost = _plan(capsys, "--preset", "b2-rmsprop-128x4096", "--plan", "--set", "data.num_cores=8", "--set",
+                  "data.global_batch_size=2048", "--set", "model.bn_virtual_batch=128")  # fmt: skip
+    assert (ghost["derived"]["bn_group_replicas"], ghost["derived"]["bn_group_examples"]) == (1, 128)
     assert derived["warmup_steps"] == int(5 * 1_281_167 / 2048) == 3127
     # 5003 / (2.4 * 625.57) = 3.33: three decays of 0.97 from the peak 0.128.
     assert report["learning_rate"]["5003"] == pytest.approx(0.128 * 0.97**3, rel=1e-6)

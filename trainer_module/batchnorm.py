@@ -20,6 +20,11 @@ Cross-replica communication:
 
 Both reductions are differentiable, so gradients flow through the group statistics as in sync batch norm.
 
+A group can also be smaller than one replica's batch: ``virtual_batch`` examples, consecutive sub-batches of
+the replica's batch ("ghost" batch norm, Hoffer et al. 2017). The reference's LARS runs normalise over about
+128 examples whatever the global batch (per-core batches of 32-64 in groups); a run on few replicas with
+large per-replica batches keeps that with ``virtual_batch=128`` instead of normalising over thousands.
+
 Groups of one replica (per-replica batch norm, the only kind a single device has) take the fused batch-norm
 kernel when the input is a 4-D float32 image batch: one kernel computes the statistics and normalises, one
 computes the whole gradient. On CPU (oneDNN) that is several times faster than the two-pass form, whose
@@ -40,6 +45,7 @@ __all__ = [
     "fused_per_replica_batch_norm",
     "group_assignment",
     "grouped_moments",
+    "virtual_batch_norm",
 ]
 
 # tf.nn.fused_batch_norm silently raises a smaller epsilon to this floor: smaller ones take the two-pass form.
@@ -125,6 +131,51 @@ def fused_per_replica_batch_norm(x, scale, offset, epsilon):
     return outputs, statistics[:channels], statistics[channels:]
 
 
+def virtual_batch_norm(x, virtual_batch, scale, offset, epsilon):
+    """Training-mode batch norm over consecutive sub-batches of ``virtual_batch`` examples of this replica.
+
+    Each sub-batch is normalised with its own mean and biased variance; the moving-average updates are the
+    average of the sub-batches' statistics over the replica and then over all replicas (no gradient), so every
+    replica holds the same moving statistics. ``virtual_batch`` equal to the batch is per-replica batch norm.
+
+    Args:
+        x: Float tensor ``[batch, ..., channels]`` with a static batch size, this replica's batch.
+        virtual_batch: Examples per statistics group; must divide the batch.
+        scale: ``[channels]`` (gamma) or None.
+        offset: ``[channels]`` (beta) or None.
+        epsilon: Added to the variance before the square root.
+
+    Returns:
+        ``(outputs, moving_mean_update, moving_variance_update)``.
+
+    Raises:
+        ValueError: outside a replica context, on an unknown batch size or one ``virtual_batch`` does not divide.
+    """
+    context = _replica_context()
+    x, _ = _checked_element_count(x)
+    batch, channels = x.shape[0], x.shape[-1]
+    if batch is None or batch % virtual_batch:
+        raise ValueError(f"virtual_batch={virtual_batch} does not divide the per-replica batch of {batch}.")
+    groups = batch // virtual_batch
+    grouped = tf.reshape(x, [groups, virtual_batch, *x.shape[1:]])
+    mean, variance = tf.nn.moments(grouped, axes=list(range(1, grouped.shape.rank - 1)), keepdims=True)
+    outputs = tf.reshape(
+        tf.nn.batch_normalization(grouped, mean, variance, offset, scale, epsilon), tf.shape(x)
+    )
+    statistics = tf.stop_gradient(
+        tf.concat(
+            [
+                tf.reduce_mean(tf.reshape(mean, [groups, channels]), 0),
+                tf.reduce_mean(tf.reshape(variance, [groups, channels]), 0),
+            ],
+            axis=0,
+        )
+    )
+    if context.num_replicas_in_sync > 1:
+        statistics = context.all_reduce(tf.distribute.ReduceOp.MEAN, statistics)
+    return outputs, statistics[:channels], statistics[channels:]
+
+
 @keras.saving.register_keras_serializable(package="effnet_pipeline")
 class GroupedBatchNormalization(keras.layers.BatchNormalization):
     """Keras batch normalisation whose training statistics are shared by a group of replicas.
@@ -147,6 +198,8 @@ class GroupedBatchNormalization(keras.layers.BatchNormalization):
         fused: Use the fused batch-norm kernel where it applies (groups of one replica, 4-D float32 inputs,
             epsilon >= ``FUSED_KERNEL_MIN_EPSILON``); same results within float rounding, several times
             faster on CPU. False always takes the two-pass form (moments, then normalisation).
+        virtual_batch: Examples per statistics group within a replica (``virtual_batch_norm``); None = the
+            replica's whole batch. Only with ``group_size=1``; must divide the per-replica batch.
         **batch_norm_options: Other ``keras.layers.BatchNormalization`` arguments (``center``, ``scale``,
             initialisers, regularisers, constraints, ``dtype``...). ``axis`` must be -1; ``synchronized`` and
             ``renorm`` are not supported (grouping replaces the former; the latter changes the statistics).
@@ -160,12 +213,23 @@ class GroupedBatchNormalization(keras.layers.BatchNormalization):
         epsilon=1e-3,
         name=None,
         fused=True,
+        virtual_batch=None,
         **batch_norm_options,
     ):
         if isinstance(group_size, bool) or not isinstance(group_size, int) or group_size < 1:
             raise ValueError(
                 f"GroupedBatchNormalization group_size must be an integer >= 1, got {group_size!r}"
             )
+        if virtual_batch is not None:
+            if isinstance(virtual_batch, bool) or not isinstance(virtual_batch, int) or virtual_batch < 1:
+                raise ValueError(
+                    f"GroupedBatchNormalization virtual_batch must be an integer >= 1, got {virtual_batch!r}"
+                )
+            if group_size != 1:
+                raise ValueError(
+                    f"GroupedBatchNormalization virtual_batch={virtual_batch} splits a replica's batch; it needs "
+                    f"group_size=1, got {group_size}"
+                )
         LAYOUTS.check(layout)
         axis = batch_norm_options.get("axis", -1)
         if axis != -1:
@@ -177,6 +241,7 @@ class GroupedBatchNormalization(keras.layers.BatchNormalization):
         self.group_size = group_size
         self.layout = layout
         self.fused = bool(fused)
+        self.virtual_batch = virtual_batch
 
     def call(self, inputs, training=None, mask=None):
         if not (training and self.trainable):
@@ -190,7 +255,11 @@ class GroupedBatchNormalization(keras.layers.BatchNormalization):
         offset = keras.ops.cast(self.beta, compute_dtype) if self.center else None
         scale = keras.ops.cast(self.gamma, compute_dtype) if self.scale else None
         try:
-            if self._takes_fused_kernel(inputs):
+            if self.virtual_batch is not None:
+                outputs, moving_mean_update, moving_variance_update = virtual_batch_norm(
+                    inputs, self.virtual_batch, scale, offset, self.epsilon
+                )
+            elif self._takes_fused_kernel(inputs):
                 channels = inputs.shape[-1]
                 outputs, moving_mean_update, moving_variance_update = fused_per_replica_batch_norm(
                     inputs,
@@ -240,6 +309,7 @@ class GroupedBatchNormalization(keras.layers.BatchNormalization):
             "group_size": self.group_size,
             "layout": self.layout,
             "fused": self.fused,
+            "virtual_batch": self.virtual_batch,
         }
 
 

@@ -144,6 +144,9 @@ class ModelConfig(_Section):
         reference LARS runs) or 'reference_tpu' (1 up to 8 replicas, else max(8, replicas / 8), as
         tensorflow/tpu's TpuBatchNormalization did for the paper's RMSProp rows).
       bn_group_layout: how replicas form groups: 'consecutive' ids or 'torus2d' tiles of the TPU torus.
+      bn_virtual_batch: examples per batch-norm group within a replica ("ghost" batch norm); None = the
+        replica's batch. Keeps the reference's ~128 examples per group on few replicas with large batches
+        (the large-batch study on 2 CPU replicas); needs groups of one replica.
       precision: 'float32', or 'bfloat16' compute with float32 variables, logits and loss.
     """
 
@@ -157,6 +160,7 @@ class ModelConfig(_Section):
     bn_group_size: int | None = None
     bn_group_rule: str = "examples128"
     bn_group_layout: str = "consecutive"
+    bn_virtual_batch: int | None = None
     precision: str = "float32"
 
     def _validate(self):
@@ -175,6 +179,8 @@ class ModelConfig(_Section):
             raise ValueError(f"model.bn_group_size={self.bn_group_size} must be >= 1 (or none to derive it)")
         GROUP_SIZE_RULES.check(self.bn_group_rule)
         LAYOUTS.check(self.bn_group_layout)
+        if self.bn_virtual_batch is not None and self.bn_virtual_batch < 1:
+            raise ValueError(f"model.bn_virtual_batch={self.bn_virtual_batch} must be >= 1 (or none)")
         _check_choice("model.precision", self.precision, PRECISIONS)
 
 
@@ -397,6 +403,8 @@ class TrainingPlan:
       steps_per_loop: training steps per compiled loop call.
       peak_learning_rate: learning rate at the end of warmup, by the linear scaling rule.
       bn_group_replicas: replicas per batch-norm group (``model.bn_group_size`` or its rule's value).
+      bn_group_examples: training examples each batch-norm statistic is taken over: ``model.bn_virtual_batch``,
+        else the per-replica batch times the group's replicas.
       input_size: input resolution in pixels (``model.image_size`` or the variant's).
       classifier_dropout: dropout before the classifier (``model.dropout_rate`` or the variant's).
       l2_loss_weight: weight of the L2 term in the loss: the weight decay unless LARS applies it (and
@@ -416,6 +424,7 @@ class TrainingPlan:
     steps_per_loop: int
     peak_learning_rate: float
     bn_group_replicas: int
+    bn_group_examples: int
     input_size: int
     classifier_dropout: float
     l2_loss_weight: float
@@ -449,6 +458,9 @@ def _resolve(config: TrainerConfig) -> TrainingPlan:
     input_size = model.image_size or VARIANTS[model.variant].resolution
     eval_batch = data.eval_batch_size or data.global_batch_size
     decays_itself = optimizer.name == "lars" and not optimizer.lars_l2_in_loss
+    bn_group_replicas = model.bn_group_size or GROUP_SIZE_RULES.build(
+        model.bn_group_rule, replicas, max(per_replica, 1)
+    )
     return TrainingPlan(
         replicas=replicas,
         hosts=max(1, replicas // data.replicas_per_host),
@@ -459,8 +471,8 @@ def _resolve(config: TrainerConfig) -> TrainingPlan:
         steps_per_eval=steps_per_eval,
         steps_per_loop=loop.steps_per_loop or math.ceil(steps_per_eval),
         peak_learning_rate=scaled_learning_rate(config.schedule.lr_per_256, data.global_batch_size),
-        bn_group_replicas=model.bn_group_size
-        or GROUP_SIZE_RULES.build(model.bn_group_rule, replicas, max(per_replica, 1)),
+        bn_group_replicas=bn_group_replicas,
+        bn_group_examples=model.bn_virtual_batch or per_replica * bn_group_replicas,
         input_size=input_size,
         classifier_dropout=VARIANTS[model.variant].dropout
         if model.dropout_rate is None
@@ -528,6 +540,13 @@ class TrainerConfig(_Section):
             raise ValueError(
                 f"{how}={plan.bn_group_replicas} does not divide data.num_cores={data.num_cores}; "
                 "set model.bn_group_size to a divisor of the replica count"
+            )
+        virtual = self.model.bn_virtual_batch
+        if virtual is not None and (plan.bn_group_replicas != 1 or plan.per_replica_batch_size % virtual):
+            raise ValueError(
+                f"model.bn_virtual_batch={virtual} must divide the per-replica batch "
+                f"({plan.per_replica_batch_size}) in batch-norm groups of one replica (here "
+                f"{plan.bn_group_replicas}; set model.bn_group_size=1)"
             )
         if self.schedule.kind == "polynomial":
             if plan.warmup_steps >= plan.total_steps:

@@ -71,6 +71,7 @@ def build_model(config: TrainerConfig) -> keras.Model:
             momentum=config.model.bn_momentum,
             epsilon=config.model.bn_epsilon,
             name=name,
+            virtual_batch=config.model.bn_virtual_batch,
         )
 
     return efficientnet(
