@@ -42,18 +42,21 @@ def trainer_custom_config(custom_config_json: str, train_epochs: Any, target_top
     from trainer_module.config import TrainerConfig, with_overrides
 
     custom_config = json_utils.loads(custom_config_json)
-    overrides = []
-    if train_epochs is not None:
-        overrides.append(f"loop.train_epochs={int(train_epochs)}")
-    if target_top1 is not None:
-        overrides.append(f"loop.target_top1={float(target_top1)}")
-    if overrides:
+    given = {
+        name: kind(value)
+        for name, kind, value in (
+            (TRAIN_EPOCHS_KEY, int, train_epochs),
+            (TARGET_TOP1_KEY, float, target_top1),
+        )
+        if value is not None
+    }
+    if given:
         config = TrainerConfig.from_json(custom_config[tfx_trainer.CONFIG_KEY])
         try:
-            folded = with_overrides(config, overrides)
+            folded = with_overrides(config, [f"loop.{name}={value}" for name, value in given.items()])
         except ValueError as error:
-            given = ", ".join(o.split(".", 1)[1] for o in overrides)
-            raise ValueError(f"runtime parameters {given} do not fit the compiled preset: {error}") from None
+            named = ", ".join(f"{name}={value}" for name, value in given.items())
+            raise ValueError(f"runtime parameters {named} do not fit the compiled preset: {error}") from None
         custom_config[tfx_trainer.CONFIG_KEY] = folded.to_json()
     return json_utils.dumps(custom_config)
 

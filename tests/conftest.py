@@ -47,7 +47,7 @@ def clean_archives(tmp_path_factory):
 
 
 # The suite runs on two pytest-xdist workers, a test module at a time on one worker (``--dist loadfile`` in
-# pytest.ini: a module's fixtures, such as a trained pipeline, are built once). Modules are handed out in
+# scripts/test.sh: a module's fixtures, such as a trained pipeline, are built once). Modules are handed out in
 # collection order, so the long ones go first and the short ones fill the gaps at the end; the figures are
 # seconds measured on 2 quiet cores, the order is all that matters. Unlisted modules keep their order, after.
 LONG_MODULES_FIRST = (

@@ -124,11 +124,7 @@ def fused_per_replica_batch_norm(x, scale, offset, epsilon):
     )
     # The kernel reports the variance times n / (n - 1); undo it (n = 1 gives 0, the biased variance then).
     variance = unbiased_variance * ((count - 1.0) / count)
-    statistics = tf.stop_gradient(tf.concat([mean, variance], axis=0))
-    if context.num_replicas_in_sync > 1:
-        statistics = context.all_reduce(tf.distribute.ReduceOp.MEAN, statistics)
-    channels = x.shape[-1]
-    return outputs, statistics[:channels], statistics[channels:]
+    return (outputs, *_replica_average(mean, variance, context))
 
 
 def virtual_batch_norm(x, virtual_batch, scale, offset, epsilon):
@@ -162,18 +158,8 @@ def virtual_batch_norm(x, virtual_batch, scale, offset, epsilon):
     outputs = tf.reshape(
         tf.nn.batch_normalization(grouped, mean, variance, offset, scale, epsilon), tf.shape(x)
     )
-    statistics = tf.stop_gradient(
-        tf.concat(
-            [
-                tf.reduce_mean(tf.reshape(mean, [groups, channels]), 0),
-                tf.reduce_mean(tf.reshape(variance, [groups, channels]), 0),
-            ],
-            axis=0,
-        )
-    )
-    if context.num_replicas_in_sync > 1:
-        statistics = context.all_reduce(tf.distribute.ReduceOp.MEAN, statistics)
-    return outputs, statistics[:channels], statistics[channels:]
+    sub_batch_average = [tf.reduce_mean(tf.reshape(m, [groups, channels]), 0) for m in (mean, variance)]
+    return (outputs, *_replica_average(*sub_batch_average, context))
 
 
 @keras.saving.register_keras_serializable(package="effnet_pipeline")
@@ -366,14 +352,19 @@ def _moments_from_sums(sums, channels):
 # Groups of one replica: local statistics; only the moving averages cross replicas (no gradient needed).
 
 
-def _per_replica_moments(x, context):
-    x, _ = _checked_element_count(x)
-    mean, variance = tf.nn.moments(x, axes=list(range(x.shape.rank - 1)))
+def _replica_average(mean, variance, context):
+    """The moving-average updates: ``[channels]`` mean and variance averaged over all replicas, no gradient."""
     statistics = tf.stop_gradient(tf.concat([mean, variance], axis=0))
     if context.num_replicas_in_sync > 1:
         statistics = context.all_reduce(tf.distribute.ReduceOp.MEAN, statistics)
-    channels = x.shape[-1]
-    return GroupMoments(mean, variance, statistics[:channels], statistics[channels:])
+    channels = mean.shape[-1]
+    return statistics[:channels], statistics[channels:]
+
+
+def _per_replica_moments(x, context):
+    x, _ = _checked_element_count(x)
+    mean, variance = tf.nn.moments(x, axes=list(range(x.shape.rank - 1)))
+    return GroupMoments(mean, variance, *_replica_average(mean, variance, context))
 
 
 # Non-TPU strategies: one all-reduce of a per-group table.
