@@ -20,6 +20,13 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("PYTHONWARNINGS", "ignore::FutureWarning")
 warnings.filterwarnings("ignore", category=FutureWarning)
 
+from beam_preprocess import lean_imports  # noqa: E402
+
+if __name__ == "__main__" and lean_imports.runs_on_direct_runner(sys.argv[1:]):
+    # Run as the program (never when imported by a library or a test): before Beam is imported, refuse the
+    # connectors sharding does not use (1.3 s of every start).
+    lean_imports.install()
+
 from beam_preprocess import console, schema, sources, storage  # noqa: E402
 from beam_preprocess.config import ShardingConfig  # noqa: E402
 from beam_preprocess.run import FailureBudgetExceeded, OutputExistsError, leftovers_message, run  # noqa: E402

@@ -6,9 +6,8 @@ import dataclasses
 import logging
 
 import apache_beam as beam
-from apache_beam.options.pipeline_options import PipelineOptions
 
-from beam_preprocess import pipeline, schema, storage
+from beam_preprocess import direct, pipeline, schema, storage
 from beam_preprocess.config import ShardingConfig
 from beam_preprocess.manifest import Manifest
 
@@ -124,7 +123,7 @@ def run(
     """
     prepare_output_dir(config)
     if beam_pipeline is None:
-        beam_pipeline = beam.Pipeline(options=PipelineOptions(beam_args or []))
+        beam_pipeline = direct.pipeline_from_args(beam_args or [])
     result = run_pipeline(beam_pipeline, config)
     manifest = Manifest.read(config.manifest_path)
     check_failure_budget(manifest, config.max_failures, config.manifest_path)
