@@ -70,6 +70,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--members-per-unit", type=int, default=1000, help="validation images one worker reads at a time"
     )
     parser.add_argument(
+        "--check-threads",
+        type=int,
+        default=0,
+        help="threads each worker process decodes images on (default 0: one per core)",
+    )
+    parser.add_argument(
         "--verbose",
         action="store_true",
         help="show Beam's and this program's logs live instead of writing them beside the output directory",
@@ -108,6 +114,7 @@ def preflight(args) -> ShardingConfig:
             max_failures=args.max_failures,
             seed=args.seed,
             members_per_unit=args.members_per_unit,
+            check_threads=args.check_threads,
             overwrite=args.overwrite,
         )
     except ValueError as e:

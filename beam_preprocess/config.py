@@ -25,6 +25,8 @@ class ShardingConfig:
       max_failures: inputs that may fail before the run exits non-zero (they are listed either way).
       seed: seed of the training split's shuffle (validation keeps sorted order).
       members_per_unit: validation archive members (or flat-directory files) one worker reads at a time.
+      check_threads: threads each worker process decodes images on (0 = one per core of the machine it runs
+        on); the output is the same for any number (``beam_preprocess.threads``).
       split_dir_template: directory of a split's shards under ``output_dir`` (``Split-{split}`` for TFX).
       overwrite: replace shards and manifest left by an earlier run in ``output_dir``.
     """
@@ -42,6 +44,7 @@ class ShardingConfig:
     max_failures: int = 0
     seed: int = 0
     members_per_unit: int = 1000
+    check_threads: int = 0
     split_dir_template: str = "{split}"
     overwrite: bool = False
 
@@ -62,6 +65,8 @@ class ShardingConfig:
             raise ValueError(f"max_failures must be >= 0, got {self.max_failures}")
         if self.members_per_unit < 1:
             raise ValueError(f"members_per_unit must be >= 1, got {self.members_per_unit}")
+        if self.check_threads < 0:
+            raise ValueError(f"check_threads must be >= 0 (0 = one per core), got {self.check_threads}")
         if "{split}" not in self.split_dir_template:
             raise ValueError(f"split_dir_template {self.split_dir_template!r} must contain '{{split}}'")
         if self.train_archive and self.train_dir:

@@ -30,7 +30,7 @@ import time
 import apache_beam as beam
 from apache_beam.metrics import Metrics
 
-from beam_preprocess import images, layout, schema, sources, storage, tfrecord
+from beam_preprocess import images, layout, schema, sources, storage, tfrecord, threads
 from beam_preprocess.config import ShardingConfig
 from beam_preprocess.manifest import Failure, LabelConvention, Manifest, Shard, SplitManifest
 
@@ -57,21 +57,39 @@ class PlanUnitsFn(beam.DoFn):
         logging.info("planned %d work units from %s (%.1fs)", count, spec.path, time.time() - start)
 
 
+def check_item(item: sources.InputItem) -> tuple[images.CheckedImage | None, str | None]:
+    """(checked image, None) for an image that decodes, else (None, why not); runs on a check thread."""
+    if item.error is not None:
+        return None, item.error
+    try:
+        return images.check_and_fix(item.data), None
+    except images.BadImageError as e:
+        return None, str(e)
+
+
 class ProcessUnitFn(beam.DoFn):
-    """Reads, checks and fixes every image of a unit; spills Examples to one file per unit."""
+    """Reads, checks and fixes every image of a unit; spills Examples to one file per unit.
+
+    Images are checked on ``check_threads`` threads (``beam_preprocess.threads``) while this thread reads the
+    unit and writes the spill; counters are updated once per unit.
+    """
 
     FAILURES = "failures"
     STATS = "stats"
 
-    def __init__(self, temp_dir: str, seed: int):
+    def __init__(self, temp_dir: str, seed: int, check_threads: int = 0):
         self._temp_dir = temp_dir
         self._seed = seed
+        self._check_threads = check_threads
         self._read = Metrics.counter(NAMESPACE, "images_read")
         self._written = Metrics.counter(NAMESPACE, "images_processed")
         self._failed = Metrics.counter(NAMESPACE, "images_failed")
         self._bytes_read = Metrics.counter(NAMESPACE, "bytes_read")
         self._spilled = Metrics.counter(NAMESPACE, "spill_bytes_written")
         self._fixed = {kind: Metrics.counter(NAMESPACE, f"fixed_{kind}") for kind in images.FIX_KINDS}
+
+    def setup(self):
+        self._threads = self._check_threads or threads.default_threads()  # the cores of the worker's machine
 
     def process(self, unit: sources.WorkUnit):
         start = time.time()
@@ -80,35 +98,29 @@ class ProcessUnitFn(beam.DoFn):
         class_counts = collections.Counter()
         records = []  # (order key, spill offset, length) of each Example written
         failures = []
-        offset = 0
+        offset = bytes_read = 0
         with storage.open_write(spill_path) as spill:
-            for item in sources.read_unit(unit):
+            for item, (checked, error) in threads.ordered_map(
+                check_item, sources.read_unit(unit), self._threads
+            ):
                 stats["read"] += 1
-                self._read.inc()
                 if item.error is None:
-                    self._bytes_read.inc(len(item.data))
-                    try:
-                        checked = images.check_and_fix(item.data)
-                    except images.BadImageError as e:
-                        item = dataclasses.replace(item, data=None, error=str(e))
-                if item.error is not None:
+                    bytes_read += len(item.data)
+                if error is not None:
                     stats["failed"] += 1
-                    self._failed.inc()
-                    failures.append(Failure(item.split, item.source, item.error))
+                    failures.append(Failure(item.split, item.source, error))
                     continue
                 if checked.fix != images.FIX_NONE:
                     stats[f"fixed_{checked.fix}"] += 1
-                    self._fixed[checked.fix].inc()
                 record = images.build_example(checked, item.filename, item.synset)
                 spill.write(record)
                 records.append((self._order_key(unit.split, item.filename), offset, len(record)))
                 offset += len(record)
                 class_counts[item.synset] += 1
                 stats["processed"] += 1
-                self._written.inc()
             records.sort()  # the unit's output order
             spill.write(b"".join(layout.INDEX_ENTRY.pack(at, length) for _, at, length in records))
-        self._spilled.inc(offset + len(records) * layout.INDEX_ENTRY.size)
+        self._count(stats, bytes_read, offset + len(records) * layout.INDEX_ENTRY.size)
         logging.info(
             "%s: %d images, %d fixed, %d failed (%.1fs)",
             unit.description,
@@ -129,6 +141,15 @@ class ProcessUnitFn(beam.DoFn):
         for failure in failures:
             yield beam.pvalue.TaggedOutput(self.FAILURES, failure)
         yield beam.pvalue.TaggedOutput(self.STATS, (unit.split, dict(stats), dict(class_counts)))
+
+    def _count(self, stats: collections.Counter, bytes_read: int, bytes_spilled: int) -> None:
+        self._read.inc(stats["read"])
+        self._written.inc(stats["processed"])
+        self._failed.inc(stats["failed"])
+        self._bytes_read.inc(bytes_read)
+        self._spilled.inc(bytes_spilled)
+        for kind, counter in self._fixed.items():
+            counter.inc(stats[f"fixed_{kind}"])
 
     def _order_key(self, split: str, filename: str) -> str:
         return filename if split == schema.VALIDATION else train_sort_key(self._seed, filename)
@@ -256,7 +277,7 @@ def ShardImageNet(root, config: ShardingConfig):  # noqa: N802 - Beam transforms
         | "PlanUnits" >> beam.ParDo(PlanUnitsFn(config.members_per_unit))
         | "SpreadUnits" >> beam.Reshuffle()
         | "ProcessUnits"
-        >> beam.ParDo(ProcessUnitFn(config.temp_dir, config.seed)).with_outputs(
+        >> beam.ParDo(ProcessUnitFn(config.temp_dir, config.seed, config.check_threads)).with_outputs(
             ProcessUnitFn.FAILURES, ProcessUnitFn.STATS, main="spills"
         )
     )

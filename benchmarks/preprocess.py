@@ -328,10 +328,26 @@ def check_sizes(sizes: list[int], num_synsets: int) -> None:
 
 
 def generate_archives(workdir: str, sizes: list[int], num_synsets: int) -> dict[int, Archives]:
-    """One archive pair per size; the photos (about 500x375, like ImageNet's) are made once and sliced."""
-    samples = sample_data.photo_samples(max(sizes), num_synsets, short_side=PHOTO_SHORT_SIDE)
+    """One archive pair per size; the photos (about 500x375, like ImageNet's) are made once and sliced.
+
+    A pair left in ``workdir`` by an earlier run with the same size and synsets is used again (its
+    ``archives.json`` says what it holds).
+    """
     archives = {}
     for size in sorted(set(sizes)):
+        directory = os.path.join(workdir, f"archives-{size}")
+        try:
+            with open(os.path.join(directory, "archives.json")) as f:
+                kept = json.load(f)
+        except (OSError, ValueError):
+            continue
+        if kept.pop("num_synsets") == num_synsets and kept["num_images"] == size:
+            archives[size] = Archives(directory=directory, **kept)
+    missing = sorted(set(sizes) - set(archives))
+    if not missing:
+        return archives
+    samples = sample_data.photo_samples(max(missing), num_synsets, short_side=PHOTO_SHORT_SIDE)
+    for size in missing:
         directory = os.path.join(workdir, f"archives-{size}")
         contents = sample_data.write_archives(directory, samples[:size], val_fraction=VAL_FRACTION)
         megabytes = sum(os.path.getsize(p) for p in (contents.train_archive, contents.val_archive)) / MIB
@@ -340,6 +356,10 @@ def generate_archives(workdir: str, sizes: list[int], num_synsets: int) -> dict[
             raise RuntimeError(
                 f"archives-{size}: wrote {len(contents.train) + len(contents.validation)} images"
             )
+        kept = dataclasses.asdict(archives[size])
+        kept.pop("directory")
+        with open(os.path.join(directory, "archives.json"), "w") as f:
+            json.dump({**kept, "num_synsets": num_synsets}, f)
     return archives
 
 
@@ -384,7 +404,7 @@ class DecodeLimit:
         return 2 * 1000 / self.floor_ms
 
 
-def decode_limit(archives: Archives, repeats: int = 3) -> DecodeLimit:
+def decode_limit(archives: Archives, repeats: int = 1) -> DecodeLimit:
     """The decode floor (one core, best of ``repeats``) and the 2-core limit (two forked processes, each
     checking every image, at the same time; best of ``repeats``).
 
@@ -416,16 +436,29 @@ def decode_limit(archives: Archives, repeats: int = 3) -> DecodeLimit:
     return DecodeLimit(floor_ms, two_core)
 
 
+def best_limit(limits: list[DecodeLimit]) -> DecodeLimit:
+    """The fastest of the rounds' measurements, as the contenders' runs are the best of theirs."""
+    return DecodeLimit(min(x.floor_ms for x in limits), max(x.two_core_images_per_s for x in limits))
+
+
 # ----------------------------------------------------------------------------------------------------------
 # The benchmark
 
 
 def measure_all(
     archives_by_size: dict[int, Archives], workdir: str, repeats: int
-) -> dict[tuple[str, int], list[RunMeasurement]]:
-    """``repeats`` rounds of every contender at every size, interleaved so that load bursts hit all alike."""
+) -> tuple[dict[tuple[str, int], list[RunMeasurement]], DecodeLimit]:
+    """``repeats`` rounds of every contender at every size and of the decode limit (on the small archive),
+    interleaved so that load bursts and the machine's changing speed hit all alike."""
     runs = {}
+    limits = []
     for round_index in range(repeats):
+        limits.append(decode_limit(archives_by_size[min(archives_by_size)]))
+        print(
+            f"  round {round_index + 1}/{repeats} decode floor {limits[-1].floor_ms:.3f} ms/image, 2-core limit "
+            f"{limits[-1].two_core_images_per_s:.0f} images/s",
+            flush=True,
+        )
         for size, archives in sorted(archives_by_size.items()):
             for contender in CONTENDERS.values():
                 run_dir = os.path.join(workdir, f"{contender.name}-{size}-{round_index}")
@@ -437,7 +470,7 @@ def measure_all(
                     flush=True,
                 )
                 runs.setdefault((contender.name, size), []).append(measured)
-    return runs
+    return runs, best_limit(limits)
 
 
 def best(runs: list[RunMeasurement]) -> RunMeasurement:
@@ -539,13 +572,8 @@ def main(argv=None) -> None:
     try:
         print(f"Generating archives ({args.sizes[0]} and {args.sizes[1]} images) in {workdir}", flush=True)
         archives = generate_archives(workdir, args.sizes, args.num_synsets)
-        decode = decode_limit(archives[args.sizes[1]])
-        print(
-            f"  done in {time.time() - started:.0f}s; decode floor {decode.floor_ms:.3f} ms/image, 2-core limit "
-            f"{decode.two_core_images_per_s:.0f} images/s; runs:",
-            flush=True,
-        )
-        runs = measure_all(archives, workdir, args.repeats)
+        print(f"  done in {time.time() - started:.0f}s; runs:", flush=True)
+        runs, decode = measure_all(archives, workdir, args.repeats)
     finally:
         if not args.workdir:
             shutil.rmtree(workdir, ignore_errors=True)
