@@ -240,9 +240,11 @@ def children_cpu_s() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def child_env() -> dict[str, str]:
-    """The same environment for every contender: quiet TensorFlow and the checkout on the path."""
+def child_env(temp_dir: str) -> dict[str, str]:
+    """The same environment for every contender: quiet TensorFlow, the checkout on the path, and a temporary
+    directory of the run's own (tfds leaves its download directories behind; this one is deleted)."""
     env = dict(os.environ)
+    env["TMPDIR"] = temp_dir
     env["PYTHONPATH"] = os.pathsep.join(p for p in (REPO_ROOT, env.get("PYTHONPATH", "")) if p)
     env["TF_CPP_MIN_LOG_LEVEL"] = "2"
     env["PYTHONWARNINGS"] = "ignore::FutureWarning"
@@ -256,12 +258,14 @@ def measure_run(contender: Contender, archives: Archives, run_dir: str) -> RunMe
     result_path = os.path.join(run_dir, "result.json")
     shutil.rmtree(run_dir, ignore_errors=True)  # left by an earlier benchmark in the same --workdir
     os.makedirs(run_dir)
+    temp_dir = os.path.join(run_dir, "tmp")
+    os.makedirs(temp_dir)
     launched_at = time.time()
     child_args = [contender.name, archives.directory, output_dir, result_path, repr(launched_at)]
     command = [sys.executable, os.path.abspath(__file__), "--child", *child_args]
     cpu_before = children_cpu_s()
     with open(log_path, "w") as log:
-        process = subprocess.Popen(command, cwd=REPO_ROOT, env=child_env(), stdout=log, stderr=log)
+        process = subprocess.Popen(command, cwd=REPO_ROOT, env=child_env(temp_dir), stdout=log, stderr=log)
         with TreeMemorySampler(process.pid) as sampler:
             process.wait()
         wall_s = time.time() - launched_at
@@ -272,6 +276,7 @@ def measure_run(contender: Contender, archives: Archives, run_dir: str) -> RunMe
         result = json.load(f)
     verify_run(contender, archives, output_dir, result)
     shutil.rmtree(output_dir)  # the next run starts from nothing; disk stays small
+    shutil.rmtree(temp_dir)
     return RunMeasurement(
         contender=contender.name,
         num_images=archives.num_images,
