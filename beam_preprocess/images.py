@@ -91,7 +91,12 @@ def check_and_fix(data: bytes) -> CheckedImage:
 
 def build_example(image: CheckedImage, filename: str, synset: str) -> bytes:
     """The serialized tf.train.Example of the reference schema (keys in ``beam_preprocess.schema``)."""
-    return tfrecord.encode_example(
+    return b"".join(example_pieces(image, filename, synset))
+
+
+def example_pieces(image: CheckedImage, filename: str, synset: str) -> list[bytes]:
+    """``build_example`` as pieces to write one after the other, the image's bytes uncopied among them."""
+    return tfrecord.example_pieces(
         {
             schema.IMAGE_ENCODED: image.jpeg,
             schema.IMAGE_FORMAT: b"JPEG",

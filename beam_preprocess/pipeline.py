@@ -112,10 +112,12 @@ class ProcessUnitFn(beam.DoFn):
                     continue
                 if checked.fix != images.FIX_NONE:
                     stats[f"fixed_{checked.fix}"] += 1
-                record = images.build_example(checked, item.filename, item.synset)
-                spill.write(record)
-                records.append((self._order_key(unit.split, item.filename), offset, len(record)))
-                offset += len(record)
+                length = 0
+                for piece in images.example_pieces(checked, item.filename, item.synset):
+                    spill.write(piece)  # the image's bytes go to the spill without an Example copy
+                    length += len(piece)
+                records.append((self._order_key(unit.split, item.filename), offset, length))
+                offset += length
                 class_counts[item.synset] += 1
                 stats["processed"] += 1
             records.sort()  # the unit's output order

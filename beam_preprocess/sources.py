@@ -231,25 +231,82 @@ def read_unit(unit: WorkUnit) -> Iterator[InputItem]:
 
 
 def _read_inner_tar(unit: WorkUnit) -> Iterator[InputItem]:
+    """The members of one per-synset inner tar: plain file headers read directly, anything else by tarfile."""
     outer = f"{unit.path}[{unit.synset}.tar]"
     with storage.open_window(unit.path, unit.offset, unit.size) as f:
-        try:
-            with tarfile.open(fileobj=f, mode="r:") as tar:
-                while True:
-                    try:
-                        member = tar.next()
-                    except (tarfile.TarError, OSError, EOFError) as e:
-                        yield InputItem(
-                            unit.split, outer, f"{unit.synset}.tar", unit.synset, error=f"corrupt tar: {e}"
-                        )
-                        return
-                    if member is None:
-                        return
-                    yield _tar_member_item(unit, tar, member, outer, unit.synset)
-        except (tarfile.TarError, OSError, EOFError) as e:
-            yield InputItem(
-                unit.split, outer, f"{unit.synset}.tar", unit.synset, error=f"unreadable tar: {e}"
-            )
+        yield from _read_plain_members(unit, f, outer)
+        yield from _read_inner_tar_with_tarfile(unit, f, outer)
+
+
+_BLOCK = 512
+_PLAIN_FILE_TYPES = (tarfile.REGTYPE, tarfile.AREGTYPE)
+
+
+def _plain_file_header(header: bytes) -> tuple[str, int] | None:
+    """(name, size) when ``header`` is a regular file's ustar/GNU header with nothing unusual, else None.
+
+    Parsing a header with ``tarfile`` costs about 40 us in Python (a third of reading an ImageNet image);
+    this reads the same fields for the one case every ILSVRC2012 member is. Anything else (pax and GNU
+    long-name headers, links, directories, sparse files, base-256 sizes, a checksum only the signed sum
+    matches, the end of the archive, a short block) returns None and is left to ``tarfile``.
+    """
+    if len(header) != _BLOCK or header[156:157] not in _PLAIN_FILE_TYPES or header[124] & 0x80:
+        return None
+    try:
+        stored_checksum = int(header[148:156].split(b"\0", 1)[0].strip() or b"0", 8)
+        size = int(header[124:136].split(b"\0", 1)[0].strip() or b"0", 8)
+    except ValueError:
+        return None
+    if stored_checksum != 256 + sum(header[:148]) + sum(header[156:]):  # tarfile's unsigned checksum
+        return None
+    name = header[:100].split(b"\0", 1)[0].decode(tarfile.ENCODING, "surrogateescape")
+    if header[156:157] == tarfile.AREGTYPE and name.endswith("/"):
+        return None  # the old V7 way of writing a directory
+    prefix = header[345:500].split(b"\0", 1)[0]
+    if prefix:  # a ustar long name, joined as tarfile joins it
+        name = prefix.decode(tarfile.ENCODING, "surrogateescape") + "/" + name
+    return name, size
+
+
+def _read_plain_members(unit: WorkUnit, f, outer: str) -> Iterator[InputItem]:
+    """Members read straight from their headers, until one needs ``tarfile``; ``f`` is left at that header."""
+    while True:
+        at = f.tell()
+        plain = _plain_file_header(f.read(_BLOCK))
+        if plain is None:
+            f.seek(at)
+            return
+        name, size = plain
+        data = f.read(size)
+        padding = -size % _BLOCK
+        if len(data) != size or len(f.read(padding)) != padding:
+            f.seek(at)  # cut short: tarfile reads this member again and reports it as it always has
+            return
+        base = posixpath.basename(name)
+        unsafe = unsafe_member_reason(name)
+        if unsafe:
+            yield InputItem(unit.split, f"{outer}/{name}", base, unit.synset, error=unsafe)
+        else:
+            yield InputItem(unit.split, f"{outer}/{name}", base, unit.synset, data=data)
+
+
+def _read_inner_tar_with_tarfile(unit: WorkUnit, f, outer: str) -> Iterator[InputItem]:
+    """The members from ``f``'s position on, read by ``tarfile`` (which starts at the current position)."""
+    try:
+        with tarfile.open(fileobj=f, mode="r:") as tar:
+            while True:
+                try:
+                    member = tar.next()
+                except (tarfile.TarError, OSError, EOFError) as e:
+                    yield InputItem(
+                        unit.split, outer, f"{unit.synset}.tar", unit.synset, error=f"corrupt tar: {e}"
+                    )
+                    return
+                if member is None:
+                    return
+                yield _tar_member_item(unit, tar, member, outer, unit.synset)
+    except (tarfile.TarError, OSError, EOFError) as e:
+        yield InputItem(unit.split, outer, f"{unit.synset}.tar", unit.synset, error=f"unreadable tar: {e}")
 
 
 def _tar_member_item(unit: WorkUnit, tar: tarfile.TarFile, member, where: str, synset: str | None):

@@ -71,18 +71,47 @@ def _entry(key: str, value: bytes | int) -> tuple[bytes, bytes]:
     return _LENGTH_DELIMITED_1 + _varint(len(body) + len(payload)) + body, payload
 
 
-def encode_example(features: dict[str, bytes | int]) -> bytes:
-    """A serialized tf.train.Example with one value per feature (bytes -> BytesList, int -> Int64List).
+# Entries of a short value (an int, a label, a format name, a file name) are remembered: most of an image's
+# features are the same for a whole work unit or take few values (format, colorspace, channels, synset,
+# label, common heights and widths), so building them once saves about half the encoding time.
+_SHORT_VALUE_BYTES = 64
 
-    The pieces are joined once, so an image's bytes are copied once rather than once per nesting level.
+
+@functools.lru_cache(maxsize=4096)
+def _short_entry(key: str, value: bytes | int) -> bytes:
+    header, payload = _entry(key, value)
+    return header + payload
+
+
+def encode_example(features: dict[str, bytes | int]) -> bytes:
+    """A serialized tf.train.Example with one value per feature (bytes -> BytesList, int -> Int64List)."""
+    return b"".join(example_pieces(features))
+
+
+def example_pieces(features: dict[str, bytes | int]) -> list[bytes]:
+    """``encode_example(features)`` as pieces whose concatenation is the Example, long values uncopied.
+
+    Each long value (an image) is a piece of its own, the very object given, and the framing around it is
+    joined into the pieces between: a writer that writes the pieces one after the other never copies the image
+    into an Example first.
     """
     parts = []
-    size = 0
     for key in sorted(features):
-        header, payload = _entry(key, features[key])
-        parts += (header, payload)
-        size += len(header) + len(payload)
-    return b"".join([_LENGTH_DELIMITED_1, _varint(size), *parts])  # Example{1: Features{1: entries}}
+        value = features[key]
+        if isinstance(value, int) or (isinstance(value, bytes) and len(value) <= _SHORT_VALUE_BYTES):
+            parts.append(_short_entry(key, value))
+        else:
+            parts += _entry(key, value)
+    pieces = []
+    framing = [_LENGTH_DELIMITED_1, _varint(sum(map(len, parts)))]  # Example{1: Features{1: entries}}
+    for part in parts:
+        if len(part) > _SHORT_VALUE_BYTES:
+            pieces += (b"".join(framing), part)
+            framing = []
+        else:
+            framing.append(part)
+    pieces.append(b"".join(framing))
+    return pieces
 
 
 def _read_varint(data: bytes, pos: int) -> tuple[int, int]:

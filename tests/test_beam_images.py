@@ -151,3 +151,30 @@ def test_plain_python_example_and_framing_are_byte_identical_to_tensorflow(tmp_p
 
     with pytest.raises(OSError, match="corrupt TFRecord"):
         list(tfrecord.read_records(io.BytesIO(bytes(corrupt))))
+
+
+def test_example_pieces_join_to_tensorflows_example_and_leave_the_image_uncopied():
+    from beam_preprocess import tfrecord
+
+    image = bytes(range(256)) * 300  # long values: their own pieces
+    features = {
+        schema.IMAGE_ENCODED: image,
+        schema.FILENAME: b"n" * 200,
+        schema.LABEL: 7,
+        schema.SYNSET: b"n01440764",  # short values: remembered entries
+        schema.HEIGHT: 375,
+    }
+    expected = tf.train.Example(
+        features=tf.train.Features(
+            feature={
+                key: tf.train.Feature(bytes_list=tf.train.BytesList(value=[value]))
+                if isinstance(value, bytes)
+                else tf.train.Feature(int64_list=tf.train.Int64List(value=[value]))
+                for key, value in features.items()
+            }
+        )
+    ).SerializeToString(deterministic=True)
+    for _ in range(2):  # the second time from the remembered short entries
+        pieces = tfrecord.example_pieces(features)
+        assert b"".join(pieces) == tfrecord.encode_example(features) == expected
+        assert any(piece is image for piece in pieces)
