@@ -104,6 +104,20 @@ def test_synset_list_and_validation_labels_are_the_shipped_ones():
     assert schema.shard_name("train", 3, 1024) == "train-00003-of-01024"
 
 
+def _tensorflow_example(features: dict) -> bytes:
+    """What TensorFlow serialises for one bytes or int value per feature (the reference for ours)."""
+    return tf.train.Example(
+        features=tf.train.Features(
+            feature={
+                key: tf.train.Feature(bytes_list=tf.train.BytesList(value=[value]))
+                if isinstance(value, bytes)
+                else tf.train.Feature(int64_list=tf.train.Int64List(value=[value]))
+                for key, value in features.items()
+            }
+        )
+    ).SerializeToString(deterministic=True)
+
+
 def test_plain_python_example_and_framing_are_byte_identical_to_tensorflow(tmp_path):
     from beam_preprocess import tfrecord
 
@@ -116,16 +130,7 @@ def test_plain_python_example_and_framing_are_byte_identical_to_tensorflow(tmp_p
         schema.FILENAME: b"",
     }
     ours = tfrecord.encode_example(features)
-    theirs = tf.train.Example(
-        features=tf.train.Features(
-            feature={
-                key: tf.train.Feature(bytes_list=tf.train.BytesList(value=[value]))
-                if isinstance(value, bytes)
-                else tf.train.Feature(int64_list=tf.train.Int64List(value=[value]))
-                for key, value in features.items()
-            }
-        )
-    ).SerializeToString(deterministic=True)
+    theirs = _tensorflow_example(features)
     assert ours == theirs
 
     records = [ours, b"", b"x" * 70_000]
@@ -164,16 +169,7 @@ def test_example_pieces_join_to_tensorflows_example_and_leave_the_image_uncopied
         schema.SYNSET: b"n01440764",  # short values: remembered entries
         schema.HEIGHT: 375,
     }
-    expected = tf.train.Example(
-        features=tf.train.Features(
-            feature={
-                key: tf.train.Feature(bytes_list=tf.train.BytesList(value=[value]))
-                if isinstance(value, bytes)
-                else tf.train.Feature(int64_list=tf.train.Int64List(value=[value]))
-                for key, value in features.items()
-            }
-        )
-    ).SerializeToString(deterministic=True)
+    expected = _tensorflow_example(features)
     for _ in range(2):  # the second time from the remembered short entries
         pieces = tfrecord.example_pieces(features)
         assert b"".join(pieces) == tfrecord.encode_example(features) == expected
