@@ -115,8 +115,25 @@ def _index_tar(path: str, kind: str) -> Iterator[tuple[tarfile.TarInfo, int]]:
         while True:
             member = tar.next()
             if member is None:
-                return
+                break
             yield member, member.offset_data
+        stopped = _stopped_early(tar, f)
+    if stopped:
+        raise tarfile.ReadError(stopped)
+
+
+def _stopped_early(tar: tarfile.TarFile, f) -> str | None:
+    """Why ``tar`` ended before its end-of-archive blocks, or None when it reached them (or the end of data).
+
+    Past its first member, tarfile takes a header it cannot read (a bad checksum, garbage) for the end of
+    the archive and returns no more members: without this check every member after it would be lost
+    without a word.
+    """
+    f.seek(tar.offset)
+    block = f.read(_BLOCK)
+    if not block or block.count(0) == len(block):
+        return None
+    return f"unreadable tar header at byte {tar.offset}: the members after it cannot be read"
 
 
 def plan_units(spec: InputSpec, members_per_unit: int = 1000) -> Iterator[WorkUnit]:
@@ -133,20 +150,26 @@ def _plan_units(spec: InputSpec, members_per_unit: int) -> Iterator[WorkUnit]:
             yield _plan_inner_tar(spec, member, offset)
     elif spec.kind == KIND_VAL_ARCHIVE:
         batch: list[tuple[str, int, int]] = []
-        for member, offset in _index_tar(spec.path, spec.kind):
-            if member.isdir():
-                continue
-            if not member.isfile():
-                yield WorkUnit(
-                    spec.split, UNIT_FAILED, f"{spec.path}[{member.name}]", error="not a regular file"
-                )
-                continue
-            batch.append((member.name, offset, member.size))
-            if len(batch) == members_per_unit:
-                yield WorkUnit(spec.split, UNIT_TAR_MEMBERS, spec.path, members=tuple(batch))
-                batch = []
+        stopped = None
+        try:
+            for member, offset in _index_tar(spec.path, spec.kind):
+                if member.isdir():
+                    continue
+                if not member.isfile():
+                    yield WorkUnit(
+                        spec.split, UNIT_FAILED, f"{spec.path}[{member.name}]", error="not a regular file"
+                    )
+                    continue
+                batch.append((member.name, offset, member.size))
+                if len(batch) == members_per_unit:
+                    yield WorkUnit(spec.split, UNIT_TAR_MEMBERS, spec.path, members=tuple(batch))
+                    batch = []
+        except tarfile.ReadError as e:  # the members indexed before it are planned all the same
+            stopped = e
         if batch:
             yield WorkUnit(spec.split, UNIT_TAR_MEMBERS, spec.path, members=tuple(batch))
+        if stopped:
+            raise stopped
     elif spec.kind in (KIND_SYNSET_DIR, KIND_VAL_DIR):
         entries = storage.list_dir(spec.path)
         if spec.kind == KIND_VAL_DIR and not any(is_dir for _, is_dir in entries):
@@ -303,8 +326,13 @@ def _read_inner_tar_with_tarfile(unit: WorkUnit, f, outer: str) -> Iterator[Inpu
                     )
                     return
                 if member is None:
-                    return
+                    break
                 yield _tar_member_item(unit, tar, member, outer, unit.synset)
+            stopped = _stopped_early(tar, f)
+            if stopped:
+                yield InputItem(
+                    unit.split, outer, f"{unit.synset}.tar", unit.synset, error=f"corrupt tar: {stopped}"
+                )
     except (tarfile.TarError, OSError, EOFError) as e:
         yield InputItem(unit.split, outer, f"{unit.synset}.tar", unit.synset, error=f"unreadable tar: {e}")
 

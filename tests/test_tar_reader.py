@@ -99,3 +99,34 @@ def test_every_plain_member_takes_the_direct_path(tmp_path, monkeypatch):
     items = _items(str(path), len(data), "direct")
     assert [i.filename for i in items] == [name for name, _ in _images(20)]
     assert [i.data for i in items] == [payload for _, payload in _images(20)]
+
+
+def _corrupt_header(data: bytes, index: int) -> bytes:
+    """``data`` with the checksum of its ``index``-th header (0-based) overwritten."""
+    at = 0
+    for info in tarfile.open(fileobj=io.BytesIO(data)).getmembers()[:index]:
+        at = info.offset_data + -(-info.size // 512) * 512
+    return data[: at + 148] + b"0000000\0" + data[at + 156 :]
+
+
+def test_a_corrupt_header_midway_is_a_failure_not_a_silent_end(tmp_path):
+    # tarfile ends an archive quietly at an unreadable header past the first: the members after it would
+    # be lost without a word.
+    data = _corrupt_header(_tar(_images(5), tarfile.GNU_FORMAT), 2)
+    path = tmp_path / "inner.tar"
+    path.write_bytes(data)
+    items = _items(str(path), len(data), "direct")
+    assert [i.filename for i in items if i.data is not None] == [name for name, _ in _images(2)]
+    assert items[-1].data is None and items[-1].error.startswith("corrupt tar: unreadable tar header at byte")
+
+
+def test_planning_reports_a_corrupt_header_in_the_validation_archive(tmp_path):
+    names = [f"ILSVRC2012_val_{i:08d}.JPEG" for i in range(1, 6)]
+    data = _corrupt_header(_tar([(name, b"jpeg") for name in names], tarfile.GNU_FORMAT), 3)
+    path = tmp_path / "ILSVRC2012_img_val.tar"
+    path.write_bytes(data)
+    spec = sources.InputSpec("validation", sources.KIND_VAL_ARCHIVE, str(path))
+    units = list(sources.plan_units(spec, members_per_unit=2))
+    planned = [name for unit in units for name, _, _ in unit.members]
+    assert planned == names[:3]
+    assert units[-1].kind == sources.UNIT_FAILED and "unreadable tar header" in units[-1].error
