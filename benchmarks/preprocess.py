@@ -11,7 +11,8 @@ way:
 - ``ours-2``: the same with ``--direct_num_workers 2 --direct_running_mode multi_threading``.
 - ``ours-2p``: the same with ``--direct_num_workers 2 --direct_running_mode multi_processing``.
 
-All of ours decode every image (see beam_preprocess.images). Each contender runs ``--repeats`` times at two
+All of ours decode every image (see beam_preprocess.images), each worker on one check thread per core
+(``--check-threads``' default), so even ``ours-1`` keeps both cores busy. Each contender runs ``--repeats`` times at two
 archive sizes of about 500x375 photos (ImageNet's typical size); the best run (by wall time) at each size
 gives the **steady-state rate**, extra images / extra wall seconds of the larger archive, in which start-up
 and the runners' fixed costs cancel out, and the **fixed cost**, what the small run took beyond its images at
