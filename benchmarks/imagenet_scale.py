@@ -153,7 +153,10 @@ def trainer_plan(shards_dir: str, preset: str = "b5-lars-1024x65536") -> dict:
 
     train_files = os.path.join(shards_dir, schema.TRAIN, f"{schema.TRAIN}-*")
     eval_files = os.path.join(shards_dir, schema.VALIDATION, f"{schema.VALIDATION}-*")
-    config = with_data_sizes(presets.get_preset(preset), train_files, eval_files)
+    try:
+        config = with_data_sizes(presets.get_preset(preset), train_files, eval_files)
+    except ValueError as e:  # e.g. --scale too small for the preset's global batch
+        return {"preset": preset, "skipped": str(e)}
     plan = config.plan
     listed_train, listed_eval = input_pipeline.list_files(train_files), input_pipeline.list_files(eval_files)
     train_per_host = {
@@ -244,13 +247,17 @@ def main(argv=None) -> None:
         f"peak memory full / (1/{SMALL_FRACTION}): {ratio:.2f}x (goal <= {GOAL_MEMORY_RATIO}: "
         f"{'met' if ratio <= GOAL_MEMORY_RATIO else 'NOT met'})"
     )
-    print(
-        f"trainer plan of {per_host['preset']} ({per_host['replicas']} replicas, {per_host['hosts']} hosts) from the "
-        f"manifest: {per_host['train_files_per_host']} training / {per_host['eval_files_per_host']} validation "
-        f"files per host, {per_host['steps_per_epoch']:.3f} steps per epoch, {per_host['total_steps']} steps; "
-        f"evaluation {per_host['eval_steps']} step(s) per pass, {per_host['eval_examples']:,} images counted once "
-        f"each plus {per_host['eval_padding']:,} masked padding"
-    )
+    if "skipped" in per_host:
+        print(f"trainer plan of {per_host['preset']} skipped at this scale: {per_host['skipped']}")
+    else:
+        print(
+            f"trainer plan of {per_host['preset']} ({per_host['replicas']} replicas, {per_host['hosts']} hosts) "
+            f"from the "
+            f"manifest: {per_host['train_files_per_host']} training / {per_host['eval_files_per_host']} validation "
+            f"files per host, {per_host['steps_per_epoch']:.3f} steps per epoch, {per_host['total_steps']} steps; "
+            f"evaluation {per_host['eval_steps']} step(s) per pass, {per_host['eval_examples']:,} images counted "
+            f"once each plus {per_host['eval_padding']:,} masked padding"
+        )
     print(
         json.dumps(
             {"results": results, "peak_ratio": round(ratio, 3), "trainer_plan": per_host}, sort_keys=True

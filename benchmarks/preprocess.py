@@ -241,11 +241,12 @@ def children_cpu_s() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def child_env(temp_dir: str) -> dict[str, str]:
+def child_env(temp_dir: str | None = None) -> dict[str, str]:
     """The same environment for every contender: quiet TensorFlow, the checkout on the path, and a temporary
-    directory of the run's own (tfds leaves its download directories behind; this one is deleted)."""
+    directory of the run's own when given (tfds leaves its download directories behind; that one is deleted)."""
     env = dict(os.environ)
-    env["TMPDIR"] = temp_dir
+    if temp_dir:
+        env["TMPDIR"] = temp_dir
     env["PYTHONPATH"] = os.pathsep.join(p for p in (REPO_ROOT, env.get("PYTHONPATH", "")) if p)
     env["TF_CPP_MIN_LOG_LEVEL"] = "2"
     env["PYTHONWARNINGS"] = "ignore::FutureWarning"
