@@ -24,7 +24,7 @@ from beam_preprocess import lean_imports  # noqa: E402
 
 if __name__ == "__main__" and lean_imports.runs_on_direct_runner(sys.argv[1:]):
     # Run as the program (never when imported by a library or a test): before Beam is imported, refuse the
-    # connectors sharding does not use (1.3 s of every start).
+    # connectors sharding does not use (about 2 s of every start).
     lean_imports.install()
 
 from beam_preprocess import console, schema, sources, storage  # noqa: E402

@@ -4,7 +4,7 @@ Beam starts ``python -m apache_beam.runners.worker.sdk_worker_main`` per worker;
 starts this module instead, which runs the same harness with two differences measured on 2 cores:
 
 - it refuses the connectors sharding never uses before Beam is imported (``beam_preprocess.lean_imports``):
-  about 1.3 s less per worker start;
+  about 2 s less per worker start;
 - once the harness has finished (the runner closed its control channel, every bundle is done and logged), it
   leaves with ``os._exit`` instead of the interpreter's shutdown, which waited about 1 s per worker for
   Beam's and gRPC's threads, and the runner stops its workers one after the other.
