@@ -1,4 +1,4 @@
-"""Keep Beam's import to what sharding uses: BigQuery, Pub/Sub and IPython are refused in our own processes.
+"""Keep Beam's import to what sharding uses: BigQuery, Pub/Sub, IPython and pandas are refused in our processes.
 
 ``import apache_beam`` imports ``apache_beam.io``, which imports every connector whose client library is
 installed, each inside ``try: ... except ImportError``. With ``apache-beam[gcp]`` (needed for GCS and
