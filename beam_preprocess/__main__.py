@@ -27,7 +27,7 @@ if __name__ == "__main__" and lean_imports.runs_on_direct_runner(sys.argv[1:]):
     # connectors sharding does not use (about 2 s of every start).
     lean_imports.install()
 
-from beam_preprocess import console, schema, sources, storage  # noqa: E402
+from beam_preprocess import console, schema, sources, spill, storage  # noqa: E402
 from beam_preprocess.config import ShardingConfig  # noqa: E402
 from beam_preprocess.run import FailureBudgetExceeded, OutputExistsError, leftovers_message, run  # noqa: E402
 
@@ -152,7 +152,11 @@ def main(argv: list[str] | None = None) -> int:
             return console.fail(e)
         except FailureBudgetExceeded as e:
             return console.fail(e, status=1)
-        except Exception:
+        except Exception as e:
+            changed = spill.changed_source(e)
+            if changed:  # an archive replaced between checking and writing: what changed, then the leftovers
+                console.fail(changed)
+                return console.fail(leftovers_message(config), status=1)
             # An error nobody foresaw: its traceback follows this line (which run_pipeline also logged).
             print(f"error: {leftovers_message(config)}", file=sys.stderr)
             raise

@@ -1,11 +1,12 @@
 """Which record goes to which shard, from per-unit counts: no worker ever holds a list of a split's records.
 
-Each work unit's Examples sit in its spill file. A unit puts its own records in order (training: by a seeded
-hash of the file name; validation: by file name) and appends to the spill an index of their offsets and
-lengths in that order; what travels on is a few numbers per unit (count, bytes, sort key). A split's units
+Each work unit's records are described by its spill file (``beam_preprocess.spill``). A unit puts its own
+records in order (training: by a seeded hash of the file name; validation: by file name) and writes the spill's
+index in that order; what travels on is a few numbers per unit (count, bytes, sort key). A split's units
 are then put in order too (training: by their smallest hash key, so by seed; validation: by file name) and
 numbered by prefix sums: record r of unit k has the global position g = start[k] + r, known without a list of
-all records, and a shard writer reads the index entries of its records from each spill (12 bytes a record).
+all records, and a shard writer reads the index entries of its records from each spill (about 200 bytes a
+record) and their images.
 
 - **Training**: the record at global position g goes to shard g mod S. Every shard gets floor(N/S) or
   floor(N/S) + 1 records, each unit's records land on consecutive shards (every class in every shard once a
@@ -26,14 +27,9 @@ import dataclasses
 import heapq
 import itertools
 import random
-import struct
 import typing
 
 from beam_preprocess import schema
-
-# A spill file: the unit's Examples as processed, then an index of one entry per record in the unit's output
-# order: its offset (uint64) and length (uint32), little-endian. A shard writer reads the entries it needs.
-INDEX_ENTRY = struct.Struct("<QI")
 
 
 class UnitSpill(typing.NamedTuple):
@@ -43,12 +39,15 @@ class UnitSpill(typing.NamedTuple):
     path: str
     order_key: str  # the unit's place in its split: smallest hash key (train), first file name (validation)
     count: int  # records
-    num_bytes: int  # bytes of Examples, before the index
+    num_bytes: int  # bytes of the unit's Examples
     keys: tuple[str, ...] = ()  # validation: the sorted file names, for merging units whose names interleave
+    source: str = ""  # the file the unit's images were read from (their bytes are read again from there)
+    index_at: int = 0  # where the spill's index starts
+    entry_size: int = 0  # bytes of one index entry
 
     def index_range(self, rank: int) -> tuple[int, int]:
         """(offset, length) of the index entry of the record at ``rank`` in the unit's output order."""
-        return self.num_bytes + rank * INDEX_ENTRY.size, INDEX_ENTRY.size
+        return self.index_at + rank * self.entry_size, self.entry_size
 
 
 def choose_num_shards(total_bytes: int, requested: int, shard_mb: float, num_hosts: int) -> int:

@@ -3,13 +3,15 @@
 Stages (each a small DoFn with counters, composed by one ``ptransform_fn``):
 
 1. ``PlanUnitsFn``: one input (archive, directory, tfds dir) -> work units, reading tar headers only.
-2. ``ProcessUnitFn``: one unit -> every image decoded, fixed if needed, turned into an Example and appended to
-   the unit's spill file, followed by an index of the records in the unit's output order; what travels on is
-   one ``UnitSpill`` per unit (a few numbers).
+2. ``ProcessUnitFn``: one unit -> every image decoded, fixed if needed, and described in the unit's spill file
+   (``beam_preprocess.spill``: where an untouched image sits in its archive and the Example's bytes around it,
+   or the bytes of a re-encoded one), indexed in the unit's output order; what travels on is one ``UnitSpill``
+   per unit (a few numbers).
 3. ``build_layout``: per split, the units in order and numbered by prefix sums, which fixes every record's shard
    (``beam_preprocess.layout``).
-4. ``WriteShardFn``: one shard index -> its records found from the layout, their index entries and then the
-   records read from the spill files by exact byte ranges (bytes read = bytes needed), written in order.
+4. ``WriteShardFn``: one shard index -> its records found from the layout, their index entries read from the
+   spill files and their images from the archives by exact byte ranges (bytes read = bytes needed), each
+   checked against the CRC taken at step 2, written in order.
 5. ``WriteManifestFn``: counts, shards, classes, failures -> manifest.json; checks read = written + failed;
    deletes the spill files.
 
@@ -30,7 +32,7 @@ import time
 import apache_beam as beam
 from apache_beam.metrics import Metrics
 
-from beam_preprocess import images, layout, schema, sources, storage, tfrecord, threads
+from beam_preprocess import images, layout, schema, sources, spill, storage, threads
 from beam_preprocess.config import ShardingConfig
 from beam_preprocess.manifest import Failure, LabelConvention, Manifest, Shard, SplitManifest
 
@@ -68,7 +70,7 @@ def check_item(item: sources.InputItem) -> tuple[images.CheckedImage | None, str
 
 
 class ProcessUnitFn(beam.DoFn):
-    """Reads, checks and fixes every image of a unit; spills Examples to one file per unit.
+    """Reads, checks and fixes every image of a unit; describes its records in one spill file per unit.
 
     Images are checked on ``check_threads`` threads (``beam_preprocess.threads``) while this thread reads the
     unit and writes the spill; counters are updated once per unit.
@@ -93,13 +95,13 @@ class ProcessUnitFn(beam.DoFn):
 
     def process(self, unit: sources.WorkUnit):
         start = time.time()
-        spill_path = storage.join(self._temp_dir, unit.split, f"{unit.unit_id}.examples")
+        spill_path = storage.join(self._temp_dir, unit.split, f"{unit.unit_id}.spill")
         stats = collections.Counter()
         class_counts = collections.Counter()
-        records = []  # (order key, spill offset, length) of each Example written
         failures = []
-        offset = bytes_read = 0
-        with storage.open_write(spill_path) as spill:
+        bytes_read = 0
+        with storage.open_write(spill_path) as f:
+            writer = spill.SpillWriter(f)
             for item, (checked, error) in threads.ordered_map(
                 check_item, sources.read_unit(unit), self._threads
             ):
@@ -112,17 +114,17 @@ class ProcessUnitFn(beam.DoFn):
                     continue
                 if checked.fix != images.FIX_NONE:
                     stats[f"fixed_{checked.fix}"] += 1
-                length = 0
-                for piece in images.example_pieces(checked, item.filename, item.synset):
-                    spill.write(piece)  # the image's bytes go to the spill without an Example copy
-                    length += len(piece)
-                records.append((self._order_key(unit.split, item.filename), offset, length))
-                offset += length
+                untouched = checked.jpeg is item.data
+                writer.add(
+                    self._order_key(unit.split, item.filename),
+                    images.example_pieces(checked, item.filename, item.synset),
+                    checked.jpeg,
+                    item.at if untouched else None,  # an untouched image is read again from its archive
+                )
                 class_counts[item.synset] += 1
                 stats["processed"] += 1
-            records.sort()  # the unit's output order
-            spill.write(b"".join(layout.INDEX_ENTRY.pack(at, length) for _, at, length in records))
-        self._count(stats, bytes_read, offset + len(records) * layout.INDEX_ENTRY.size)
+            written = writer.finish()
+        self._count(stats, bytes_read, written.spill_bytes)
         logging.info(
             "%s: %d images, %d fixed, %d failed (%.1fs)",
             unit.description,
@@ -131,14 +133,17 @@ class ProcessUnitFn(beam.DoFn):
             stats["failed"],
             time.time() - start,
         )
-        if records:
+        if written.keys:
             yield layout.UnitSpill(
                 split=unit.split,
                 path=spill_path,
-                order_key=records[0][0],
-                count=len(records),
-                num_bytes=offset,
-                keys=tuple(r[0] for r in records) if unit.split == schema.VALIDATION else (),
+                order_key=written.keys[0],
+                count=len(written.keys),
+                num_bytes=written.record_bytes,
+                keys=tuple(written.keys) if unit.split == schema.VALIDATION else (),
+                source=unit.path,
+                index_at=written.index_at,
+                entry_size=written.entry_size,
             )
         for failure in failures:
             yield beam.pvalue.TaggedOutput(self.FAILURES, failure)
@@ -182,13 +187,13 @@ def shard_tasks(layouts: dict[str, layout.SplitLayout]):
 
 
 class WriteShardFn(beam.DoFn):
-    """Writes one shard: its records located through the layout, read from the spill files, framed, in order."""
+    """Writes one shard: its records located through the layout, read from the spills and archives, in order."""
 
     def __init__(self, config: ShardingConfig):
         self._config = config
         self._written = Metrics.counter(NAMESPACE, "images_written")
         self._bytes = Metrics.counter(NAMESPACE, "bytes_written")
-        self._spill_read = Metrics.counter(NAMESPACE, "spill_bytes_read")
+        self._reread = Metrics.counter(NAMESPACE, "bytes_reread")
         self._shards = Metrics.counter(NAMESPACE, "shards_written")
 
     def process(self, task: tuple[str, int], layouts: dict[str, layout.SplitLayout]):
@@ -197,18 +202,17 @@ class WriteShardFn(beam.DoFn):
         name = schema.shard_name(split, index, split_layout.num_shards)
         path = storage.join(self._config.split_dir(split), name)
         records = size = 0
-        with storage.open_write(path) as out:
+        with storage.open_write(path) as out, spill.RecordReader() as reader:
             for k, ranks in split_layout.shard_reads(index):
                 unit = split_layout.units[k]
-                with storage.RangeReader(unit.path) as spill:
-                    entries = spill.read([unit.index_range(r) for r in ranks])
-                    ranges = [layout.INDEX_ENTRY.unpack(entry) for entry in entries]
-                    if not split_layout.sorted_by_name:
-                        ranges.sort()  # training order within a unit is free: read the file front to back
-                    for data in spill.read(ranges):
-                        size += tfrecord.write_record(out, data)
+                with storage.RangeReader(unit.path) as unit_spill:
+                    entries = reader.entries(unit_spill, unit.index_at, unit.entry_size, ranks)
+                    # Training order within a unit is free: read each file front to back.
+                    keep_order = split_layout.sorted_by_name
+                    for entry, image in reader.records(unit_spill, unit.source, entries, keep_order):
+                        size += spill.write_record(out, entry, image, unit.source)
                         records += 1
-                self._spill_read.inc(len(entries) * layout.INDEX_ENTRY.size + sum(n for _, n in ranges))
+        self._reread.inc(reader.bytes_read)
         self._written.inc(records)
         self._bytes.inc(size)
         self._shards.inc()

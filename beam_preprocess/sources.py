@@ -85,6 +85,9 @@ class InputItem:
     synset: str | None
     data: bytes | None = None
     error: str | None = None
+    # Where ``data`` sits in the unit's file (``WorkUnit.path``) when it is exactly those bytes (a tar member),
+    # so that a shard writer can read it again from there; None otherwise.
+    at: int | None = None
 
 
 def unsafe_member_reason(name: str) -> str | None:
@@ -300,6 +303,7 @@ def _read_plain_members(unit: WorkUnit, f, outer: str) -> Iterator[InputItem]:
             f.seek(at)
             return
         name, size = plain
+        data_at = f.tell()
         data = f.read(size)
         padding = -size % _BLOCK
         if len(data) != size or len(f.read(padding)) != padding:
@@ -310,7 +314,9 @@ def _read_plain_members(unit: WorkUnit, f, outer: str) -> Iterator[InputItem]:
         if unsafe:
             yield InputItem(unit.split, f"{outer}/{name}", base, unit.synset, error=unsafe)
         else:
-            yield InputItem(unit.split, f"{outer}/{name}", base, unit.synset, data=data)
+            yield InputItem(
+                unit.split, f"{outer}/{name}", base, unit.synset, data=data, at=unit.offset + data_at
+            )
 
 
 def _read_inner_tar_with_tarfile(unit: WorkUnit, f, outer: str) -> Iterator[InputItem]:
@@ -345,17 +351,19 @@ def _tar_member_item(unit: WorkUnit, tar: tarfile.TarFile, member, where: str, s
         return InputItem(unit.split, source, name, synset, error=unsafe)
     if not member.isfile():
         return InputItem(unit.split, source, name, synset, error="not a regular file")
+    at = None
     try:
         if member.issparse():
             data = tar.extractfile(member).read()
         else:  # a plain member is its bytes at offset_data: read them without tarfile's file object per member
             tar.fileobj.seek(member.offset_data)
             data = tar.fileobj.read(member.size)
+            at = unit.offset + member.offset_data  # tarfile's offsets are positions in the unit's window
     except (tarfile.TarError, OSError, EOFError) as e:
         return InputItem(unit.split, source, name, synset, error=f"unreadable member: {e}")
     if len(data) != member.size:
         return InputItem(unit.split, source, name, synset, error="archive member is cut short")
-    return InputItem(unit.split, source, name, synset, data=data)
+    return InputItem(unit.split, source, name, synset, data=data, at=at)
 
 
 def _val_synset(name: str) -> tuple[str | None, str | None]:
@@ -386,7 +394,7 @@ def _read_tar_members(unit: WorkUnit) -> Iterator[InputItem]:
             if len(data) != size:
                 yield InputItem(unit.split, source, base, synset, error="archive member is cut short")
             else:
-                yield InputItem(unit.split, source, base, synset, data=data)
+                yield InputItem(unit.split, source, base, synset, data=data, at=offset)
 
 
 def _read_dir_files(unit: WorkUnit) -> Iterator[InputItem]:

@@ -115,15 +115,17 @@ class RangeReader:
         if self._file is not None:
             self._file.close()
 
-    def read(self, ranges: list[tuple[int, int]]) -> list[bytes]:
-        """The bytes of each ``(offset, length)``, in the order given."""
+    def read(self, ranges: list[tuple[int, int]], max_gap: float = 0.0) -> list[bytes]:
+        """The bytes of each ``(offset, length)``, in the order given.
+
+        Ranges that follow each other are fetched in one request, and so are ranges separated by a gap of at
+        most ``max_gap`` times the next range's length (the gap's bytes are fetched and dropped): 1/16 reads
+        tar members in one request at the price of their headers.
+        """
         out = []
-        for start, lengths in _coalesced(ranges):
-            data = self.fetch(start, sum(lengths))
-            pos = 0
-            for length in lengths:
-                out.append(data[pos : pos + length])
-                pos += length
+        for start, size, pieces in _coalesced(ranges, max_gap):
+            data = self.fetch(start, size)
+            out.extend(data[at : at + length] for at, length in pieces)
         return out
 
     def fetch(self, offset: int, length: int) -> bytes:
@@ -140,19 +142,23 @@ class RangeReader:
         return data
 
 
-def _coalesced(ranges: list[tuple[int, int]]) -> Iterator[tuple[int, list[int]]]:
-    """(start, [lengths]) of runs of ranges that follow each other in the file."""
-    run_start, run_lengths, run_end = None, [], None
+def _coalesced(
+    ranges: list[tuple[int, int]], max_gap: float
+) -> Iterator[tuple[int, int, list[tuple[int, int]]]]:
+    """(start, size, [(offset in the run, length)]) of runs of ranges fetched together (see ``read``)."""
+    run_start = run_end = 0
+    pieces: list[tuple[int, int]] = []
     for offset, length in ranges:
-        if run_lengths and offset == run_end and run_end - run_start + length <= _MAX_COALESCED_BYTES:
-            run_lengths.append(length)
+        gap = offset - run_end
+        if pieces and 0 <= gap <= max_gap * length and offset + length - run_start <= _MAX_COALESCED_BYTES:
+            pieces.append((offset - run_start, length))
         else:
-            if run_lengths:
-                yield run_start, run_lengths
-            run_start, run_lengths = offset, [length]
+            if pieces:
+                yield run_start, run_end - run_start, pieces
+            run_start, pieces = offset, [(0, length)]
         run_end = offset + length
-    if run_lengths:
-        yield run_start, run_lengths
+    if pieces:
+        yield run_start, run_end - run_start, pieces
 
 
 class _WindowRaw(io.RawIOBase):

@@ -55,8 +55,9 @@ def test_train_shard_visits_each_spill_file_once_and_finds_its_index_entries():
         reads = split_layout.shard_reads(shard)
         assert len({k for k, _ in reads}) == len(reads)  # one visit per spill file
         assert all(ranks in ([r], [r, r + 1024]) for _, ranks in reads for r in ranks[:1])
-    # The index follows the unit's Examples: 12 bytes per record, in the unit's output order.
-    assert units[0].index_range(0) == (1000 * 1300, 12) and units[0].index_range(2) == (1000 * 1300 + 24, 12)
+    # The index follows the spill's data region: one entry of the unit's entry size per record, in output order.
+    unit = units[0]._replace(index_at=5000, entry_size=180)
+    assert unit.index_range(0) == (5000, 180) and unit.index_range(2) == (5000 + 360, 180)
 
 
 def test_train_layout_is_deterministic_and_independent_of_the_order_units_arrive_in():

@@ -13,7 +13,7 @@ from apache_beam.testing.test_pipeline import TestPipeline
 from apache_beam.testing.util import assert_that, equal_to
 
 from beam_preprocess import __main__ as cli
-from beam_preprocess import layout, pipeline, schema, sources
+from beam_preprocess import layout, pipeline, schema, sources, spill, tfrecord
 from beam_preprocess.manifest import Manifest
 
 
@@ -82,21 +82,32 @@ def test_process_unit_spills_examples_and_reports_failures(quirky_archives, tmp_
             lambda split, stats, classes: (split, stats["read"], stats["failed"], stats["fixed_grayscale"])
         )
         assert_that(stats, equal_to([(schema.VALIDATION, len(expected_names) + 2, 2, 1)]), label="Stats")
-        offsets = outputs.spills | "CheckOffsets" >> beam.Map(_check_spill_offsets)
-        assert_that(offsets, equal_to([len(expected_names)]), label="Offsets")
+        located = outputs.spills | "CheckEntries" >> beam.Map(_check_spill_entries)
+        # Every untouched image is located in the archive; only the re-encoded grayscale one is in the spill.
+        assert_that(located, equal_to([(len(expected_names) - 1, 1)]), label="Entries")
     spills = os.listdir(tmp_path / schema.VALIDATION)
-    assert len(spills) == 1 and spills[0].endswith(".examples")
+    assert len(spills) == 1 and spills[0].endswith(".spill")
 
 
-def _check_spill_offsets(spill):
-    """The spill's index locates each Example, in the order of the spill's keys (sorted names)."""
-    with open(spill.path, "rb") as f:
+def _check_spill_entries(unit_spill):
+    """The spill's index rebuilds each Example, in the order of the spill's keys (sorted names), from the
+    archive's bytes or the spill's own; returns (images in the archive, images in the spill)."""
+    with open(unit_spill.path, "rb") as f:
         data = f.read()
-    entries = [layout.INDEX_ENTRY.unpack_from(data, spill.index_range(r)[0]) for r in range(spill.count)]
-    for key, (offset, length) in zip(spill.keys, entries, strict=True):
-        assert _parse(data[offset : offset + length])["filename"] == key
-    assert spill.num_bytes + layout.INDEX_ENTRY.size * spill.count == len(data)
-    return spill.count
+    with open(unit_spill.source, "rb") as f:
+        archive = f.read()
+    in_archive = in_spill = 0
+    for rank, key in enumerate(unit_spill.keys):
+        at, size = unit_spill.index_range(rank)
+        entry = spill.decode_entry(data[at : at + size])
+        where = archive if entry.in_source else data
+        image = where[entry.image_at : entry.image_at + entry.image_len]
+        record = entry.pre + image + entry.post
+        assert _parse(record)["filename"] == key and _parse(record)["jpeg"] == image
+        assert tfrecord.masked_crc_value([record]) == entry.crc
+        in_archive, in_spill = in_archive + entry.in_source, in_spill + (not entry.in_source)
+    assert unit_spill.index_at + unit_spill.entry_size * unit_spill.count == len(data)
+    return in_archive, in_spill
 
 
 def _run_cli(args):
@@ -329,3 +340,33 @@ def test_failed_run_says_in_one_line_where_its_leftovers_are(clean_archives, tmp
     assert _run_cli(args) == 2
     assert _run_cli([*args, "--overwrite"]) == 0
     assert sorted(os.listdir(tmp_path)) == ["manifest.json", "train"]
+
+
+def test_an_archive_changed_between_checking_and_writing_fails_in_one_line(
+    clean_archives, tmp_path, monkeypatch, capsys
+):
+    import shutil
+    import tarfile
+
+    # Shard writers read untouched images again from the archive: one replaced after its images were checked
+    # must not end up in the shards unchecked. One byte of an image changes as soon as its unit is checked.
+    archive = shutil.copy(clean_archives.val_archive, tmp_path / "ILSVRC2012_img_val.tar")
+    with tarfile.open(archive) as tar:
+        member = tar.getmembers()[5]
+    checked = pipeline.ProcessUnitFn.process
+
+    def check_then_change(self, unit):
+        yield from checked(self, unit)
+        with open(archive, "r+b") as f:
+            f.seek(member.offset_data + member.size // 2)
+            byte = f.read(1)
+            f.seek(-1, os.SEEK_CUR)
+            f.write(bytes([byte[0] ^ 0xFF]))
+
+    monkeypatch.setattr(pipeline.ProcessUnitFn, "process", check_then_change)
+    out = tmp_path / "out"
+    assert _run_cli(["--val-archive", archive, "--output-dir", out, "--direct_num_workers", 1]) == 1
+    changed, leftovers = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
+    assert changed.startswith(f"error: {archive} changed while the run was going: the {member.size} bytes at")
+    assert leftovers.startswith("error: beam_preprocess did not finish: its spill files are left under")
+    assert not (out / "manifest.json").exists()

@@ -26,6 +26,28 @@ def test_read_ranges_returns_exactly_the_ranges_and_refuses_a_short_file(tmp_pat
         list(storage.read_ranges(path, [(98, 5)]))
 
 
+def test_ranges_close_enough_are_fetched_in_one_request(tmp_path, monkeypatch):
+    path = str(tmp_path / "archive")
+    data = bytes(range(256)) * 40
+    with storage.open_write(path) as f:
+        f.write(data)
+    fetched = []
+    fetch = storage.RangeReader.fetch
+    monkeypatch.setattr(
+        storage.RangeReader, "fetch", lambda self, at, n: fetched.append((at, n)) or fetch(self, at, n)
+    )
+    # Gaps of at most 1/16 of the next range are read along (10 <= 200 / 16); larger ones are not (90 > 50 / 16);
+    # a range before the last one's end starts a new request.
+    ranges = [(0, 100), (110, 200), (400, 50), (100, 10)]
+    with storage.RangeReader(path) as reader:
+        assert reader.read(ranges, max_gap=1 / 16) == [data[at : at + n] for at, n in ranges]
+    assert fetched == [(0, 310), (400, 50), (100, 10)]
+    fetched.clear()
+    with storage.RangeReader(path) as reader:  # without a gap allowance, only ranges that touch are joined
+        assert reader.read([(0, 100), (100, 5), (110, 200)]) == [data[:100], data[100:105], data[110:310]]
+    assert fetched == [(0, 105), (110, 200)]
+
+
 def test_list_dir_and_remove_tree(tmp_path):
     root = str(tmp_path / "root")
     for name in ("b/x.JPEG", "b/c/y.JPEG", "a.txt"):
