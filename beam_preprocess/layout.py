@@ -5,7 +5,7 @@ records in order (training: by a seeded hash of the file name; validation: by fi
 index in that order; what travels on is a few numbers per unit (count, bytes, sort key). A split's units
 are then put in order too (training: by their smallest hash key, so by seed; validation: by file name) and
 numbered by prefix sums: record r of unit k has the global position g = start[k] + r, known without a list of
-all records, and a shard writer reads the index entries of its records from each spill (about 200 bytes a
+all records, and a shard writer reads the index entries of its records from each spill (about 300 bytes a
 record) and their images.
 
 - **Training**: the record at global position g goes to shard g mod S. Every shard gets floor(N/S) or

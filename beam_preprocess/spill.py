@@ -5,7 +5,7 @@ Checking (``ProcessUnitFn``) reads every image of a unit once. An image that pas
 range of the unit's source file (a member of a tar archive), so its spill keeps only where it is, the Example's
 bytes before and after it, and the record's CRC; a shard writer reads the image from the source again, by
 exactly its byte range. An image that is not such a range (re-encoded, or read from a directory or a
-tensorflow-datasets record) is written into the spill's data region. For ImageNet the spill is about 200 bytes
+tensorflow-datasets record) is written into the spill's data region. For ImageNet the spill is about 300 bytes
 an image instead of a 140 GB copy of the training set, so the dataset is written once, as shards.
 
 File layout::
@@ -145,27 +145,53 @@ class RecordReader:
     def records(
         self, spill: storage.RangeReader, source: str, entries: list[Entry], keep_order: bool
     ) -> Iterator[tuple[Entry, bytes]]:
-        """(entry, image bytes) of every entry: in the order given when ``keep_order``, else in file order."""
+        """(entry, image bytes) of every entry: in the order given when ``keep_order``, else in file order.
+
+        Images are read a batch of about ``_BATCH_BYTES`` at a time, so memory stays bounded whatever the
+        number of a unit's records a shard takes (validation: up to a whole unit).
+        """
         if not keep_order:
             entries = sorted(entries, key=lambda e: (e.in_source, e.image_at))
-        spilled = [e for e in entries if not e.in_source]
-        from_source = [e for e in entries if e.in_source]
-        images: dict[int, bytes] = {}  # by id() of the entry
-        if spilled:
-            for e, data in zip(
-                spilled, spill.read([(e.image_at, e.image_len) for e in spilled]), strict=True
-            ):
-                images[id(e)] = data
-        if from_source:
-            reader = self._sources.get(source)
-            if reader is None:
-                reader = self._sources[source] = storage.RangeReader(source)
-            ranges = [(e.image_at, e.image_len) for e in from_source]
-            for e, data in zip(from_source, reader.read(ranges, max_gap=_GAP_FRACTION), strict=True):
-                images[id(e)] = data
-        self.bytes_read += sum(e.image_len for e in entries)
-        for e in entries:
-            yield e, images[id(e)]
+        for batch in _batches(entries):
+            images: dict[int, bytes] = {}  # by id() of the entry
+            spilled = [e for e in batch if not e.in_source]
+            if spilled:
+                for e, data in zip(
+                    spilled, spill.read([(e.image_at, e.image_len) for e in spilled]), strict=True
+                ):
+                    images[id(e)] = data
+            from_source = [e for e in batch if e.in_source]
+            if from_source:
+                ranges = [(e.image_at, e.image_len) for e in from_source]
+                for e, data in zip(
+                    from_source, self._source(source).read(ranges, max_gap=_GAP_FRACTION), strict=True
+                ):
+                    images[id(e)] = data
+            self.bytes_read += sum(e.image_len for e in batch)
+            for e in batch:
+                yield e, images[id(e)]
+
+    def _source(self, path: str) -> storage.RangeReader:
+        reader = self._sources.get(path)
+        if reader is None:
+            reader = self._sources[path] = storage.RangeReader(path)
+        return reader
+
+
+_BATCH_BYTES = 16 * 2**20
+
+
+def _batches(entries: list[Entry]) -> Iterator[list[Entry]]:
+    """Consecutive runs of entries whose images add up to about ``_BATCH_BYTES``."""
+    batch, size = [], 0
+    for e in entries:
+        if batch and size + e.image_len > _BATCH_BYTES:
+            yield batch
+            batch, size = [], 0
+        batch.append(e)
+        size += e.image_len
+    if batch:
+        yield batch
 
 
 _CHANGED = "changed while the run was going"
