@@ -201,17 +201,13 @@ class WriteShardFn(beam.DoFn):
         split_layout = layouts[split]
         name = schema.shard_name(split, index, split_layout.num_shards)
         path = storage.join(self._config.split_dir(split), name)
+        reads = [(split_layout.units[k], ranks) for k, ranks in split_layout.shard_reads(index)]
+        read_threads = storage.read_threads({p for unit, _ in reads for p in (unit.path, unit.source)})
         records = size = 0
-        with storage.open_write(path) as out, spill.RecordReader() as reader:
-            for k, ranks in split_layout.shard_reads(index):
-                unit = split_layout.units[k]
-                with storage.RangeReader(unit.path) as unit_spill:
-                    entries = reader.entries(unit_spill, unit.index_at, unit.entry_size, ranks)
-                    # Training order within a unit is free: read each file front to back.
-                    keep_order = split_layout.sorted_by_name
-                    for entry, image in reader.records(unit_spill, unit.source, entries, keep_order):
-                        size += spill.write_record(out, entry, image, unit.source)
-                        records += 1
+        with storage.open_write(path) as out, spill.RecordReader(read_threads) as reader:
+            for unit, entry, image in reader.shard_records(reads, keep_order=split_layout.sorted_by_name):
+                size += spill.write_record(out, entry, image, unit.source)
+                records += 1
         self._reread.inc(reader.bytes_read)
         self._written.inc(records)
         self._bytes.inc(size)

@@ -25,10 +25,12 @@ changed in between).
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import struct
+import threading
 from collections.abc import Iterator
 
-from beam_preprocess import storage, tfrecord
+from beam_preprocess import layout, storage, tfrecord, threads
 
 ENTRY_HEADER = struct.Struct("<BQIIII")  # in_source, image_at, image_len, pre_len, post_len, masked crc
 
@@ -118,80 +120,73 @@ _GAP_FRACTION = 1 / 16
 
 
 class RecordReader:
-    """Reads records described by spill entries: images from the source files and the spill, by exact ranges.
+    """Reads the records of one shard: entries from the units' spills, images from the sources, by exact ranges.
 
-    One reader per source file is kept open for the reader's life (a shard's units usually share one archive).
+    Consecutive ranges of a file are read in one request (``storage.plan_requests``). On an object store every
+    request has a latency (tens of milliseconds on GCS) that dwarfs the transfer of one image, and a training
+    shard of ImageNet takes one or two records from each of about 1,000 units: about two requests a record. With
+    ``threads`` > 1 that many requests are in flight at once, the records still come out in the shard's order,
+    and at most ``2 * threads`` requests' bytes (``storage.MAX_REQUEST_BYTES`` each) are held. On a local disk
+    one thread reads (``storage.read_threads``).
     """
 
-    def __init__(self):
-        self._sources: dict[str, storage.RangeReader] = {}
+    def __init__(self, threads: int = 1):
+        self._threads = threads
+        self._readers: dict[str, storage.RangeReader] = {}
+        self._readers_lock = threading.Lock()
         self.bytes_read = 0  # entries, images and spill data read, for the counters
 
     def __enter__(self) -> RecordReader:
         return self
 
     def __exit__(self, *exc) -> None:
-        for reader in self._sources.values():
+        for reader in self._readers.values():
             reader.__exit__(None, None, None)
-        self._sources.clear()
+        self._readers.clear()
 
-    def entries(
-        self, spill: storage.RangeReader, index_at: int, entry_size: int, ranks: list[int]
-    ) -> list[Entry]:
-        raw = spill.read([(index_at + r * entry_size, entry_size) for r in ranks])
-        self.bytes_read += entry_size * len(ranks)
-        return [decode_entry(e) for e in raw]
+    def shard_records(
+        self, reads: list[tuple[layout.UnitSpill, list[int]]], keep_order: bool
+    ) -> Iterator[tuple[layout.UnitSpill, Entry, bytes]]:
+        """(unit, entry, image) of every record of ``reads``: the units in the order given, each unit's ranks
+        in the order given when ``keep_order``, else in file order (training order within a unit is free, so
+        each file is read front to back)."""
+        located = self._located(reads, keep_order)
+        wanted = (
+            ((unit, entry), unit.source if entry.in_source else unit.path, entry.image_at, entry.image_len)
+            for unit, entry in located
+        )
+        for (unit, entry), image in self._fetch(wanted):
+            self.bytes_read += entry.image_len
+            yield unit, entry, image
 
-    def records(
-        self, spill: storage.RangeReader, source: str, entries: list[Entry], keep_order: bool
-    ) -> Iterator[tuple[Entry, bytes]]:
-        """(entry, image bytes) of every entry: in the order given when ``keep_order``, else in file order.
+    def _located(self, reads, keep_order: bool) -> Iterator[tuple[layout.UnitSpill, Entry]]:
+        """(unit, entry) of every record, in the order its image is to be read."""
+        wanted = (
+            (i, unit.path, *unit.index_range(rank)) for i, (unit, ranks) in enumerate(reads) for rank in ranks
+        )
+        for i, fetched in itertools.groupby(self._fetch(wanted), key=lambda pair: pair[0]):
+            unit, ranks = reads[i]
+            entries = [decode_entry(raw) for _, raw in fetched]
+            self.bytes_read += unit.entry_size * len(ranks)
+            for entry in entries if keep_order else sorted(entries, key=_file_order):
+                yield unit, entry
 
-        Images are read a batch of about ``_BATCH_BYTES`` at a time, so memory stays bounded whatever the
-        number of a unit's records a shard takes (validation: up to a whole unit).
-        """
-        if not keep_order:
-            entries = sorted(entries, key=lambda e: (e.in_source, e.image_at))
-        for batch in _batches(entries):
-            images: dict[int, bytes] = {}  # by id() of the entry
-            spilled = [e for e in batch if not e.in_source]
-            if spilled:
-                for e, data in zip(
-                    spilled, spill.read([(e.image_at, e.image_len) for e in spilled]), strict=True
-                ):
-                    images[id(e)] = data
-            from_source = [e for e in batch if e.in_source]
-            if from_source:
-                ranges = [(e.image_at, e.image_len) for e in from_source]
-                for e, data in zip(
-                    from_source, self._source(source).read(ranges, max_gap=_GAP_FRACTION), strict=True
-                ):
-                    images[id(e)] = data
-            self.bytes_read += sum(e.image_len for e in batch)
-            for e in batch:
-                yield e, images[id(e)]
+    def _fetch(self, wanted) -> Iterator[tuple[object, bytes]]:
+        """(item, bytes) for every ``(item, path, offset, length)`` wanted, in order; requests run on threads."""
+        requests = storage.plan_requests(wanted, _GAP_FRACTION)
+        for request, data in threads.ordered_map(self._get, requests, self._threads, "read"):
+            yield from zip(request.items, request.split(data), strict=True)
 
-    def _source(self, path: str) -> storage.RangeReader:
-        reader = self._sources.get(path)
-        if reader is None:
-            reader = self._sources[path] = storage.RangeReader(path)
-        return reader
+    def _get(self, request: storage.Request) -> bytes:
+        with self._readers_lock:
+            reader = self._readers.get(request.path)
+            if reader is None:
+                reader = self._readers[request.path] = storage.RangeReader(request.path)
+        return reader.fetch(request.start, request.size)
 
 
-_BATCH_BYTES = 16 * 2**20
-
-
-def _batches(entries: list[Entry]) -> Iterator[list[Entry]]:
-    """Consecutive runs of entries whose images add up to about ``_BATCH_BYTES``."""
-    batch, size = [], 0
-    for e in entries:
-        if batch and size + e.image_len > _BATCH_BYTES:
-            yield batch
-            batch, size = [], 0
-        batch.append(e)
-        size += e.image_len
-    if batch:
-        yield batch
+def _file_order(entry: Entry) -> tuple[bool, int]:
+    return entry.in_source, entry.image_at
 
 
 _CHANGED = "changed while the run was going"

@@ -1,4 +1,5 @@
-"""Checking a unit's images on several threads of a worker, results in input order.
+"""Work on several threads of a worker, results in input order: checking a unit's images, and the reads of a
+shard writer on an object store (``spill.RecordReader``).
 
 Decoding (``images.check_and_fix``) is most of a worker's time, and PIL releases the GIL while libjpeg runs, so
 a worker that decodes on a few threads keeps more than one core busy while its own thread reads the archive,
@@ -30,28 +31,35 @@ def default_threads() -> int:
 
 
 @functools.cache
-def shared_pool(threads: int) -> concurrent.futures.ThreadPoolExecutor:
-    """One pool per process and size, shared by every DoFn instance and bundle thread of a worker."""
-    return concurrent.futures.ThreadPoolExecutor(threads, thread_name_prefix="beam_preprocess-check")
+def shared_pool(threads: int, purpose: str = "check") -> concurrent.futures.ThreadPoolExecutor:
+    """One pool per process, purpose and size, shared by every DoFn instance and bundle thread of a worker."""
+    return concurrent.futures.ThreadPoolExecutor(threads, thread_name_prefix=f"beam_preprocess-{purpose}")
 
 
-def ordered_map(fn: Callable[[T], R], items: Iterable[T], threads: int) -> Iterator[tuple[T, R]]:
+def ordered_map(
+    fn: Callable[[T], R], items: Iterable[T], threads: int, purpose: str = "check"
+) -> Iterator[tuple[T, R]]:
     """(item, fn(item)) for every item, in input order; ``fn`` runs on ``threads`` threads (inline for 1).
 
-    ``fn`` should not raise: an exception would surface here, for the item it belongs to.
+    An exception of ``fn`` surfaces here, when its item's turn comes. Items are taken from ``items`` on the
+    caller's thread, as results are consumed, so ``items`` may itself be an ``ordered_map`` of the same pool.
     """
     if threads <= 1:
         for item in items:
             yield item, fn(item)
         return
-    pool = shared_pool(threads)
+    pool = shared_pool(threads, purpose)
     window = 2 * threads
     pending: collections.deque = collections.deque()
-    for item in items:
-        pending.append((item, pool.submit(fn, item)))
-        if len(pending) >= window:
+    try:
+        for item in items:
+            pending.append((item, pool.submit(fn, item)))
+            if len(pending) >= window:
+                done, future = pending.popleft()
+                yield done, future.result()
+        while pending:
             done, future = pending.popleft()
             yield done, future.result()
-    while pending:
-        done, future = pending.popleft()
-        yield done, future.result()
+    finally:  # the caller stopped early (an error, or it had what it needed): drop the work not started
+        for _, future in pending:
+            future.cancel()

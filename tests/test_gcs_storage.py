@@ -119,31 +119,55 @@ def gcs_photo_archives(gcs_bucket, tmp_path_factory):
     return train, val
 
 
-def test_shard_writers_read_back_from_gcs_about_what_they_write(gcs_bucket, gcs_photo_archives):
+def _check_stage(config, members_per_unit: int) -> list[layout.UnitSpill]:
+    """The checking stage run on its own: every unit's spill, written to the config's temp dir."""
+    checker = pipeline.ProcessUnitFn(config.temp_dir, config.seed, check_threads=1)
+    checker.setup()
+    units = [u for spec in config.input_specs() for u in sources.plan_units(spec, members_per_unit)]
+    return [out for unit in units for out in checker.process(unit) if isinstance(out, layout.UnitSpill)]
+
+
+def _write_stage(config, layouts) -> list[dict]:
+    writer = pipeline.WriteShardFn(config)
+    return [shard for task in pipeline.shard_tasks(layouts) for shard in writer.process(task, layouts)]
+
+
+def test_shard_writers_read_back_from_gcs_about_what_they_write(gcs_bucket, gcs_photo_archives, monkeypatch):
     """The shard-writing stage run on its own against the server: what the server sends it (spill entries and
     the images, read again from the archives by exact ranges) is within 1.1x of the shard bytes written, and the
-    spill objects hold a few hundred bytes an image, not the images."""
+    spill objects hold a few hundred bytes an image, not the images. Its reads are several in flight at once,
+    which gives the same shards from the same requests as reading one at a time."""
     emulator, bucket = gcs_bucket
     train, val = gcs_photo_archives
     config = ShardingConfig(
         output_dir=f"{bucket}/stage-two", train_archive=train, val_archive=val, train_shards=4, val_shards=2
     )
-    checker = pipeline.ProcessUnitFn(config.temp_dir, config.seed, check_threads=1)
-    checker.setup()
-    units = [u for spec in config.input_specs() for u in sources.plan_units(spec, members_per_unit=10)]
-    spills = [out for unit in units for out in checker.process(unit) if isinstance(out, layout.UnitSpill)]
+    spills = _check_stage(config, members_per_unit=4)  # a training shard takes about one record per unit
     layouts = pipeline.build_layouts(spills, config)
     spill_bytes = sum(storage.size(s.path) for s in spills)
 
     emulator.reset_counts()
-    writer = pipeline.WriteShardFn(config)
-    shards = [shard for task in pipeline.shard_tasks(layouts) for shard in writer.process(task, layouts)]
-    sent = emulator.downloaded_bytes(f"{bucket}/")
+    emulator.latency_s = 0.03  # a round trip to GCS: reads issued together are then seen together
+    try:
+        shards = _write_stage(config, layouts)
+    finally:
+        emulator.latency_s = 0.0
+    sent, gets = emulator.downloaded_bytes(f"{bucket}/"), emulator.media_gets()
     written = sum(shard["bytes"] for shard in shards)
     print(f"bytes the server sent to the shard writers / shard bytes written: {sent} / {written}")
+    print(f"media GETs {gets} for {sum(s['records'] for s in shards)} records, at most {emulator.max_in_flight()}"
+          " requests in flight")  # fmt: skip
     assert sum(shard["records"] for shard in shards) == 96
     assert 0.95 <= sent / written <= 1.1, (sent, written)
     assert spill_bytes < 0.05 * written, (spill_bytes, written)
+    assert emulator.max_in_flight() >= storage.OBJECT_STORE_READ_THREADS, emulator.max_in_flight()
+    threaded = _digests([shard["path"] for shard in shards])
+
+    monkeypatch.setattr(storage, "OBJECT_STORE_READ_THREADS", 1)
+    emulator.reset_counts()
+    one_at_a_time = _write_stage(config, layouts)
+    assert emulator.media_gets() == gets and emulator.downloaded_bytes(f"{bucket}/") == sent
+    assert _digests([shard["path"] for shard in one_at_a_time]) == threaded
     assert storage.remove_tree(f"{bucket}/stage-two") == len(spills) + len(shards)
 
 

@@ -4,7 +4,7 @@ import random
 
 import pytest
 
-from beam_preprocess import spill, storage, tfrecord
+from beam_preprocess import layout, spill, storage, tfrecord
 
 
 def _source_file(tmp_path, images: list[bytes]) -> tuple[str, list[int]]:
@@ -39,8 +39,18 @@ def _write_spill(tmp_path, images, offsets, keys):
     return path, summary, examples
 
 
+def _unit(path, source, summary) -> layout.UnitSpill:
+    return layout.UnitSpill(
+        "train", path, summary.keys[0], len(summary.keys), summary.record_bytes,
+        source=source, index_at=summary.index_at, entry_size=summary.entry_size,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("read_threads", [1, 3])
 @pytest.mark.parametrize("keep_order", [True, False])
-def test_records_are_rebuilt_exactly_in_output_order_across_batches(tmp_path, monkeypatch, keep_order):
+def test_records_are_rebuilt_exactly_in_output_order_across_batches(
+    tmp_path, monkeypatch, keep_order, read_threads
+):
     rng = random.Random(0)
     images = [rng.randbytes(rng.randint(100, 3000)) for _ in range(40)]
     keys = [f"k{rng.random():.6f}" for _ in images]
@@ -50,33 +60,48 @@ def test_records_are_rebuilt_exactly_in_output_order_across_batches(tmp_path, mo
     # The spill holds the odd images and one entry per record, never the even ones.
     assert summary.index_at == sum(len(image) for image in images[1::2])
     assert storage.size(path) == summary.spill_bytes == summary.index_at + 40 * summary.entry_size
-    monkeypatch.setattr(spill, "_BATCH_BYTES", 5000)  # several batches of images per read
-    ranks = list(range(3, 40, 3))
+    monkeypatch.setattr(storage, "MAX_REQUEST_BYTES", 5000)  # several requests, several in flight
+    unit = _unit(path, source, summary)
+    # The same unit read twice, as a shard that takes two runs of its ranks would.
+    reads = [(unit, list(range(3, 40, 3))), (unit, [1, 0, 2])]
     out = tmp_path / "shard"
-    with storage.RangeReader(path) as unit_spill, spill.RecordReader() as reader, open(out, "wb") as f:
-        entries = reader.entries(unit_spill, summary.index_at, summary.entry_size, ranks)
-        written = [(e, image) for e, image in reader.records(unit_spill, source, entries, keep_order)]
-        for e, image in written:
-            spill.write_record(f, e, image, source)
-    expected = [examples[summary.keys[r]] for r in ranks]
+    with spill.RecordReader(read_threads) as reader, open(out, "wb") as f:
+        written = list(reader.shard_records(reads, keep_order))
+        for _, entry, image in written:
+            spill.write_record(f, entry, image, source)
     with open(out, "rb") as f:
         records = list(tfrecord.read_records(f))  # checks both CRCs of every record
-    if keep_order:
-        assert records == expected
-    else:  # file order: images from the source by offset, after those from the spill
-        assert sorted(records) == sorted(expected)
-        assert [e.image_at for e, _ in written if e.in_source] == sorted(
-            e.image_at for e in entries if e.in_source
-        )
-    assert reader.bytes_read == sum(e.image_len for e in entries) + summary.entry_size * len(ranks)
+    for (_, ranks), start in zip(reads, [0, len(reads[0][1])], strict=True):
+        expected = [examples[summary.keys[r]] for r in ranks]
+        got = records[start : start + len(ranks)]
+        if keep_order:
+            assert got == expected
+        else:  # file order: images from the spill by offset, then those from the source by offset
+            assert sorted(got) == sorted(expected)
+            entries = [entry for _, entry, _ in written[start : start + len(ranks)]]
+            assert entries == sorted(entries, key=lambda e: (e.in_source, e.image_at))
+    ranks = [r for _, rs in reads for r in rs]
+    image_bytes = sum(len(image) for _, _, image in written)
+    assert image_bytes == sum(len(images[keys.index(summary.keys[r])]) for r in ranks)
+    assert reader.bytes_read == image_bytes + summary.entry_size * len(ranks)
+
+
+def test_a_read_that_fails_on_a_reading_thread_surfaces_in_the_writer(tmp_path):
+    images = [b"a" * 500, b"b" * 700, b"c" * 300]
+    source, offsets = _source_file(tmp_path, images)
+    path, summary, _ = _write_spill(tmp_path, images, offsets, ["x", "y", "z"])
+    storage.write_text(source, "cut")  # the source lost its images after they were checked
+    with spill.RecordReader(3) as reader:
+        with pytest.raises(OSError, match="source.tar is cut short"):
+            list(reader.shard_records([(_unit(path, source, summary), [0, 1, 2])], keep_order=True))
 
 
 def test_a_record_whose_image_changed_is_refused(tmp_path):
     images = [b"a" * 500, b"b" * 700]
     source, offsets = _source_file(tmp_path, images)
     path, summary, _ = _write_spill(tmp_path, images, offsets, ["x", "y"])
-    with storage.RangeReader(path) as unit_spill:
-        (entry,) = spill.RecordReader().entries(unit_spill, summary.index_at, summary.entry_size, [0])
+    with spill.RecordReader() as reader:
+        ((_, entry, _),) = reader.shard_records([(_unit(path, source, summary), [0])], keep_order=True)
     with open(tmp_path / "shard", "wb") as f:
         with pytest.raises(
             spill.ChangedSourceError, match="source.tar changed while the run was going: the 500"
