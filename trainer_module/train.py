@@ -100,6 +100,16 @@ def seed_everything(seed: int) -> None:
     keras.utils.set_random_seed(seed)
 
 
+def random_states(model: keras.Model) -> list:
+    """The states of the model's random streams (dropout and stochastic depth), in layer order.
+
+    Keras keeps each stream's position in a variable of a ``SeedGenerator`` that TensorFlow's checkpoint of the
+    model does not save, so a resumed run would draw the masks of step 0 again; checkpointed beside the model,
+    a resumed run draws the masks it would have drawn.
+    """
+    return [v for v in model.non_trainable_variables if v.path.endswith("seed_generator_state")]
+
+
 @contextlib.contextmanager
 def op_determinism(enabled: bool):
     """TensorFlow's deterministic op implementations inside the block (``enable_op_determinism``), when
@@ -148,7 +158,11 @@ class Trainer:
         self._swap_averages = tf.function(self.average.swap) if self.average is not None else None
         tracked = {"weight_average": self.average} if self.average is not None else {}
         self.checkpoint = tf.train.Checkpoint(
-            model=self.model, optimizer=self.optimizer, elapsed=self.elapsed, **tracked
+            model=self.model,
+            optimizer=self.optimizer,
+            elapsed=self.elapsed,
+            random_states=random_states(self.model),
+            **tracked,
         )
 
     @property
