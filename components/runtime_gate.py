@@ -8,10 +8,14 @@ of their own, and their executors fold them into what TFX's executors read, so o
 
 - ``Trainer`` / ``VertexTrainer``: ``train_epochs`` and ``target_top1`` replace ``loop.train_epochs`` and
   ``loop.target_top1`` of the trainer config in ``custom_config`` (``trainer_module.tfx_trainer.CONFIG_KEY``),
-  then TFX's generic executor runs ``run_fn`` as before. ``VertexTrainer`` runs that same executor inside
-  the Vertex AI custom job (TFX's Vertex Trainer extension, which serialises every execution parameter into
-  the job's command).
-- ``Evaluator``: ``target_top1`` becomes the lower bound of the top-1 value threshold of the ``EvalConfig``.
+  then TFX's generic executor runs ``run_fn`` as before. ``VertexTrainer`` folds (and so checks) them before
+  it creates the Vertex AI custom job that runs that same executor (``components.vertex_training``: the job
+  TFX's Vertex Trainer extension builds, cancelled when the task is stopped), so a value the trainer would
+  refuse fails the step in one line before any accelerator is provisioned.
+- ``Evaluator``: ``target_top1`` becomes the lower bound of the top-1 value threshold of the ``EvalConfig``;
+  and ``baseline_scope`` (the pipeline's name, a constant) is written on the blessing it produces
+  (``BASELINE_SCOPE_PROPERTY``), so that the latest-blessed-model lookup of a compiled pipeline can ask for
+  blessings of its own pipeline only (``kubeflow_v2_runner`` adds that condition to the lookup's query).
 
 Left as None (the local runner), each parameter leaves the config as it was built.
 """
@@ -25,13 +29,19 @@ from google.protobuf import json_format
 from tfx import v1 as tfx
 from tfx.components.evaluator import executor as evaluator_executor
 from tfx.components.trainer import executor as trainer_executor
-from tfx.dsl.components.base import executor_spec
-from tfx.extensions.google_cloud_ai_platform.trainer import executor as vertex_trainer_executor
+from tfx.components.util import udf_utils
+from tfx.dsl.components.base import base_executor, executor_spec
 from tfx.types import component_spec, standard_component_specs
-from tfx.utils import json_utils
+from tfx.utils import json_utils, name_utils
+
+from components import vertex_training
 
 TRAIN_EPOCHS_KEY = "train_epochs"
 TARGET_TOP1_KEY = "target_top1"
+BASELINE_SCOPE_KEY = "baseline_scope"
+# The blessing's custom property (artifact metadata on Vertex) naming the pipeline that blessed it.
+BASELINE_SCOPE_PROPERTY = "effnet_baseline_scope"
+BLESSING_KEY = "blessing"
 # The metric the top-1 gate is a threshold of (pipeline_def.eval_config).
 TOP1_METRIC = "SparseCategoricalAccuracy"
 
@@ -92,28 +102,55 @@ def _with_trainer_parameters(exec_properties: dict[str, Any]) -> dict[str, Any]:
 
 
 class TrainerExecutor(trainer_executor.GenericExecutor):
-    """TFX's generic trainer executor, after folding ``train_epochs`` / ``target_top1`` into the config."""
+    """TFX's generic trainer executor, after folding ``train_epochs`` / ``target_top1`` into the config.
+
+    Every replica of a multi-machine training job runs this executor. Only the chief writes the model (the
+    trainer exports once), so TFX's check that ``run_fn`` wrote it applies on the chief only; another replica
+    trains in step with the chief and ends when training ends, whichever replica finishes first.
+    """
 
     def Do(self, input_dict, output_dict, exec_properties):  # noqa: N802 - TFX's executor interface
-        super().Do(input_dict, output_dict, _with_trainer_parameters(exec_properties))
+        from trainer_module import strategies
+
+        properties = _with_trainer_parameters(exec_properties)
+        if strategies.is_chief_task():
+            super().Do(input_dict, output_dict, properties)
+            return
+        self._log_startup(input_dict, output_dict, properties)
+        run_fn = udf_utils.get_fn(properties, "run_fn")
+        run_fn(self._GetFnArgs(input_dict, output_dict, properties))
 
 
-class VertexTrainerExecutor(vertex_trainer_executor.GenericExecutor):
-    """Starts the Vertex AI custom job that runs ``TrainerExecutor`` (with every execution parameter)."""
+class VertexTrainerExecutor(base_executor.BaseExecutor):
+    """Checks the runtime parameters, then runs ``TrainerExecutor`` in a Vertex AI custom job to its end.
 
-    def _GetExecutorClass(self):  # noqa: N802 - TFX's interface
-        return TrainerExecutor
+    The job is TFX's (``custom_config`` carries its region, project, worker pools and scheduling); it is
+    cancelled if this task is stopped or fails while it runs (``components.vertex_training``).
+    """
+
+    def Do(self, input_dict, output_dict, exec_properties):  # noqa: N802 - TFX's executor interface
+        properties = _with_trainer_parameters(exec_properties)  # a bad value fails here, before any job
+        custom_config = json_utils.loads(properties[standard_component_specs.CUSTOM_CONFIG_KEY])
+        request = vertex_training.job_request(
+            input_dict, output_dict, properties, custom_config, name_utils.get_full_name(TrainerExecutor)
+        )
+        vertex_training.run_job(request)
 
 
 class EvaluatorExecutor(evaluator_executor.Executor):
-    """TFMA's evaluator executor, after setting the top-1 gate to ``target_top1``."""
+    """TFMA's evaluator executor, after setting the top-1 gate to ``target_top1``; its blessing names the
+    pipeline (``baseline_scope``)."""
 
     def Do(self, input_dict, output_dict, exec_properties):  # noqa: N802 - TFX's executor interface
         properties = dict(exec_properties)
         target = properties.pop(TARGET_TOP1_KEY, None)
+        scope = properties.pop(BASELINE_SCOPE_KEY, None)
         key = standard_component_specs.EVAL_CONFIG_KEY
         properties[key] = gated_eval_config(properties[key], target)
         super().Do(input_dict, output_dict, properties)
+        if scope:
+            for blessing in output_dict.get(BLESSING_KEY, []):
+                blessing.set_string_custom_property(BASELINE_SCOPE_PROPERTY, scope)
 
 
 def _optional(kind: type) -> component_spec.ExecutionParameter:
@@ -129,7 +166,11 @@ class RuntimeTrainerSpec(standard_component_specs.TrainerSpec):
 
 
 class RuntimeEvaluatorSpec(standard_component_specs.EvaluatorSpec):
-    PARAMETERS = {**standard_component_specs.EvaluatorSpec.PARAMETERS, TARGET_TOP1_KEY: _optional(float)}
+    PARAMETERS = {
+        **standard_component_specs.EvaluatorSpec.PARAMETERS,
+        TARGET_TOP1_KEY: _optional(float),
+        BASELINE_SCOPE_KEY: _optional(str),
+    }
 
 
 def _respec(component, spec_class, **parameters) -> None:
@@ -160,10 +201,13 @@ class VertexTrainer(Trainer):
 
 
 class Evaluator(tfx.components.Evaluator):
-    """``tfx.components.Evaluator`` taking ``target_top1`` (a value or a RuntimeParameter) as its top-1 gate."""
+    """``tfx.components.Evaluator`` taking ``target_top1`` (a value or a RuntimeParameter) as its top-1 gate
+    and ``baseline_scope`` (the pipeline's name) to write on its blessing."""
 
     EXECUTOR_SPEC = executor_spec.BeamExecutorSpec(EvaluatorExecutor)
 
-    def __init__(self, *, target_top1=None, **kwargs):
+    def __init__(self, *, target_top1=None, baseline_scope=None, **kwargs):
         super().__init__(**kwargs)
-        _respec(self, RuntimeEvaluatorSpec, **{TARGET_TOP1_KEY: target_top1})
+        _respec(
+            self, RuntimeEvaluatorSpec, **{TARGET_TOP1_KEY: target_top1, BASELINE_SCOPE_KEY: baseline_scope}
+        )

@@ -23,11 +23,16 @@ docs/accelerators-research.md and the README):
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 
 from trainer_module.registry import Registry
 
 ACCELERATORS = Registry("--accelerator")
+
+# Where Vertex AI custom training offers each machine type (Google's Vertex AI locations page, "Accelerators
+# for training"); a machine type missing here is not checked.
+TRAINING_REGIONS: dict[str, tuple[str, ...]] = {}
 
 # Where a slice Vertex does not offer runs: the same config, on every worker of a TPU VM slice (README).
 TPU_VM_POINTER = (
@@ -53,6 +58,9 @@ class Accelerator:
       tpu_topology: the TPU slice's topology where Vertex needs one (v5e), else ''.
       machines: machines of the job (several only for GPU machines).
       env: environment variables the training container needs on this machine, as (name, value) pairs.
+      peak_tflops: the vendor's peak dense bfloat16 TFLOP/s of one machine (all its chips or GPUs), from
+        which ``estimate`` derives a nominal run time.
+      unit: what ``accelerator_hours`` counts on this machine (e.g. 'TPU v3 cores', 'H100 GPUs').
     """
 
     name: str
@@ -64,6 +72,13 @@ class Accelerator:
     tpu_topology: str = ""
     machines: int = 1
     env: tuple[tuple[str, str], ...] = ()
+    peak_tflops: float = 0.0
+    unit: str = ""
+
+    @property
+    def units(self) -> int:
+        """Accelerators the job holds (what it is billed by): TPU cores or chips, or GPUs, on every machine."""
+        return max(self.accelerator_count, self.replicas_per_machine) * self.machines
 
     @property
     def replicas(self) -> int:
@@ -72,9 +87,9 @@ class Accelerator:
     @property
     def strategy(self) -> str:
         """The trainer's ``loop.strategy`` on this machine (a name of ``trainer_module.strategies``)."""
-        if self.kind in ("tpu", "cpu"):
-            return {"tpu": "tpu", "cpu": "one_device"}[self.kind]
-        return "multi_worker" if self.machines > 1 else "mirrored"
+        if self.machines > 1:
+            return "multi_worker"
+        return {"tpu": "tpu", "cpu": "one_device", "gpu": "mirrored"}[self.kind]
 
     def describe(self) -> str:
         """'tpu-v3-8', or '2 x gpu-h100x8' for several machines."""
@@ -111,6 +126,19 @@ class Accelerator:
         """Config overrides that bind the trainer to this machine: its strategy and replicas per host."""
         return [f"loop.strategy={self.strategy}", f"data.replicas_per_host={self.replicas_per_machine}"]
 
+    def check_region(self, region: str) -> None:
+        """Refuses a region where Vertex AI custom training does not offer this machine.
+
+        Raises:
+          AcceleratorMismatch: one line naming the region and the ones that offer the machine.
+        """
+        offered = TRAINING_REGIONS.get(self.machine_type)
+        if offered is not None and region not in offered:
+            raise AcceleratorMismatch(
+                f"--region {region}: Vertex AI training offers {self.name} ({self.machine_type}) in "
+                f"{', '.join(offered)} only"
+            )
+
     def check(self, preset: str, config) -> None:
         """Refuses a trainer config that does not fit: replicas, the per-replica batch and batch-norm groups.
 
@@ -146,19 +174,26 @@ def _register_tpu(name: str, **fields) -> None:
         return Accelerator(name=name, kind="tpu", **fields)
 
 
-def _register_gpu(name: str, machine_type: str, gpu: str, gpus: int) -> None:
+def _register_gpu(name: str, machine_type: str, gpu: str, gpus: int, tflops_per_gpu: float) -> None:
+    unit = gpu.removeprefix("NVIDIA_").replace("TESLA_", "") + " GPUs"
+
     @ACCELERATORS.register(name)
     def build(machines: int) -> Accelerator:
         if machines < 1:
             raise AcceleratorMismatch(f"--machines {machines}: give at least 1")
-        return Accelerator(name, "gpu", machine_type, gpu, gpus, gpus, machines=machines)
+        return Accelerator(
+            name, "gpu", machine_type, gpu, gpus, gpus, machines=machines, peak_tflops=gpus * tflops_per_gpu,
+            unit=unit,
+        )  # fmt: skip
 
 
 # TPU v2 / v3: Vertex counts the 8 cores of the one host (4 chips, 2 cores each).
+# Peak bfloat16 TFLOP/s per chip: TPU v2 45, v3 123, v5e 197 (Google's TPU pages); H100 SXM 989, A100 312
+# (NVIDIA's dense figures).
 _register_tpu("tpu-v2-8", machine_type="cloud-tpu", accelerator_type="TPU_V2", accelerator_count=8,
-              replicas_per_machine=8)  # fmt: skip
+              replicas_per_machine=8, peak_tflops=4 * 45.0, unit="TPU v2 cores")  # fmt: skip
 _register_tpu("tpu-v3-8", machine_type="cloud-tpu", accelerator_type="TPU_V3", accelerator_count=8,
-              replicas_per_machine=8)  # fmt: skip
+              replicas_per_machine=8, peak_tflops=4 * 123.0, unit="TPU v3 cores")  # fmt: skip
 # TPU v5e: one TensorCore per chip; Vertex takes the machine type and topology, no accelerator fields.
 # TensorFlow reaches v5e only through the PJRT plug-in (Vertex's TPU custom-container instructions), i.e.
 # libtpu loaded as a pluggable device from where the trainer-tpu image links it.
@@ -169,20 +204,25 @@ V5E_PJRT_ENV = (
 for _chips, _topology in ((1, "1x1"), (4, "2x2"), (8, "2x4")):
     _register_tpu(f"tpu-v5litepod-{_chips}", machine_type=f"ct5lp-hightpu-{_chips}t", accelerator_type="",
                   accelerator_count=0, replicas_per_machine=_chips, tpu_topology=_topology,
-                  env=V5E_PJRT_ENV)  # fmt: skip
-_register_gpu("gpu-h100x8", "a3-highgpu-8g", "NVIDIA_H100_80GB", 8)
+                  env=V5E_PJRT_ENV, peak_tflops=_chips * 197.0, unit="TPU v5e chips")  # fmt: skip
+_register_gpu("gpu-h100x8", "a3-highgpu-8g", "NVIDIA_H100_80GB", 8, 989.0)
 
 
-# A CPU machine, one replica: the demo and smoke presets on small data (the embedded digits copied to gs://)
-# as a cheap end-to-end check of a project's set-up, and what the tests run the compiled training step as.
+# CPU machines, one replica each: the demo and smoke presets on small data (the embedded digits copied to gs://)
+# as a cheap end-to-end check of a project's set-up, on one machine or, with --machines N, N of them in a
+# multi-worker job (what the tests run the compiled training step as, over loopback).
 @ACCELERATORS.register("cpu")
 def _cpu(machines: int) -> Accelerator:
-    _single_machine_only("cpu", machines)
-    return Accelerator("cpu", "cpu", "n1-standard-8", "", 0, 1)
+    if machines < 1:
+        raise AcceleratorMismatch(f"--machines {machines}: give at least 1")
+    # 8 vCPUs, about 0.5 TFLOP/s of float32 at best.
+    return Accelerator(
+        "cpu", "cpu", "n1-standard-8", "", 0, 1, machines=machines, peak_tflops=0.5, unit="machines"
+    )
 
 
-_register_gpu("gpu-a100x8", "a2-highgpu-8g", "NVIDIA_TESLA_A100", 8)
-_register_gpu("gpu-a100-80gbx8", "a2-ultragpu-8g", "NVIDIA_A100_80GB", 8)
+_register_gpu("gpu-a100x8", "a2-highgpu-8g", "NVIDIA_TESLA_A100", 8, 312.0)
+_register_gpu("gpu-a100-80gbx8", "a2-ultragpu-8g", "NVIDIA_A100_80GB", 8, 312.0)
 
 _TPU_SLICE = re.compile(r"^tpu-v(?P<version>2|3|4|5p|5litepod|6e)-(?P<size>\d+)$")
 
@@ -225,3 +265,69 @@ def get(name: str, machines: int = 1) -> Accelerator:
     except ValueError as e:
         raise AcceleratorMismatch(str(e)) from None
     return ACCELERATORS.build(name, machines)
+
+
+# The share of peak a run is assumed to reach, by kind of machine. EfficientNet's depthwise convolutions keep
+# accelerators far from peak. TPU: the paper's B5 on 128 TPU v3 cores (9.76 images/ms) and the reference B0 on
+# a TPU v2-8 (350 epochs in 23 hours) reach about 7%, its B2 on 128 cores about 4%: the lowest is taken. GPU:
+# published EfficientNet-B0 training rates on 8 A100s are about 1,500 images/s a GPU, near 1% of peak. CPU:
+# the tiny network trains at about 2 ms of CPU an image here, 2-5% of peak. Estimates err long.
+NOMINAL_UTILIZATION = {"tpu": 0.04, "gpu": 0.01, "cpu": 0.02}
+# Training costs about three forward passes (forward, and the two products of the backward pass); one
+# multiply-add is two FLOPs.
+TRAINING_FLOPS_PER_MULTIPLY_ADD = 6
+EVAL_FLOPS_PER_MULTIPLY_ADD = 2
+# The training job's timeout: three times the estimate, at least 2 hours, at most Vertex's 7-day limit.
+TIMEOUT_FACTOR = 3.0
+MIN_TIMEOUT_SECONDS = 2 * 3600
+MAX_TIMEOUT_SECONDS = 7 * 24 * 3600
+
+
+@dataclasses.dataclass(frozen=True)
+class Estimate:
+    """A run's nominal length on a machine, from its plan.
+
+    Attributes:
+      training_images / eval_images: images trained on (every step of the budget) and evaluated.
+      teraflops: the run's compute (training plus evaluations).
+      hours: wall-clock hours at the ``NOMINAL_UTILIZATION`` of the machine's peak.
+      accelerator_hours: ``hours`` times the accelerators held (``unit``): what the run is billed by.
+      timeout_seconds: the training job's timeout (``scheduling.timeout``).
+    """
+
+    training_images: int
+    eval_images: int
+    teraflops: float
+    hours: float
+    accelerator_hours: float
+    unit: str
+    timeout_seconds: int
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def estimate(config, machine: Accelerator) -> Estimate:
+    """The nominal length of ``config``'s whole budget (no early stop at the target) on ``machine``."""
+    from trainer_module.models.efficientnet import multiply_adds
+
+    plan = config.plan
+    per_image = multiply_adds(config.model.variant, plan.input_size, config.model.num_classes)
+    training_images = plan.total_steps * config.data.global_batch_size
+    evaluations = math.ceil(plan.total_steps / plan.steps_per_eval)
+    eval_images = evaluations * plan.eval_steps * plan.eval_global_batch_size
+    flops = per_image * (
+        TRAINING_FLOPS_PER_MULTIPLY_ADD * training_images + EVAL_FLOPS_PER_MULTIPLY_ADD * eval_images
+    )
+    utilization = NOMINAL_UTILIZATION[machine.kind]
+    seconds = flops / (machine.peak_tflops * 1e12 * machine.machines * utilization)
+    timeout = min(MAX_TIMEOUT_SECONDS, max(MIN_TIMEOUT_SECONDS, math.ceil(TIMEOUT_FACTOR * seconds)))
+    return Estimate(
+        training_images=training_images,
+        eval_images=eval_images,
+        teraflops=flops / 1e12,
+        hours=seconds / 3600,
+        accelerator_hours=seconds / 3600 * machine.units,
+        unit=machine.unit,
+        timeout_seconds=timeout,
+    )

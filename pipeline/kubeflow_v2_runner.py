@@ -27,7 +27,6 @@ import argparse
 import dataclasses
 import json
 import os
-import re
 import sys
 import warnings
 
@@ -35,6 +34,14 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 warnings.filterwarnings("ignore", category=FutureWarning)
 
 from pipeline.accelerators import AcceleratorMismatch  # noqa: E402
+from pipeline.cloud import (  # noqa: E402
+    DEFAULT_REGION,
+    EVALUATOR_WORKERS,
+    PROVISIONING,
+    SHARDING_WORKERS,
+    CloudSettings,
+    DataflowWorkers,
+)
 
 # The runtime parameters of a compiled pipeline and their types (names as the Vertex run form shows them).
 RUNTIME_PARAMETERS = {
@@ -48,115 +55,8 @@ RUNTIME_PARAMETERS = {
     "target_top1": float,
 }
 INPUT_KEYS = ("train_archive", "val_archive", "train_dir", "val_dir")
-# Dataflow workers for ImageNet's sharding: 4 vCPUs decode and check JPEGs; the spill goes to GCS, so the
-# disk holds the image and Beam's staging only.
-DATAFLOW_MACHINE_TYPE = "n1-standard-4"
-DATAFLOW_DISK_GB = 50
-# A Vertex network: projects/{project number}/global/networks/{name} (VPC peering with Vertex AI).
-_NETWORK = re.compile(r"^projects/[^/]+/global/networks/(?P<name>[^/]+)$")
-_DIGEST = re.compile(r"@sha256:[0-9a-f]{64}$")
-
-
-@dataclasses.dataclass(frozen=True)
-class CloudSettings:
-    """Where and on what the pipeline runs in the cloud.
-
-    Attributes:
-      project / region: the Google Cloud project and region of Vertex AI and Dataflow.
-      image: the pipeline image (Dockerfile target ``pipeline``) for every step and the Dataflow workers.
-      pipeline_root: gs:// root of the pipeline's artifacts.
-      trainer_image: the training job's image (``trainer-tpu`` or ``trainer-gpu``); '' uses ``image``.
-      accelerator: the ``--accelerator`` name; ``machines``: how many of it (GPU machines only).
-      service_account: runs the pipeline job, the training job and the Dataflow workers ('' = defaults).
-      network: ``projects/NUMBER/global/networks/NAME`` peered with Vertex AI, for the pipeline and training
-        jobs; Dataflow workers join the network NAME (and ``subnetwork`` when given).
-      subnetwork: Dataflow's ``regions/REGION/subnetworks/NAME`` (or a full URL).
-      dataflow_machine_type / dataflow_disk_gb / dataflow_max_workers: the sharding step's Dataflow workers.
-      enable_cache: let Vertex reuse a step whose inputs, parameters and image are unchanged.
-    """
-
-    project: str
-    region: str
-    image: str
-    pipeline_root: str
-    trainer_image: str = ""
-    accelerator: str = "tpu-v3-8"
-    machines: int = 1
-    service_account: str = ""
-    network: str = ""
-    subnetwork: str = ""
-    dataflow_machine_type: str = DATAFLOW_MACHINE_TYPE
-    dataflow_disk_gb: int = DATAFLOW_DISK_GB
-    dataflow_max_workers: int = 100
-    enable_cache: bool = True
-
-    def __post_init__(self):
-        if not self.pipeline_root.startswith("gs://"):
-            raise ValueError(
-                f"--pipeline-root {self.pipeline_root!r} must be a gs:// path on Vertex / Kubeflow"
-            )
-        for name in ("project", "region", "image"):
-            if not getattr(self, name):
-                raise ValueError(f"--{name} is required to compile for the cloud")
-        if self.network and not _NETWORK.match(self.network):
-            raise ValueError(
-                f"--network {self.network!r} must be projects/PROJECT_NUMBER/global/networks/NAME"
-            )
-        if self.dataflow_disk_gb < 0 or self.dataflow_max_workers < 1:
-            raise ValueError("--dataflow-disk-gb must be >= 0 and --dataflow-max-workers >= 1")
-        self.machine  # noqa: B018 - an unknown or unavailable accelerator fails here
-
-    @property
-    def machine(self):
-        from pipeline import accelerators
-
-        return accelerators.get(self.accelerator, self.machines)
-
-    @property
-    def training_image(self) -> str:
-        return self.trainer_image or self.image
-
-    def images_by_tag(self) -> list[str]:
-        """Images given by a mutable tag rather than a digest."""
-        return [
-            image for image in dict.fromkeys((self.image, self.training_image)) if not _DIGEST.search(image)
-        ]
-
-    def dataflow_args(self) -> list[str]:
-        args = [
-            "--runner=DataflowRunner",
-            f"--project={self.project}",
-            f"--region={self.region}",
-            f"--temp_location={self.pipeline_root.rstrip('/')}/beam-tmp",
-            f"--sdk_container_image={self.image}",
-            "--sdk_location=container",
-            f"--max_num_workers={self.dataflow_max_workers}",
-            f"--worker_machine_type={self.dataflow_machine_type}",
-            f"--disk_size_gb={self.dataflow_disk_gb}",
-        ]
-        if self.service_account:
-            args.append(f"--service_account_email={self.service_account}")
-        if self.network:
-            args.append(f"--network={_NETWORK.match(self.network)['name']}")
-        if self.subnetwork:
-            args.append(f"--subnetwork={self.subnetwork}")
-        return args
-
-    def vertex_training_config(self) -> dict:
-        """``custom_config`` entries of the Vertex Trainer: a custom job on the accelerator's worker pools."""
-        from tfx import v1 as tfx
-
-        vertex = tfx.extensions.google_cloud_ai_platform
-        job_spec = {"worker_pool_specs": self.machine.worker_pool_specs(self.training_image)}
-        if self.service_account:
-            job_spec["service_account"] = self.service_account
-        if self.network:
-            job_spec["network"] = self.network
-        return {
-            vertex.ENABLE_VERTEX_KEY: True,
-            vertex.VERTEX_REGION_KEY: self.region,
-            vertex.TRAINING_ARGS_KEY: {"project": self.project, "job_spec": job_spec},
-        }
+# The PipelineSpec 2.1 type of each Python type above.
+PARAMETER_TYPES = {str: "STRING", int: "NUMBER_INTEGER", float: "NUMBER_DOUBLE"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -201,6 +101,16 @@ class Compiled:
     defaults: dict
 
 
+def fitted_trainer_config(preset, machine, overrides: list[str]):
+    """The preset's trainer config bound to ``machine`` (its strategy and replicas per host), then the user's
+    overrides; refused in one line when it does not fit the machine (``Accelerator.check``)."""
+    from trainer_module.config import with_overrides
+
+    config = with_overrides(preset.trainer_config(), [*machine.trainer_overrides(), *overrides])
+    machine.check(preset.name, config)
+    return config
+
+
 def plan_pipeline(
     preset_name: str, settings: CloudSettings, inputs: dict, overrides: list[str], params: dict
 ):
@@ -217,9 +127,7 @@ def plan_pipeline(
     from trainer_module.config import with_overrides
 
     preset = presets.get(preset_name)
-    machine = settings.machine
-    config = with_overrides(preset.trainer_config(), [*machine.trainer_overrides(), *overrides])
-    machine.check(preset.name, config)
+    config = fitted_trainer_config(preset, settings.machine, overrides)
     defaults = {
         **{key: inputs.get(key, "") for key in INPUT_KEYS},
         "train_shards": preset.train_shards,
@@ -241,8 +149,17 @@ def plan_pipeline(
     return Compiled(preset, config, sharding, defaults)
 
 
+def pipeline_name(preset_name: str) -> str:
+    """The compiled pipeline's name (and its Vertex display name): one per preset."""
+    return f"effnet-{preset_name}"
+
+
 def build_pipeline(compiled: Compiled, settings: CloudSettings, vertex_push: VertexPush | None = None):
-    """The cloud pipeline: Dataflow sharding, training on the accelerator in Vertex, TFMA gate, Pusher(s)."""
+    """The cloud pipeline: Dataflow sharding, training on the accelerator in Vertex, TFMA gate, Pusher(s).
+
+    Each Beam step gets its own Dataflow workers; the pushed models of each pipeline (one per preset) go to a
+    serving directory of its own, ``ROOT/serving_model/PIPELINE``.
+    """
     from tfx.orchestration import data_types
 
     from components import runtime_gate
@@ -253,28 +170,60 @@ def build_pipeline(compiled: Compiled, settings: CloudSettings, vertex_push: Ver
         for name, kind in RUNTIME_PARAMETERS.items()
     }
     root = settings.pipeline_root.rstrip("/")
+    name = pipeline_name(compiled.preset.name)
+    labels = settings.labels(name, compiled.preset.name)
     return pipeline_def.create_pipeline(
-        pipeline_name=f"effnet-{compiled.preset.name}",
+        pipeline_name=name,
         pipeline_root=root,
         sharding=compiled.sharding,
         trainer_config=compiled.trainer_config,
         target_top1=compiled.defaults["target_top1"],
-        serving_model_dir=f"{root}/serving_model",
+        serving_model_dir=f"{root}/serving_model/{name}",
         metadata_connection_config=None,  # Vertex / Kubeflow bring their own metadata store
-        beam_pipeline_args=settings.dataflow_args(),
+        beam_pipeline_args=settings.dataflow_args(labels),
         trainer_class=runtime_gate.VertexTrainer,
-        trainer_custom_config=settings.vertex_training_config(),
+        trainer_custom_config=settings.vertex_training_config(compiled.trainer_config, name, labels),
         enable_cache=settings.enable_cache,
         runtime=runtime,
         extra_pusher=vertex_push.component(settings) if vertex_push else None,
+        step_beam_args={
+            pipeline_def.SHARDING_STEP: settings.sharding_workers.args(),
+            pipeline_def.EVALUATOR_STEP: settings.evaluator_workers.args(),
+        },
     )
 
 
-def compile_pipeline(pipeline, image: str, output: str, defaults: dict) -> str:
-    """Writes the Vertex PipelineJob (``.json``) or KFP PipelineSpec (``.yaml``) to ``output``.
+def scope_baseline_query(spec: dict, name: str) -> int:
+    """Restricts the compiled latest-blessed-model lookup to blessings of pipeline ``name``.
 
-    The runtime parameters' ``defaults`` go into the PipelineSpec's root input definitions (``defaultValue``,
-    which TFX does not write) and, for a PipelineJob, into its ``runtimeConfig``.
+    TFX compiles the lookup to a query over every ModelBlessing of the project's metadata store, whatever
+    pipeline or preset wrote it; the Evaluator writes its pipeline's name on each blessing
+    (``runtime_gate.BASELINE_SCOPE_PROPERTY``), and this adds that condition to the query. Returns the number
+    of queries changed.
+    """
+    from components import runtime_gate
+
+    condition = f'metadata.{runtime_gate.BASELINE_SCOPE_PROPERTY}.string_value="{name}"'
+    changed = 0
+    for executor in spec["deploymentSpec"]["executors"].values():
+        for query in executor.get("resolver", {}).get("outputArtifactQueries", {}).values():
+            if 'schema_title="tfx.ModelBlessing"' in query["filter"]:
+                query["filter"] = f"{query['filter']} AND {condition}"
+                changed += 1
+    return changed
+
+
+def compile_pipeline(
+    pipeline, settings: CloudSettings, output: str, defaults: dict, labels: dict[str, str]
+) -> str:
+    """Writes the Vertex PipelineJob (``.json``) or Kubeflow PipelineSpec (``.yaml``) to ``output``.
+
+    PipelineSpec schema 2.1.0 (what the Kubeflow Pipelines API server accepts, and Vertex too): every input
+    parameter typed (``parameterType``), constants as plain values. The runtime parameters' ``defaults`` go into
+    the root input definitions (``defaultValue``, which TFX does not write) and, for a PipelineJob, its
+    ``runtimeConfig``; the pipeline root into ``defaultPipelineRoot`` (the serving directory and Dataflow's
+    temp location are compiled under it, so a run must use it); ``labels`` onto the PipelineJob. The
+    latest-blessed-model lookup is scoped to this pipeline (``scope_baseline_query``).
     """
     import yaml
     from tfx import v1 as tfx
@@ -282,91 +231,34 @@ def compile_pipeline(pipeline, image: str, output: str, defaults: dict) -> str:
     from trainer_module import files
 
     runner = tfx.orchestration.experimental.KubeflowV2DagRunner(
-        config=tfx.orchestration.experimental.KubeflowV2DagRunnerConfig(default_image=image),
+        config=tfx.orchestration.experimental.KubeflowV2DagRunnerConfig(
+            default_image=settings.image, use_pipeline_spec_2_1=True
+        ),
         output_dir=os.path.dirname(output) or ".",
         output_filename=os.path.basename(output),
     )
     job = runner.run(pipeline, parameter_values=defaults, write_out=False)
-    parameters = job["pipelineSpec"]["root"].get("inputDefinitions", {}).get("parameters", {})
-    for name, spec in parameters.items():
-        spec["defaultValue"] = defaults[name]
+    spec = job["pipelineSpec"]
+    if scope_baseline_query(spec, pipeline.pipeline_info.pipeline_name) != 1:
+        raise RuntimeError("the compiled pipeline has no latest-blessed-model lookup to scope")
+    for name, parameter in spec["root"].get("inputDefinitions", {}).get("parameters", {}).items():
+        parameter["defaultValue"] = defaults[name]
+    spec["defaultPipelineRoot"] = settings.pipeline_root.rstrip("/")
+    job["labels"] = {**job.get("labels", {}), **labels}
     if output.endswith(".json"):
         files.write_text(output, json.dumps(job, sort_keys=True))
     else:
-        files.write_text(output, yaml.safe_dump(job["pipelineSpec"], sort_keys=True))
+        files.write_text(output, yaml.safe_dump(spec, sort_keys=True))
     return output
 
 
-def template_parameters(template: str) -> dict[str, type]:
-    """The runtime parameters a compiled template (``.json`` job or ``.yaml`` spec) declares, with types."""
-    import yaml
+def parse_params(pairs: list[str]) -> dict:
+    """``NAME=VALUE`` pairs of the compiled pipeline's runtime parameters, typed (``template.parse_params``)."""
+    from pipeline import template
 
-    from trainer_module import files
-
-    document = yaml.safe_load(files.read_text(template))  # JSON is YAML
-    spec = document.get("pipelineSpec", document)
-    declared = spec["root"].get("inputDefinitions", {}).get("parameters", {})
-    kinds = {"INT": int, "NUMBER_INTEGER": int, "DOUBLE": float, "NUMBER_DOUBLE": float}
-    return {name: kinds.get(p.get("type") or p.get("parameterType"), str) for name, p in declared.items()}
-
-
-def parse_params(pairs: list[str], kinds: dict[str, type]) -> dict:
-    """``NAME=VALUE`` pairs typed by the declared parameters.
-
-    Raises:
-      ValueError: a malformed pair, an undeclared name (listing the declared ones) or a value of the wrong type.
-    """
-    values = {}
-    for pair in pairs:
-        name, sep, text = pair.partition("=")
-        if not sep:
-            raise ValueError(f"--param {pair!r}: expected NAME=VALUE")
-        if name not in kinds:
-            raise ValueError(f"--param {name}: not a runtime parameter; declared: {', '.join(sorted(kinds))}")
-        try:
-            values[name] = kinds[name](text)
-        except ValueError:
-            raise ValueError(f"--param {pair}: {name} takes a {kinds[name].__name__}") from None
-    return values
-
-
-def vertex_job(template: str, settings: CloudSettings, params: dict | None = None, credentials=None):
-    """The Vertex ``PipelineJob`` for a compiled template, built and validated locally (no network)."""
-    from google.cloud import aiplatform
-
-    from trainer_module import files
-
-    display_name = json.loads(files.read_text(template))["displayName"]
-    return aiplatform.PipelineJob(
-        display_name=display_name,
-        template_path=template,
-        pipeline_root=settings.pipeline_root,
-        parameter_values=params or {},
-        project=settings.project,
-        location=settings.region,
-        enable_caching=settings.enable_cache,
-        credentials=credentials,
+    return template.parse_params(
+        pairs, {name: PARAMETER_TYPES[kind] for name, kind in RUNTIME_PARAMETERS.items()}
     )
-
-
-def submit(template: str, settings: CloudSettings, params: dict, kfp_host: str = "") -> str:
-    """Sends the compiled pipeline to Vertex AI Pipelines, or to a Kubeflow Pipelines endpoint."""
-    if kfp_host:
-        import kfp
-
-        if not template.endswith((".yaml", ".yml")):
-            raise ValueError(f"--kfp-host takes a PipelineSpec: compile to .yaml, not {template}")
-
-        run = kfp.Client(host=kfp_host).create_run_from_pipeline_package(
-            template,
-            arguments=params,
-            pipeline_root=settings.pipeline_root,
-            enable_caching=settings.enable_cache,
-        )
-        return f"KFP run {run.run_id}"
-    job = vertex_job(template, settings, params)
-    job.submit(service_account=settings.service_account or None, network=settings.network or None)
-    return f"Vertex PipelineJob {job.resource_name}"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -388,9 +280,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     what.add_argument("--submit", action="store_true", help="send it to Vertex AI (or --kfp-host)")
     what.add_argument("--kfp-host", default="", help="a Kubeflow Pipelines endpoint instead of Vertex")
+    what.add_argument(
+        "--wait", action="store_true", help="with --submit: follow the run to its end; exit 0 if it succeeded"
+    )
     where = parser.add_argument_group("where it runs")
-    where.add_argument("--project", default="")
-    where.add_argument("--region", default="us-central1")
+    where.add_argument("--project", default="", help="compiling: required; with --template: as compiled")
+    where.add_argument(
+        "--region", default="", help=f"compiling: default {DEFAULT_REGION}; with --template: as compiled"
+    )
     where.add_argument("--pipeline-root", default="", help="gs://BUCKET/PATH")
     where.add_argument("--image", default="", help="the pipeline image (Dockerfile target 'pipeline')")
     where.add_argument(
@@ -403,9 +300,21 @@ def build_parser() -> argparse.ArgumentParser:
     where.add_argument("--service-account", default="", help="for the pipeline, training and Dataflow jobs")
     where.add_argument("--network", default="", help="projects/PROJECT_NUMBER/global/networks/NAME")
     where.add_argument("--subnetwork", default="", help="Dataflow workers' regions/REGION/subnetworks/NAME")
-    where.add_argument("--dataflow-machine-type", default=DATAFLOW_MACHINE_TYPE)
-    where.add_argument("--dataflow-disk-gb", type=int, default=DATAFLOW_DISK_GB)
-    where.add_argument("--dataflow-max-workers", type=int, default=100)
+    where.add_argument(
+        "--provisioning", default="standard", help="training machines: " + ", ".join(PROVISIONING.names())
+    )
+    where.add_argument("--reservation", default="", help="projects/P/zones/Z/reservations/NAME to train on")
+    where.add_argument(
+        "--training-timeout-hours", type=float, default=0.0,
+        help="the training job's timeout (default: 3x the run's estimate shown by --plan, at least 2 h)",
+    )  # fmt: skip
+    for step, workers in (("dataflow", SHARDING_WORKERS), ("evaluator", EVALUATOR_WORKERS)):
+        what = "the sharding step's" if step == "dataflow" else "the Evaluator's"
+        where.add_argument(
+            f"--{step}-machine-type", default=workers.machine_type, help=f"{what} Dataflow workers"
+        )
+        where.add_argument(f"--{step}-disk-gb", type=int, default=workers.disk_gb)
+        where.add_argument(f"--{step}-max-workers", type=int, default=workers.max_workers)
     where.add_argument("--no-cache", action="store_true", help="run every step, reusing none")
     where.add_argument(
         "--vertex-endpoint", default="", help="also push to the Vertex Model Registry + endpoint"
@@ -426,7 +335,7 @@ def build_parser() -> argparse.ArgumentParser:
 def _settings(args) -> CloudSettings:
     return CloudSettings(
         project=args.project,
-        region=args.region,
+        region=args.region or DEFAULT_REGION,
         image=args.image,
         pipeline_root=args.pipeline_root,
         trainer_image=args.trainer_image,
@@ -435,23 +344,34 @@ def _settings(args) -> CloudSettings:
         service_account=args.service_account,
         network=args.network,
         subnetwork=args.subnetwork,
-        dataflow_machine_type=args.dataflow_machine_type,
-        dataflow_disk_gb=args.dataflow_disk_gb,
-        dataflow_max_workers=args.dataflow_max_workers,
+        sharding_workers=DataflowWorkers(
+            args.dataflow_machine_type, args.dataflow_disk_gb, args.dataflow_max_workers
+        ),
+        evaluator_workers=DataflowWorkers(
+            args.evaluator_machine_type, args.evaluator_disk_gb, args.evaluator_max_workers
+        ),
+        provisioning=args.provisioning,
+        reservation=args.reservation,
+        training_timeout_hours=args.training_timeout_hours,
         enable_cache=not args.no_cache,
     )
 
 
 def _print_plan(args) -> None:
+    """The trainer's plan on the accelerator and the run's estimate (hours, accelerator-hours, timeout)."""
     from pipeline import accelerators, presets
     from trainer_module.__main__ import plan_report
-    from trainer_module.config import with_overrides
 
     machine = accelerators.get(args.accelerator, args.machines)
-    preset = presets.get(args.preset)
-    config = with_overrides(preset.trainer_config(), [*machine.trainer_overrides(), *args.overrides])
-    machine.check(preset.name, config)
-    print(json.dumps({"accelerator": dataclasses.asdict(machine), **plan_report(config, [])}, indent=2))
+    if args.region:
+        machine.check_region(args.region)
+    config = fitted_trainer_config(presets.get(args.preset), machine, args.overrides)
+    report = {
+        "accelerator": dataclasses.asdict(machine),
+        "estimate": accelerators.estimate(config, machine).to_dict(),
+        **plan_report(config, []),
+    }
+    print(json.dumps(report, indent=2))
 
 
 def _check_output(output: str) -> None:
@@ -464,19 +384,47 @@ def _check_output(output: str) -> None:
         raise ValueError(f"--output {output}: directory {directory} does not exist")
 
 
-def _check_template_root(template: str, pipeline_root: str) -> None:
-    """The serving directory and Dataflow's temp location are compiled under the pipeline root, so a compiled
-    PipelineJob runs under the root it was compiled for."""
-    from trainer_module import files
+def _template_for(args):
+    """The compiled template to submit, refused in one line when a given flag differs from what it was compiled
+    for: its jobs (training, Dataflow) run in the compiled project, region, identity and network, and its
+    serving directory and Dataflow temp location sit under the compiled pipeline root."""
+    from pipeline.template import Template
 
-    if not template.endswith(".json"):
-        return
-    compiled = json.loads(files.read_text(template)).get("runtimeConfig", {}).get("gcsOutputDirectory", "")
-    if compiled and compiled.rstrip("/") != pipeline_root.rstrip("/"):
+    template = Template.read(args.template)
+    mismatch = template.target.mismatch(
+        project=args.project, region=args.region, service_account=args.service_account, network=args.network
+    )
+    if mismatch:
+        raise ValueError(mismatch)
+    root = args.pipeline_root.rstrip("/")
+    if root and template.pipeline_root and root != template.pipeline_root:
         raise ValueError(
-            f"--pipeline-root {pipeline_root}: {template} was compiled for {compiled} (its serving directory and "
-            f"Dataflow temp location are under it); compile again for another root"
+            f"--pipeline-root {args.pipeline_root}: {args.template} was compiled for {template.pipeline_root} (its "
+            f"serving directory and Dataflow temp location are under it); compile again for another root"
         )
+    if not template.pipeline_root and not root:
+        raise ValueError(f"--pipeline-root: {args.template} names none; give the gs:// root of its artifacts")
+    return template
+
+
+def submit(template, args) -> int:
+    """Checks the run's parameter values against the template, submits it, and with ``--wait`` follows the run
+    to its end. Returns the exit status: 0 once submitted (or, with ``--wait``, when the run succeeded), 1 when
+    the run ended in another state."""
+    from pipeline import submission
+
+    params = template.parse(args.params)
+    template.check_values(params)  # the steps' own rules, before anything is submitted
+    if args.kfp_host:
+        run = submission.submit_kfp(template, params, args.kfp_host, not args.no_cache)
+    else:
+        run = submission.submit_vertex(template, params, not args.no_cache)
+    print(f"submitted {run.description}")
+    print(f"follow it at {run.url}")
+    if not args.wait:
+        return 0
+    state = run.follow(on_change=lambda state: print(f"run state: {state}", flush=True))
+    return 0 if submission.succeeded(state) else 1
 
 
 def run(args) -> int:
@@ -487,19 +435,18 @@ def run(args) -> int:
         raise ValueError(
             "give --output FILE to compile, or --template FILE --submit to submit a compiled one"
         )
-    settings = _settings(args)
+    if args.wait and not args.submit:
+        raise ValueError("--wait follows a submitted run: add --submit")
     if args.template:
         if not args.submit:
             raise ValueError("--template submits a compiled pipeline: add --submit")
-        _check_template_root(args.template, settings.pipeline_root)
-        params = parse_params(args.params, template_parameters(args.template))
-        print(submit(args.template, settings, params, args.kfp_host))
-        return 0
+        return submit(_template_for(args), args)
+    settings = _settings(args)
     _check_output(args.output)
     if args.vertex_endpoint and not args.serving_image:
         raise ValueError("--vertex-endpoint needs --serving-image (a Vertex prediction image for TensorFlow)")
     inputs = {key: getattr(args, key) for key in INPUT_KEYS if getattr(args, key)}
-    params = parse_params(args.params, RUNTIME_PARAMETERS)
+    params = parse_params(args.params)
     compiled = plan_pipeline(args.preset, settings, inputs, args.overrides, params)
     push = VertexPush(args.vertex_endpoint, args.serving_image) if args.vertex_endpoint else None
     for image in settings.images_by_tag():
@@ -508,13 +455,19 @@ def run(args) -> int:
             f"image: pass IMAGE@sha256:DIGEST (or --no-cache)",
             file=sys.stderr,
         )
-    compile_pipeline(build_pipeline(compiled, settings, push), settings.image, args.output, compiled.defaults)
+    name = pipeline_name(compiled.preset.name)
+    pipeline = build_pipeline(compiled, settings, push)
+    compile_pipeline(
+        pipeline, settings, args.output, compiled.defaults, settings.labels(name, compiled.preset.name)
+    )
     machine = settings.machine
     print(
         f"compiled {args.output}: {compiled.preset.name} on {machine.describe()} ({machine.replicas} replicas)"
     )
     if args.submit:
-        print(submit(args.output, settings, parse_params(args.params, RUNTIME_PARAMETERS), args.kfp_host))
+        from pipeline.template import Template
+
+        return submit(Template.read(args.output), args)
     return 0
 
 

@@ -21,6 +21,8 @@ from trainer_module.config import TrainerConfig
 RUN_FN = "trainer_module.tfx_trainer.run_fn"
 TOP1 = "sparse_categorical_accuracy"
 TOP5 = "top5_accuracy"
+SHARDING_STEP = "ImageNetShardGen"
+EVALUATOR_STEP = "Evaluator"
 # The latest blessed model may tie; only a strictly worse model is refused.
 CHANGE_TOLERANCE = 1e-10
 
@@ -74,6 +76,7 @@ def create_pipeline(
     enable_cache: bool = True,
     runtime: dict | None = None,
     extra_pusher=None,
+    step_beam_args: dict[str, list[str]] | None = None,
 ) -> tfx.dsl.Pipeline:
     """The whole pipeline.
 
@@ -94,11 +97,20 @@ def create_pipeline(
         the sharding step's inputs and layout (``imagenet_shards.OVERRIDE_PARAMETERS``).
       extra_pusher: a second Pusher beside the one into ``serving_model_dir``, built by a function of (model
         channel, blessing channel): the Vertex runner's push to the Vertex AI Model Registry and an endpoint.
+      step_beam_args: Beam options of one Beam step, by component id (``SHARDING_STEP``, ``EVALUATOR_STEP``),
+        added to ``beam_pipeline_args``: each step's own Dataflow workers.
+
+    The Evaluator's baseline (the latest blessed model) is scoped to this pipeline: its blessings carry the
+    pipeline's name (``runtime_gate.BASELINE_SCOPE_PROPERTY``), so a model blessed by another preset's
+    pipeline is never the baseline; the local metadata store scopes the resolver by pipeline too.
     """
     runtime = dict(runtime or {})
     gate = runtime.pop(runtime_gate.TARGET_TOP1_KEY, None)
     epochs = runtime.pop(runtime_gate.TRAIN_EPOCHS_KEY, None)
-    shards = ImageNetShardGen(sharding_config=sharding.to_json(), **runtime)
+    step_args = step_beam_args or {}
+    shards = ImageNetShardGen(sharding_config=sharding.to_json(), **runtime).with_id(SHARDING_STEP)
+    if step_args.get(SHARDING_STEP):
+        shards.with_beam_pipeline_args(step_args[SHARDING_STEP])
     custom_config = {tfx_trainer.CONFIG_KEY: trainer_config.to_json(), **(trainer_custom_config or {})}
     trainer = trainer_class(
         examples=shards.outputs["examples"],
@@ -121,7 +133,10 @@ def create_pipeline(
         eval_config=eval_config(target_top1),
         example_splits=[schema.VALIDATION],
         target_top1=gate,
-    )
+        baseline_scope=pipeline_name,
+    ).with_id(EVALUATOR_STEP)
+    if step_args.get(EVALUATOR_STEP):
+        evaluator.with_beam_pipeline_args(step_args[EVALUATOR_STEP])
     pushers = [
         tfx.components.Pusher(
             model=trainer.outputs["model"],

@@ -8,6 +8,11 @@ Single-device code is unaffected: without a strategy, TensorFlow places work on 
 import os
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+# Google's auth libraries probe the GCE metadata server for credentials: never, here (nothing may reach an
+# address but 127.0.0.1).
+os.environ["NO_GCE_CHECK"] = "True"
+os.environ["GCE_METADATA_HOST"] = "127.0.0.1:1"
+os.environ["GCE_METADATA_IP"] = "127.0.0.1:1"
 
 import pytest  # noqa: E402
 import tensorflow as tf  # noqa: E402

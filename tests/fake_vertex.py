@@ -1,26 +1,33 @@
-"""Vertex AI custom training faked at its network client: ``python -m fake_vertex --record-dir DIR -- COMMAND``.
+"""Vertex AI faked at its network clients.
 
-``COMMAND`` is a container's ``python -m MODULE ARGS...`` (the Trainer task's KFP entry point). It runs in this
-process as ``python -m`` would run it, with one change: ``google.cloud.aiplatform.gapic.JobServiceClient``, the
-client TFX's ``VertexJobClient`` (tfx/extensions/google_cloud_ai_platform/training_clients.py) builds, is
-``FakeJobServiceClient``. Everything up to the network call is TFX's and this project's code: the job spec from
-the Trainer's ``custom_config``, the worker pools' command TFX writes, the polling of the job's state.
+Custom jobs: ``python -m fake_vertex --record-dir DIR -- COMMAND``. ``COMMAND`` is a container's ``python -m
+MODULE ARGS...`` (the Trainer task's KFP entry point). It runs in this process as ``python -m`` would run it, with
+one change: ``google.cloud.aiplatform.gapic.JobServiceClient``, the client TFX's ``VertexJobClient`` and
+``components.vertex_training`` build, is ``FakeJobServiceClient``. Everything up to the network call is TFX's and
+this project's code: the job spec from the Trainer's ``custom_config``, the worker pools' command TFX writes, the
+polling and the cancellation of the job.
 
 ``create_custom_job`` does what Vertex does with the request, on this machine:
 
-1. checks it against the API's own ``aiplatform_v1.CustomJob`` message (an unknown field fails, as it would
-   in the service) and records it, as sent, in ``DIR/custom_job-N.json`` (``parent``, ``api_endpoint``,
+1. checks it against the API's own ``aiplatform_v1.CustomJob`` message (an unknown field fails, as it would in
+   the service) and records it, as sent, in ``DIR/custom_job-N.json`` (``parent``, ``api_endpoint``,
    ``custom_job``);
-2. runs worker pool 0's container ``command`` + ``args`` (``python -m tfx.scripts.run_executor ...``) as a
-   subprocess of this interpreter, with the variables Vertex sets on the replica of a one-replica job:
-   ``CLUSTER_SPEC`` (pool ``workerpool0``) and ``TF_CONFIG`` (a ``chief`` task), each with the job spec; the
-   replica's output goes to ``DIR/custom_job-N.workerpool0-0.log``;
-3. returns the job in state ``JOB_STATE_SUCCEEDED``, or ``JOB_STATE_FAILED`` with the exit code in its error,
-   which ``get_custom_job`` returns from then on.
+2. starts every replica of every worker pool: its container ``command`` + ``args`` (``python -m
+   tfx.scripts.run_executor ...``) as a subprocess of this interpreter, with the variables Vertex sets on a
+   replica: ``CLUSTER_SPEC`` (pools ``workerpool0``, ``workerpool1``...) and ``TF_CONFIG`` (pool 0 is the
+   ``chief``, the next pool's replicas are ``worker`` 0, 1...), each with the job spec, the replicas reaching
+   each other over loopback ports; replica ``workerpoolP-I``'s output goes to ``DIR/custom_job-N.workerpoolP-I.log``;
+3. returns the job ``JOB_STATE_PENDING``. ``get_custom_job`` reports it running while a replica runs, then
+   ``JOB_STATE_SUCCEEDED`` when every replica exited 0, or ``JOB_STATE_FAILED`` with the first failure's exit
+   code; ``cancel_custom_job`` records ``DIR/custom_job-N.cancel.json``, stops the replicas (SIGTERM) and reports
+   ``JOB_STATE_CANCELLED``.
 
-The job runs to completion inside ``create_custom_job`` (Vertex returns a pending job and runs it meanwhile),
-so TFX's first poll sees the final state and never sleeps. Jobs of more than one replica are refused: only the
-primary replica could run here.
+Polls are made fast (``components.vertex_training.POLL_SECONDS``): the fake answers at once, where Vertex takes
+seconds, so only the test's time changes.
+
+Pipeline jobs: ``FakePipelineService.install(monkeypatch)`` replaces the three calls of ``aiplatform_v1``'s
+``PipelineServiceClient`` that the SDK's ``PipelineJob`` makes (create, get, cancel) in this process: requests
+are recorded as the API's own messages, and the job moves through the states the test scripts.
 """
 
 from __future__ import annotations
@@ -29,13 +36,17 @@ import argparse
 import json
 import os
 import runpy
+import signal
 import subprocess
 import sys
 
+from loopback import free_ports
+
 RECORD_FILE = "custom_job-{n}.json"
-LOG_FILE = "custom_job-{n}.workerpool0-0.log"
-# A Vertex replica's address: one host per replica of each pool, port 2222.
-REPLICA_ADDRESS = "cmle-training-workerpool0-{job}-0:2222"
+CANCEL_FILE = "custom_job-{n}.cancel.json"
+LOG_FILE = "custom_job-{n}.{replica}.log"
+# Every poll of the job, in tests: Vertex would answer in seconds, the fake at once.
+FAST_POLL_SECONDS = 0.2
 
 # Jobs created in this process, by resource name (TFX builds a new client for each call).
 _JOBS: dict = {}
@@ -48,26 +59,82 @@ def wrapper(record_dir: str) -> list[str]:
     return [sys.executable, "-m", "fake_vertex", "--record-dir", record_dir, "--"]
 
 
-def replica_environment(job_spec: dict, job_id: str) -> dict[str, str]:
-    """``CLUSTER_SPEC`` and ``TF_CONFIG`` of the one replica (pool 0, index 0) of a one-replica job."""
-    address = REPLICA_ADDRESS.format(job=job_id)
-    cluster_spec = {
-        "cluster": {"workerpool0": [address]},
-        "environment": "cloud",
-        "task": {"type": "workerpool0", "index": 0},
-        "job": job_spec,
-    }
-    tf_config = {
-        "cluster": {"chief": [address]},
-        "environment": "cloud",
-        "task": {"type": "chief", "index": 0},
-        "job": job_spec,
-    }
-    return {"CLUSTER_SPEC": json.dumps(cluster_spec), "TF_CONFIG": json.dumps(tf_config)}
+def replica_environments(job_spec: dict, pool_sizes: list[int]) -> dict[str, dict[str, str]]:
+    """``CLUSTER_SPEC`` and ``TF_CONFIG`` of every replica, by its name ``workerpoolP-I``, as Vertex sets them:
+    pool 0 (one replica) is TensorFlow's ``chief``, pool 1's replicas are ``worker`` 0, 1..."""
+    ports = iter(free_ports(sum(pool_sizes)))
+    addresses = [[f"127.0.0.1:{next(ports)}" for _ in range(size)] for size in pool_sizes]
+    cluster_spec = {f"workerpool{p}": pool for p, pool in enumerate(addresses)}
+    tf_cluster = {"chief": addresses[0]}
+    if len(addresses) > 1:
+        tf_cluster["worker"] = addresses[1]
+    environments = {}
+    for p, pool in enumerate(addresses):
+        for index in range(len(pool)):
+            task = {"type": "chief" if p == 0 else "worker", "index": index}
+            environments[f"workerpool{p}-{index}"] = {
+                "CLUSTER_SPEC": json.dumps(
+                    {
+                        "cluster": cluster_spec,
+                        "environment": "cloud",
+                        "task": {"type": f"workerpool{p}", "index": index},
+                        "job": job_spec,
+                    }
+                ),
+                "TF_CONFIG": json.dumps(
+                    {"cluster": tf_cluster, "environment": "cloud", "task": task, "job": job_spec}
+                ),
+            }
+    return environments
+
+
+class _FakeJob:
+    """A created job: its message (state updated as its replicas run) and the replica processes."""
+
+    def __init__(self, job, number: int, replicas: dict[str, subprocess.Popen], logs: dict[str, str]):
+        self.job = job
+        self.number = number
+        self.replicas = replicas
+        self.logs = logs
+        self.cancelled = False
+
+    def refresh(self):
+        from google.cloud import aiplatform_v1
+
+        states = aiplatform_v1.JobState
+        if self.cancelled:
+            self.job.state = states.JOB_STATE_CANCELLED
+            return self.job
+        codes = {name: process.poll() for name, process in self.replicas.items()}
+        failed = {name: code for name, code in codes.items() if code not in (None, 0)}
+        if failed:
+            name, code = sorted(failed.items())[0]
+            self.stop()
+            self.job.state = states.JOB_STATE_FAILED
+            self.job.error.code = 13  # INTERNAL
+            self.job.error.message = (
+                f"The replica {name} exited with a non-zero status of {code} (log: {self.logs[name]})."
+            )
+        elif all(code == 0 for code in codes.values()):
+            self.job.state = states.JOB_STATE_SUCCEEDED
+        else:
+            self.job.state = states.JOB_STATE_RUNNING
+        return self.job
+
+    def stop(self) -> None:
+        for process in self.replicas.values():
+            if process.poll() is None:
+                process.send_signal(signal.SIGTERM)
+        for process in self.replicas.values():
+            try:
+                process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
 
 
 class FakeJobServiceClient:
-    """The two calls of ``google.cloud.aiplatform_v1.JobServiceClient`` that TFX's Vertex job client makes."""
+    """The calls of ``google.cloud.aiplatform_v1.JobServiceClient`` that a Vertex training task makes."""
 
     def __init__(self, client_options=None, **kwargs):
         options = client_options or {}
@@ -85,32 +152,77 @@ class FakeJobServiceClient:
             json.dump(record, f, indent=1)
 
         pools = job.job_spec.worker_pool_specs
-        replicas = sum(pool.replica_count for pool in pools)
-        if replicas != 1:
-            raise ValueError(f"fake Vertex runs one-replica jobs only; this one asks for {replicas} replicas")
-        container = pools[0].container_spec
-        argv = [*container.command, *container.args]
-        if argv[0] == "python":
-            argv[0] = sys.executable
-        env = {**os.environ, **replica_environment(request["job_spec"], str(number))}
-        log_path = os.path.join(_record_dir, LOG_FILE.format(n=number))
-        with open(log_path, "wb") as log:
-            code = subprocess.run(argv, env=env, stdout=log, stderr=subprocess.STDOUT).returncode
-
+        environments = replica_environments(request["job_spec"], [pool.replica_count for pool in pools])
+        replicas, logs = {}, {}
+        for p, pool in enumerate(pools):
+            argv = [*pool.container_spec.command, *pool.container_spec.args]
+            if argv[0] == "python":
+                argv[0] = sys.executable
+            for index in range(pool.replica_count):
+                name = f"workerpool{p}-{index}"
+                logs[name] = os.path.join(_record_dir, LOG_FILE.format(n=number, replica=name))
+                with open(logs[name], "wb") as log:
+                    replicas[name] = subprocess.Popen(
+                        argv, env={**os.environ, **environments[name]}, stdout=log, stderr=subprocess.STDOUT
+                    )
         job.name = f"{parent}/customJobs/{number}"
-        if code:
-            job.state = aiplatform_v1.JobState.JOB_STATE_FAILED
-            job.error.code = 13  # INTERNAL
-            job.error.message = (
-                f"The replica workerpool0-0 exited with a non-zero status of {code} (log: {log_path})."
-            )
-        else:
-            job.state = aiplatform_v1.JobState.JOB_STATE_SUCCEEDED
-        _JOBS[job.name] = job
-        return job
+        job.state = aiplatform_v1.JobState.JOB_STATE_PENDING
+        _JOBS[job.name] = _FakeJob(job, number, replicas, logs)
+        return aiplatform_v1.CustomJob(job)
 
     def get_custom_job(self, name: str, **kwargs):
-        return _JOBS[name]
+        from google.cloud import aiplatform_v1
+
+        return aiplatform_v1.CustomJob(_JOBS[name].refresh())
+
+    def cancel_custom_job(self, name: str, **kwargs) -> None:
+        fake = _JOBS[name]
+        with open(os.path.join(_record_dir, CANCEL_FILE.format(n=fake.number)), "w") as f:
+            json.dump({"name": name, "running": [n for n, p in fake.replicas.items() if p.poll() is None]}, f)
+        fake.stop()
+        fake.cancelled = True
+
+
+class FakePipelineService:
+    """Vertex AI Pipelines' PipelineService in this process: records created jobs, plays scripted states.
+
+    ``states``: the states ``get_pipeline_job`` returns, in turn (the last one repeats), e.g.
+    ``["PIPELINE_STATE_RUNNING", "PIPELINE_STATE_SUCCEEDED"]``.
+    """
+
+    def __init__(self, states=("PIPELINE_STATE_RUNNING", "PIPELINE_STATE_SUCCEEDED")):
+        self.states = list(states)
+        self.created: list = []  # (parent, PipelineJob message, job id) as sent
+        self.gets = 0
+
+    def install(self, monkeypatch) -> FakePipelineService:
+        from google.cloud.aiplatform_v1.services.pipeline_service import PipelineServiceClient
+
+        fake = self
+
+        def create_pipeline_job(client, parent=None, pipeline_job=None, pipeline_job_id=None, **kwargs):
+            from google.cloud import aiplatform_v1
+
+            message = aiplatform_v1.PipelineJob(pipeline_job)  # the API's own message
+            fake.created.append((parent, message, pipeline_job_id))
+            created = aiplatform_v1.PipelineJob(message)
+            created.name = f"{parent}/pipelineJobs/{pipeline_job_id or 'effnet-run-1'}"
+            created.state = aiplatform_v1.PipelineState.PIPELINE_STATE_PENDING
+            fake._job = created
+            return aiplatform_v1.PipelineJob(created)
+
+        def get_pipeline_job(client, name=None, **kwargs):
+            from google.cloud import aiplatform_v1
+
+            state = fake.states[min(fake.gets, len(fake.states) - 1)]
+            fake.gets += 1
+            job = aiplatform_v1.PipelineJob(fake._job)
+            job.state = aiplatform_v1.PipelineState[state]
+            return job
+
+        monkeypatch.setattr(PipelineServiceClient, "create_pipeline_job", create_pipeline_job)
+        monkeypatch.setattr(PipelineServiceClient, "get_pipeline_job", get_pipeline_job)
+        return self
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -127,7 +239,11 @@ def main(argv: list[str] | None = None) -> None:
 
     from google.cloud.aiplatform import gapic
 
+    from components import vertex_training
+
     gapic.JobServiceClient = FakeJobServiceClient
+    vertex_training.POLL_SECONDS = FAST_POLL_SECONDS
+    vertex_training.CANCEL_POLL_SECONDS = FAST_POLL_SECONDS
     sys.argv = [command[2], *command[3:]]
     runpy.run_module(command[2], run_name="__main__", alter_sys=True)
 

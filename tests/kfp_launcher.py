@@ -3,10 +3,10 @@
 What the launcher of Vertex AI Pipelines (and of Kubeflow Pipelines v2) does for a container task, this does
 too, from the compiled job alone:
 
-- resolves the task's input parameters: constants compiled into the task (``runtimeValue``) and the job's
-  runtime parameters (``componentInputParameter``: the ``runtimeConfig`` defaults merged with the run's values),
-  typed by the root's input definitions, as both ``inputs.parameters`` (the typed ``Value`` that TFX's entry
-  point reads for a spec without an inputs spec) and ``inputs.parameterValues``;
+- resolves the task's input parameters (PipelineSpec schema 2.1): constants compiled into the task
+  (``runtimeValue.constant``) and the job's runtime parameters (``componentInputParameter``: the
+  ``runtimeConfig.parameterValues`` defaults merged with the run's values), typed by the root's input definitions
+  (``parameterType``), as ``inputs.parameterValues``, the only form the 2.1 launchers write;
 - resolves the input artifacts to the upstream tasks' outputs as their ``executor_output.json`` describes them
   (name, URI and metadata; the type from the consuming component's input definitions);
 - names its output artifacts and places them at ``{root}/{task}/{output_key}/{execution}`` with the type of the
@@ -50,8 +50,8 @@ REPO_DIR = os.path.dirname(TESTS_DIR)
 # Lines of a failed task's log quoted in the error.
 LOG_TAIL_LINES = 60
 
-_TYPED_VALUE = {"STRING": "stringValue", "INT": "intValue", "DOUBLE": "doubleValue"}
-_PLAIN = {"stringValue": str, "intValue": int, "doubleValue": float}
+# PipelineSpec 2.1 parameter types and the Python type a value of each takes.
+PARAMETER_TYPES = {"STRING": str, "NUMBER_INTEGER": int, "NUMBER_DOUBLE": float, "BOOLEAN": bool}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -80,12 +80,12 @@ def compiled_root(job: dict) -> str:
     return job["runtimeConfig"]["gcsOutputDirectory"].rstrip("/")
 
 
-def _plain(value: dict):
-    """A typed pipeline ``Value`` ({'intValue': '2'}) as a Python value."""
-    (kind, raw), *rest = value.items()
-    if rest or kind not in _PLAIN:
-        raise ValueError(f"not a single typed parameter value: {value}")
-    return _PLAIN[kind](raw)
+def _typed(value, parameter_type: str):
+    """A parameter value as its declared type (JSON numbers of ``parameterValues`` are doubles)."""
+    kind = PARAMETER_TYPES[parameter_type]
+    if kind is int and float(value) != int(float(value)):
+        raise ValueError(f"{value!r} is not an integer")
+    return kind(float(value)) if kind is int else kind(value)
 
 
 def runtime_parameters(job: dict, overrides: Mapping[str, object] | None = None) -> dict:
@@ -95,18 +95,15 @@ def runtime_parameters(job: dict, overrides: Mapping[str, object] | None = None)
       ValueError: an override names no declared parameter.
     """
     declared = pipeline_spec(job)["root"].get("inputDefinitions", {}).get("parameters", {})
-    values = {name: _plain(value) for name, value in job["runtimeConfig"].get("parameters", {}).items()}
+    values = {
+        name: _typed(value, declared[name]["parameterType"])
+        for name, value in job["runtimeConfig"].get("parameterValues", {}).items()
+    }
     for name, value in (overrides or {}).items():
         if name not in declared:
             raise ValueError(f"{name} is not a runtime parameter; declared: {', '.join(sorted(declared))}")
-        kind = _TYPED_VALUE[declared[name]["type"]]
-        values[name] = _PLAIN[kind](value)
+        values[name] = _typed(value, declared[name]["parameterType"])
     return values
-
-
-def _typed(value, kind: str) -> dict:
-    key = _TYPED_VALUE[kind]
-    return {key: str(int(value)) if key == "intValue" else _PLAIN[key](value)}
 
 
 def _relocate(text: str, job: dict, root: str) -> str:
@@ -145,19 +142,18 @@ def build_executor_input(
     root = pipeline_root.rstrip("/")
     declared = spec["root"].get("inputDefinitions", {}).get("parameters", {})
 
-    typed, plain = {}, {}
+    values = {}
     for name, binding in dag_task.get("inputs", {}).get("parameters", {}).items():
         if "runtimeValue" in binding:
-            value = dict(binding["runtimeValue"]["constantValue"])
-            if "stringValue" in value:
-                value["stringValue"] = _relocate(value["stringValue"], job, root)
+            value = binding["runtimeValue"]["constant"]
+            if isinstance(value, str):
+                value = _relocate(value, job, root)
         elif "componentInputParameter" in binding:
             source = binding["componentInputParameter"]
-            value = _typed(parameters[source], declared[source]["type"])
+            value = _typed(parameters[source], declared[source]["parameterType"])
         else:
             raise ValueError(f"{task}.{name}: unsupported parameter binding {binding}")
-        typed[name] = value
-        plain[name] = _plain(value)
+        values[name] = value
 
     schemas = component.get("inputDefinitions", {}).get("artifacts", {})
     inputs = {}
@@ -189,7 +185,7 @@ def build_executor_input(
         for key, definition in component.get("outputDefinitions", {}).get("artifacts", {}).items()
     }
     return {
-        "inputs": {"parameters": typed, "parameterValues": plain, "artifacts": inputs},
+        "inputs": {"parameterValues": values, "artifacts": inputs},
         "outputs": {"artifacts": outputs, "outputFile": output_file},
     }
 
@@ -213,6 +209,59 @@ def container_argv(job: dict, task: str, executor_input: dict, pipeline_root: st
         else:
             args.append(_relocate(arg, job, pipeline_root))
     return [*command, *args]
+
+
+@dataclasses.dataclass
+class StartedTask:
+    """A task's container process started by ``start_task``; ``finish`` waits for it and reads its output."""
+
+    task: str
+    process: subprocess.Popen
+    executor_input: dict
+    output_file: str
+    log_path: str
+
+    def finish(self, timeout: float = 900) -> TaskResult:
+        """Waits for the container to end and returns what its executor wrote.
+
+        Raises:
+          RuntimeError: the container exited non-zero (the message quotes the end of its log).
+        """
+        code = self.process.wait(timeout=timeout)
+        if code:
+            with open(self.log_path, errors="replace") as log:
+                tail = "".join(log.readlines()[-LOG_TAIL_LINES:])
+            raise RuntimeError(f"task {self.task} exited with {code}; end of {self.log_path}:\n{tail}")
+        with open(self.output_file) as f:
+            executor_output = json.load(f)
+        return TaskResult(self.task, self.executor_input, executor_output, self.log_path)
+
+
+def start_task(
+    job: dict,
+    task: str,
+    pipeline_root: str,
+    scratch_dir: str,
+    parameters: Mapping[str, object],
+    upstream: Mapping[str, TaskResult] | None = None,
+    execution: int = 1,
+    wrapper: Sequence[str] = (),
+    env: Mapping[str, str] | None = None,
+) -> StartedTask:
+    """Starts ``task`` of the compiled ``job`` as its container would (see ``run_task``), without waiting."""
+    task_dir = os.path.join(scratch_dir, f"{task}-{execution}")
+    os.makedirs(task_dir, exist_ok=True)
+    output_file = os.path.join(task_dir, "executor_output.json")
+    executor_input = build_executor_input(
+        job, task, pipeline_root, parameters, upstream or {}, output_file, execution
+    )
+    argv = [*wrapper, *container_argv(job, task, executor_input, pipeline_root)]
+    child_env = {**os.environ, **(env or {})}
+    child_env["PYTHONPATH"] = os.pathsep.join(p for p in (TESTS_DIR, child_env.get("PYTHONPATH")) if p)
+    log_path = os.path.join(task_dir, "log.txt")
+    with open(log_path, "wb") as log:
+        process = subprocess.Popen(argv, cwd=REPO_DIR, env=child_env, stdout=log, stderr=subprocess.STDOUT)
+    return StartedTask(task, process, executor_input, output_file, log_path)
 
 
 def run_task(
@@ -241,24 +290,9 @@ def run_task(
     Raises:
       RuntimeError: the container exited non-zero (the message quotes the end of its log).
     """
-    task_dir = os.path.join(scratch_dir, f"{task}-{execution}")
-    os.makedirs(task_dir, exist_ok=True)
-    output_file = os.path.join(task_dir, "executor_output.json")
-    executor_input = build_executor_input(
-        job, task, pipeline_root, parameters, upstream or {}, output_file, execution
-    )
-    argv = [*wrapper, *container_argv(job, task, executor_input, pipeline_root)]
-    child_env = {**os.environ, **(env or {})}
-    child_env["PYTHONPATH"] = os.pathsep.join(p for p in (TESTS_DIR, child_env.get("PYTHONPATH")) if p)
-    log_path = os.path.join(task_dir, "log.txt")
-    with open(log_path, "wb") as log:
-        code = subprocess.run(
-            argv, cwd=REPO_DIR, env=child_env, stdout=log, stderr=subprocess.STDOUT, timeout=timeout
-        ).returncode
-    if code:
-        with open(log_path, errors="replace") as log:
-            tail = "".join(log.readlines()[-LOG_TAIL_LINES:])
-        raise RuntimeError(f"task {task} exited with {code}; end of {log_path}:\n{tail}")
-    with open(output_file) as f:
-        executor_output = json.load(f)
-    return TaskResult(task, executor_input, executor_output, log_path)
+    started = start_task(job, task, pipeline_root, scratch_dir, parameters, upstream, execution, wrapper, env)
+    try:
+        return started.finish(timeout)
+    except subprocess.TimeoutExpired:
+        started.process.kill()
+        raise

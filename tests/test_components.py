@@ -253,7 +253,9 @@ def test_component_spec_and_kubeflow_compilation(clean_archives, tmp_path):
         pipeline_name="shards", pipeline_root="gs://bucket/root", components=[component]
     )
     runner = tfx.orchestration.experimental.KubeflowV2DagRunner(
-        config=tfx.orchestration.experimental.KubeflowV2DagRunnerConfig(default_image="image"),
+        config=tfx.orchestration.experimental.KubeflowV2DagRunnerConfig(
+            default_image="image", use_pipeline_spec_2_1=True
+        ),
         output_dir=str(tmp_path),
         output_filename="shards.json",
     )
@@ -264,7 +266,7 @@ def test_component_spec_and_kubeflow_compilation(clean_archives, tmp_path):
     assert container["args"][:2] == ["--executor_class_path", "components.imagenet_shards.Executor"]
     assert "--runner=DataflowRunner" in container["args"]
     parameter = spec["root"]["dag"]["tasks"]["ImageNetShardGen"]["inputs"]["parameters"]["sharding_config"]
-    assert ShardingConfig.from_json(parameter["runtimeValue"]["constantValue"]["stringValue"]) == config
+    assert ShardingConfig.from_json(parameter["runtimeValue"]["constant"]) == config
 
 
 @pytest.mark.parametrize(

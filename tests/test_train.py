@@ -3,7 +3,6 @@
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -11,6 +10,7 @@ import time
 import numpy as np
 import pytest
 import tensorflow as tf
+from loopback import free_ports
 
 from beam_preprocess import sample_data
 from beam_preprocess.config import ShardingConfig
@@ -171,18 +171,8 @@ def test_sigkill_and_resume_finishes_bit_for_bit_like_an_uninterrupted_run(digit
             np.testing.assert_array_equal(final[1].get_tensor(name), final[0].get_tensor(name), err_msg=name)
 
 
-def _free_ports(count):
-    sockets = [socket.socket() for _ in range(count)]
-    for s in sockets:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in sockets]
-    for s in sockets:
-        s.close()
-    return ports
-
-
 def test_multi_worker_mirrored_over_loopback(digit_shards, tmp_path):
-    ports = _free_ports(2)
+    ports = free_ports(2)
     cluster = {"worker": [f"127.0.0.1:{p}" for p in ports]}
     sets = (
         "loop.strategy=multi_worker",

@@ -14,7 +14,8 @@ from google.protobuf import json_format
 from kfp.pipeline_spec import pipeline_spec_pb2
 
 from components import runtime_gate
-from pipeline import accelerators, kubeflow_v2_runner, pipeline_def
+from pipeline import accelerators, kubeflow_v2_runner, pipeline_def, submission
+from pipeline.template import Template
 from trainer_module import tfx_trainer
 from trainer_module.config import TrainerConfig
 from trainer_module.presets import get_preset
@@ -50,7 +51,7 @@ def _spec(job) -> pipeline_spec_pb2.PipelineSpec:
 
 def _custom_config(job) -> dict:
     parameters = job["pipelineSpec"]["root"]["dag"]["tasks"]["Trainer"]["inputs"]["parameters"]
-    return json.loads(parameters["custom_config"]["runtimeValue"]["constantValue"]["stringValue"])
+    return json.loads(parameters["custom_config"]["runtimeValue"]["constant"])
 
 
 def _executor_args(job, task) -> list[str]:
@@ -128,7 +129,13 @@ def test_preset_is_checked_against_the_accelerator():
         (["--accelerator", "tpu-v3-1024"], "error: --accelerator tpu-v3-1024: Vertex AI custom training offers"),
         (["--network", "effnet-vpc"], "error: --network 'effnet-vpc' must be projects/PROJECT_NUMBER/"),
         (["--param", "epochs=3"], "error: --param epochs: not a runtime parameter; declared: target_top1,"),
-        (["--param", "train_epochs=three"], "error: --param train_epochs=three: train_epochs takes a int"),
+        (["--param", "train_epochs=three"], "error: --param train_epochs=three: train_epochs takes int"),
+        (["--param", "train_epochs=2.5"], "error: --param train_epochs=2.5: train_epochs takes int"),
+        (["--provisioning", "cheap"], "error: --provisioning='cheap' is not one of 'standard', 'spot', 'flex-start'"),
+        (["--provisioning", "spot", "--reservation", "projects/p/zones/us-central1-a/reservations/r"],
+         "error: --reservation takes reserved machines; --provisioning spot asks for others"),
+        (["--reservation", "r1"], "error: --reservation 'r1' must be projects/PROJECT/zones/ZONE/reservations/NAME"),
+        (["--evaluator-max-workers", "0"], "error: --evaluator-disk-gb must be >= 0 and --evaluator-max-workers"),
         (["--param", "train_shards=1000", "--accelerator", "gpu-a100x8", "--machines", "16", "--set",
           "data.num_cores=128"], "train_shards=1000 must be a multiple of num_hosts=16"),
         (["--vertex-endpoint", "effnet"], "error: --vertex-endpoint needs --serving-image"),
@@ -185,14 +192,22 @@ def test_compiled_job_trains_on_the_accelerator_in_the_trainer_image(tmp_path, c
         16,
         8,
     )
-    # Dataflow: machine type, disk, service account and network of the sharding step.
-    args = _executor_args(job, "ImageNetShardGen")
-    for flag in [
-        "--runner=DataflowRunner", "--worker_machine_type=n1-standard-4", "--disk_size_gb=50",
-        "--service_account_email=effnet@my-project.iam.gserviceaccount.com", "--network=effnet-vpc",
-        "--subnetwork=regions/us-central1/subnetworks/effnet", f"--sdk_container_image={IMAGE}",
-    ]:  # fmt: skip
-        assert flag in args
+    # Dataflow: service account, network and labels of every Beam step; each step its own workers (the
+    # Evaluator runs the EfficientNet in every SDK worker process: more memory than the sharding step).
+    workers = {
+        "ImageNetShardGen": ["--worker_machine_type=n1-standard-4", "--disk_size_gb=50", "--max_num_workers=100"],
+        "Evaluator": ["--worker_machine_type=n1-highmem-8", "--disk_size_gb=50", "--max_num_workers=20"],
+    }  # fmt: skip
+    for step, own in workers.items():
+        args = _executor_args(job, step)
+        for flag in [
+            "--runner=DataflowRunner", "--project=my-project", "--region=us-central1",
+            "--service_account_email=effnet@my-project.iam.gserviceaccount.com", "--network=effnet-vpc",
+            "--subnetwork=regions/us-central1/subnetworks/effnet", f"--sdk_container_image={IMAGE}",
+            "--labels=effnet-pipeline=effnet-b0-rmsprop-8x2048", "--labels=effnet-preset=b0-rmsprop-8x2048", *own,
+        ]:  # fmt: skip
+            assert flag in args, (step, flag)
+        assert len([a for a in args if a.startswith("--worker_machine_type=")]) == 1
     # Given by digest: no warning about tags.
     assert "warning" not in capsys.readouterr().err
 
@@ -204,11 +219,16 @@ def test_runtime_parameters_are_root_inputs_with_the_presets_defaults(tmp_path):
     root = job["pipelineSpec"]["root"]
     declared = root["inputDefinitions"]["parameters"]
     assert set(declared) == set(kubeflow_v2_runner.RUNTIME_PARAMETERS)
-    assert declared["train_epochs"] == {"type": "INT", "defaultValue": 30}
-    assert declared["target_top1"] == {"type": "DOUBLE", "defaultValue": 0.5}
+    # PipelineSpec 2.1: typed parameters with plain defaults, values in runtimeConfig.parameterValues.
+    assert job["pipelineSpec"]["schemaVersion"] == "2.1.0"
+    assert declared["train_epochs"] == {"parameterType": "NUMBER_INTEGER", "defaultValue": 30}
+    assert declared["target_top1"] == {"parameterType": "NUMBER_DOUBLE", "defaultValue": 0.5}
     assert declared["train_shards"]["defaultValue"] == 1024 and declared["val_shards"]["defaultValue"] == 128
-    assert declared["train_archive"]["defaultValue"] == "gs://my-bucket/ILSVRC2012_img_train.tar"
-    assert job["runtimeConfig"]["parameters"]["train_epochs"] == {"intValue": "30"}
+    assert declared["train_archive"] == {
+        "parameterType": "STRING",
+        "defaultValue": "gs://my-bucket/ILSVRC2012_img_train.tar",
+    }
+    assert job["runtimeConfig"]["parameterValues"]["train_epochs"] == 30
     tasks = root["dag"]["tasks"]
     bound = {
         task: {
@@ -238,33 +258,38 @@ def test_runtime_parameters_are_root_inputs_with_the_presets_defaults(tmp_path):
 def test_vertex_job_takes_parameter_values_without_recompiling(tmp_path):
     code, output = _compile(tmp_path)
     assert code == 0
-    settings = kubeflow_v2_runner.CloudSettings(
-        "my-project", "us-central1", IMAGE, "gs://my-bucket/pipelines"
-    )
-    kinds = kubeflow_v2_runner.template_parameters(str(output))
-    assert kinds == kubeflow_v2_runner.RUNTIME_PARAMETERS
-    params = kubeflow_v2_runner.parse_params(
-        ["train_epochs=3", "target_top1=0.25", "val_dir=gs://b/val"], kinds
-    )
-    job = kubeflow_v2_runner.vertex_job(str(output), settings, params, credentials=AnonymousCredentials())
+    template = Template.read(str(output))
+    assert template.parameters == {
+        name: kubeflow_v2_runner.PARAMETER_TYPES[kind]
+        for name, kind in kubeflow_v2_runner.RUNTIME_PARAMETERS.items()
+    }
+    params = template.parse(["train_epochs=3", "target_top1=0.25", "val_dir=gs://b/val"])
+    job = submission.vertex_pipeline_job(template, params, True, credentials=AnonymousCredentials())
     assert job.project == "my-project" and job.location == "us-central1"
-    values = job.runtime_config.parameters
-    assert (values["train_epochs"].int_value, values["target_top1"].double_value) == (3, 0.25)
-    assert values["val_dir"].string_value == "gs://b/val"
-    assert (
-        values["train_archive"].string_value == "gs://my-bucket/ILSVRC2012_img_train.tar"
-    )  # compiled default
+    values = job.runtime_config.parameter_values
+    assert (values["train_epochs"], values["target_top1"], values["val_dir"]) == (3, 0.25, "gs://b/val")
+    assert values["train_archive"] == "gs://my-bucket/ILSVRC2012_img_train.tar"  # compiled default
     assert job.runtime_config.gcs_output_directory == "gs://my-bucket/pipelines"
 
 
-def test_kubeflow_yaml_spec_has_the_defaults(tmp_path):
+def test_kubeflow_yaml_spec_is_what_kfp_loads_typed_with_its_defaults(tmp_path):
+    """The .yaml is a PipelineSpec 2.1.0 that kfp's own loader reads as a pipeline with typed, defaulted inputs
+    (the form the Kubeflow Pipelines API server requires: schema 2.1.0, every input parameter typed)."""
+    from kfp import components
+
     code, output = _compile(tmp_path, "--accelerator", "tpu-v5litepod-8", name="effnet.yaml")
     assert code == 0
     with open(output) as f:
         spec = yaml.safe_load(f)
-    assert spec["pipelineInfo"]["name"] == "effnet-b0-rmsprop-8x2048"
-    assert spec["root"]["inputDefinitions"]["parameters"]["target_top1"]["defaultValue"] == 0.763
-    assert kubeflow_v2_runner.template_parameters(str(output)) == kubeflow_v2_runner.RUNTIME_PARAMETERS
+    assert spec["schemaVersion"] == "2.1.0" and spec["pipelineInfo"]["name"] == "effnet-b0-rmsprop-8x2048"
+    assert spec["defaultPipelineRoot"] == "gs://my-bucket/pipelines"
+    loaded = components.load_component_from_file(str(output))
+    kinds = {name: (spec.type, spec.default) for name, spec in loaded.component_spec.inputs.items()}
+    assert kinds["train_epochs"] == ("Integer", 350)
+    assert kinds["target_top1"] == ("Float", 0.763)
+    assert kinds["train_archive"] == ("String", "gs://my-bucket/ILSVRC2012_img_train.tar")
+    assert set(kinds) == set(kubeflow_v2_runner.RUNTIME_PARAMETERS)
+    assert Template.read(str(output)).defaults["val_shards"] == 128
 
 
 def test_tags_are_warned_about_and_the_vertex_pusher_is_optional(tmp_path, capsys):
@@ -278,9 +303,7 @@ def test_tags_are_warned_about_and_the_vertex_pusher_is_optional(tmp_path, capsy
     tasks = job["pipelineSpec"]["root"]["dag"]["tasks"]
     assert {"Pusher", "VertexPusher"} <= set(tasks)
     config = json.loads(
-        tasks["VertexPusher"]["inputs"]["parameters"]["custom_config"]["runtimeValue"]["constantValue"][
-            "stringValue"
-        ]
+        tasks["VertexPusher"]["inputs"]["parameters"]["custom_config"]["runtimeValue"]["constant"]
     )
     assert config["ai_platform_vertex_container_image_uri"] == serving
     assert config["ai_platform_serving_args"]["endpoint_name"] == "effnet"
@@ -340,3 +363,227 @@ def test_a_compiled_job_is_submitted_only_under_its_own_root(tmp_path, capsys):
         err[0].startswith("error: --pipeline-root gs://other-bucket/p: ")
         and "gs://my-bucket/pipelines" in err[0]
     )
+
+
+def test_the_baseline_is_this_pipelines_and_its_models_are_served_apart(tmp_path):
+    """The latest-blessed-model lookup TFX compiles queries every blessing in the project; it is narrowed to
+    the blessings of this pipeline (one per preset), and each pipeline pushes to a serving directory of its own."""
+    code, output = _compile(tmp_path)
+    assert code == 0
+    job = _job(output)
+    queries = [
+        query["filter"]
+        for executor in job["pipelineSpec"]["deploymentSpec"]["executors"].values()
+        for query in executor.get("resolver", {}).get("outputArtifactQueries", {}).values()
+        if "tfx.ModelBlessing" in query["filter"]
+    ]
+    assert queries == [
+        'schema_title="tfx.ModelBlessing" AND state=LIVE AND metadata.blessed.number_value=1 AND '
+        f'metadata.{runtime_gate.BASELINE_SCOPE_PROPERTY}.string_value="effnet-b0-rmsprop-8x2048"'
+    ]
+    evaluator = job["pipelineSpec"]["root"]["dag"]["tasks"]["Evaluator"]["inputs"]["parameters"]
+    assert evaluator["baseline_scope"]["runtimeValue"]["constant"] == "effnet-b0-rmsprop-8x2048"
+    pusher = job["pipelineSpec"]["root"]["dag"]["tasks"]["Pusher"]["inputs"]["parameters"]
+    destination = json.loads(pusher["push_destination"]["runtimeValue"]["constant"])
+    assert (
+        destination["filesystem"]["base_directory"]
+        == "gs://my-bucket/pipelines/serving_model/effnet-b0-rmsprop-8x2048"
+    )
+
+
+# ---- the training job: scheduling, provisioning, labels, the run's estimate --------------------------------
+
+
+def _training_args(job) -> dict:
+    return _custom_config(job)["ai_platform_training_args"]
+
+
+@pytest.mark.parametrize(
+    "extra,scheduling",
+    [
+        ([], {}),
+        (["--provisioning", "spot"], {"strategy": "SPOT"}),
+        (["--provisioning", "flex-start"], {"strategy": "FLEX_START"}),
+        (["--training-timeout-hours", "5"], {"timeout": "18000s"}),
+    ],
+)
+def test_training_job_has_a_timeout_from_the_plan_restarts_and_the_provisioning_asked(
+    tmp_path, extra, scheduling
+):
+    from google.cloud import aiplatform_v1
+
+    code, output = _compile(tmp_path, *extra)
+    assert code == 0
+    training = _training_args(_job(output))
+    machine = accelerators.get("tpu-v3-8")
+    config = TrainerConfig.from_json(_custom_config(_job(output))[tfx_trainer.CONFIG_KEY])
+    estimate = accelerators.estimate(config, machine)
+    expected = {
+        "timeout": f"{estimate.timeout_seconds}s",
+        "restart_job_on_worker_restart": True,
+        **scheduling,
+    }
+    assert training["job_spec"]["scheduling"] == expected
+    assert training["display_name"] == "effnet-b0-rmsprop-8x2048-trainer"
+    assert training["labels"] == {
+        "effnet-pipeline": "effnet-b0-rmsprop-8x2048",
+        "effnet-preset": "b0-rmsprop-8x2048",
+    }
+    # The job as TFX sends it is a valid CustomJob of the API (unknown or mistyped fields fail here).
+    message = aiplatform_v1.CustomJob({k: v for k, v in training.items() if k != "project"})
+    assert message.job_spec.scheduling.restart_job_on_worker_restart
+
+
+def test_training_machines_can_come_from_a_reservation(tmp_path):
+    reservation = "projects/my-project/zones/us-central1-a/reservations/effnet-v3"
+    code, output = _compile(tmp_path, "--reservation", reservation)
+    assert code == 0
+    for pool in _training_args(_job(output))["job_spec"]["worker_pool_specs"]:
+        assert pool["machine_spec"]["reservation_affinity"] == {
+            "reservation_affinity_type": "SPECIFIC_RESERVATION",
+            "key": "compute.googleapis.com/reservation-name",
+            "values": [reservation],
+        }
+
+
+def test_multiply_adds_match_the_papers_flops():
+    from trainer_module.models.efficientnet import multiply_adds
+
+    paper = {"b0": 0.39, "b1": 0.70, "b2": 1.0, "b3": 1.8, "b4": 4.2, "b5": 9.9, "b6": 19.0, "b7": 37.0}
+    for variant, billions in paper.items():
+        assert multiply_adds(variant) / 1e9 == pytest.approx(billions, rel=0.05), variant
+
+
+def test_plan_estimates_hours_accelerator_hours_and_the_timeout(capsys):
+    code = kubeflow_v2_runner.main(["--plan", "--preset", "b0-rmsprop-8x2048", "--accelerator", "tpu-v3-8"])
+    plan = json.loads(capsys.readouterr().out)
+    assert code == 0
+    estimate = plan["estimate"]
+    derived = plan["derived"]
+    assert estimate["training_images"] == derived["total_steps"] * 2048
+    assert estimate["unit"] == "TPU v3 cores"
+    assert estimate["accelerator_hours"] == pytest.approx(8 * estimate["hours"])
+    # The reference trains this recipe in 23 hours on a TPU v2-8 (2.7x slower than a v3-8 at peak); the
+    # estimate errs long, and the job's timeout is three times it.
+    v2 = accelerators.estimate(get_preset("b0-rmsprop-8x2048"), accelerators.get("tpu-v2-8"))
+    assert 23 < v2.hours < 3 * 23
+    assert estimate["timeout_seconds"] == pytest.approx(3 * 3600 * estimate["hours"], abs=1)
+
+
+# ---- the Vertex training executor -------------------------------------------------------------------------
+
+
+def test_vertex_trainer_refuses_a_bad_runtime_value_before_any_job(monkeypatch):
+    from google.cloud.aiplatform import gapic
+
+    class NoJobs:
+        def __init__(self, *args, **kwargs):
+            raise AssertionError("a training job was about to be created")
+
+    monkeypatch.setattr(gapic, "JobServiceClient", NoJobs)
+    custom = json.dumps({tfx_trainer.CONFIG_KEY: get_preset("demo").to_json()})
+    properties = {"custom_config": custom, "train_epochs": -1, "target_top1": 0.5}
+    with pytest.raises(ValueError, match="^runtime parameters train_epochs=-1, target_top1=0.5 do not fit"):
+        runtime_gate.VertexTrainerExecutor().Do({}, {}, properties)
+
+
+# ---- submitting a compiled pipeline ------------------------------------------------------------------------
+
+
+@pytest.fixture
+def vertex_pipelines(monkeypatch, gcs_bucket):
+    """Vertex AI Pipelines faked at its client, application-default credentials anonymous, polls at once.
+
+    The SDK also checks the pipeline root's bucket before it submits: that goes to the GCS server on 127.0.0.1.
+    """
+    import google.auth
+    from fake_vertex import FakePipelineService
+
+    monkeypatch.setattr(google.auth, "default", lambda *a, **k: (AnonymousCredentials(), "my-project"))
+    monkeypatch.setattr(submission, "POLL_SECONDS", 0.0)
+    return FakePipelineService().install(monkeypatch)
+
+
+COMPILED_WHERE = [
+    "--service-account", "effnet@my-project.iam.gserviceaccount.com", "--network", NETWORK,
+]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def template_file(tmp_path_factory):
+    """A PipelineJob compiled with a service account and a network, for the submission tests (read only)."""
+    code, output = _compile(tmp_path_factory.mktemp("template"), *COMPILED_WHERE)
+    assert code == 0
+    return str(output)
+
+
+def test_a_template_is_submitted_without_an_image_where_it_was_compiled_and_followed(
+    template_file, capsys, vertex_pipelines
+):
+    # The README's command: no --image, no --project/--region (taken from the template), values of this run.
+    code = kubeflow_v2_runner.main(
+        ["--template", template_file, "--param", "train_epochs=30", "--param", "target_top1=0.5", "--submit", "--wait"]
+    )  # fmt: skip
+    out = capsys.readouterr().out.splitlines()
+    assert code == 0
+    ((parent, job, _),) = vertex_pipelines.created
+    assert parent == "projects/my-project/locations/us-central1"
+    assert job.service_account == "effnet@my-project.iam.gserviceaccount.com" and job.network == NETWORK
+    assert job.runtime_config.gcs_output_directory == "gs://my-bucket/pipelines"
+    values = job.runtime_config.parameter_values
+    assert (values["train_epochs"], values["target_top1"]) == (30, 0.5)
+    assert out[0].startswith(
+        "submitted Vertex PipelineJob projects/my-project/locations/us-central1/pipelineJobs/"
+    )
+    assert out[1].startswith(
+        "follow it at https://console.cloud.google.com/vertex-ai/locations/us-central1/pipelines/runs/"
+    )
+    assert out[1].endswith("?project=my-project")
+    assert out[2:] == ["run state: PIPELINE_STATE_RUNNING", "run state: PIPELINE_STATE_SUCCEEDED"]
+
+
+def test_wait_exits_1_when_the_run_fails(template_file, capsys, vertex_pipelines):
+    vertex_pipelines.states = ["PIPELINE_STATE_RUNNING", "PIPELINE_STATE_FAILED"]
+    assert kubeflow_v2_runner.main(["--template", template_file, "--submit", "--wait"]) == 1
+    assert capsys.readouterr().out.splitlines()[-1] == "run state: PIPELINE_STATE_FAILED"
+
+
+@pytest.mark.parametrize(
+    "extra,message",
+    [
+        (["--region", "europe-west4"], "--region europe-west4: the template was compiled for region us-central1"),
+        (["--project", "other"], "--project other: the template was compiled for project my-project"),
+        (["--service-account", "x@other.iam.gserviceaccount.com"], "compiled for service account effnet@"),
+        (["--param", "train_epochs=-1"], "do not fit the compiled preset: loop.train_epochs=-1 must be at least 1"),
+        (["--param", "target_top1=1.5"], "do not fit the compiled preset: loop.target_top1=1.5 is outside"),
+        (["--param", "train_shards=-1"], "runtime parameters train_archive="),
+        (["--param", "train_dir=gs://b/train"], "runtime parameters train_archive=gs://my-bucket/ILSVRC2012_img_train"),
+        (["--wait"], "--wait follows a submitted run: add --submit"),
+    ],
+)  # fmt: skip
+def test_a_submission_that_cannot_run_as_asked_is_refused_in_one_line_before_anything_is_sent(
+    template_file, capsys, vertex_pipelines, extra, message
+):
+    argv = ["--template", template_file, *extra]
+    code = kubeflow_v2_runner.main(argv if "--wait" in extra else [*argv, "--submit"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1, err
+    assert err[0].startswith("error: ") and message in err[0], err
+    assert vertex_pipelines.created == []
+
+
+def test_no_credentials_is_one_line(template_file, capsys, monkeypatch, vertex_pipelines):
+    import google.auth
+    from google.auth import exceptions
+
+    def no_credentials(*args, **kwargs):
+        raise exceptions.DefaultCredentialsError("no ADC")
+
+    monkeypatch.setattr(google.auth, "default", no_credentials)
+    assert kubeflow_v2_runner.main(["--template", template_file, "--submit"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [
+        "error: no Google Cloud credentials: run 'gcloud auth application-default login' or set "
+        "GOOGLE_APPLICATION_CREDENTIALS to a service-account key"
+    ]
+    assert vertex_pipelines.created == []

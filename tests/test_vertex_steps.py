@@ -33,6 +33,7 @@ import tensorflow_model_analysis as tfma
 
 from beam_preprocess import schema
 from beam_preprocess.manifest import Manifest
+from components import runtime_gate
 from pipeline import kubeflow_v2_runner
 
 PROJECT, REGION = "effnet-test-project", "us-central1"
@@ -177,8 +178,21 @@ def test_trainer_runs_as_a_vertex_custom_job_with_the_run_values(trainer, local_
         "python", "-m", "tfx.scripts.run_executor",
         "--executor_class_path", "components.runtime_gate.TrainerExecutor",
     ]  # fmt: skip
-    properties = exec_properties_of(command)  # the run's values travel in the job's command
-    assert {name: properties[name] for name in ("train_epochs", "target_top1")} == trainer_values()
+    # The run's values were checked and folded into the trainer config before the job was created; they
+    # travel in the job's command.
+    properties = exec_properties_of(command)
+    assert "train_epochs" not in properties and "target_top1" not in properties
+    loop = json.loads(json.loads(properties["custom_config"])["trainer_config"])["loop"]
+    assert {name: loop[name] for name in ("train_epochs", "target_top1")} == trainer_values()
+    # A run of its own: the compiled name plus its start, the pipeline's labels, a timeout and restarts.
+    custom_job = record["custom_job"]
+    assert custom_job["display_name"].startswith("effnet-smoke-trainer-")
+    assert {key: custom_job["labels"][key] for key in ("effnet-pipeline", "effnet-preset")} == {
+        "effnet-pipeline": "effnet-smoke",
+        "effnet-preset": "smoke",
+    }
+    assert spec["scheduling"]["restart_job_on_worker_restart"] is True
+    assert spec["scheduling"]["timeout"] == "7200s"  # the smoke run's estimate is minutes: the 2-hour floor
 
     model = trainer.artifact("model")
     assert os.path.isfile(os.path.join(model["uri"], "Format-Serving", "saved_model.pb"))
@@ -203,6 +217,8 @@ def test_evaluator_gates_at_the_run_target(local_run, trainer, evaluator):
     assert blessing["metadata"]["blessed"] == 1  # ...the run's target blesses it
     assert os.path.exists(os.path.join(blessing["uri"], "BLESSED"))
     assert blessing["metadata"]["current_model_id"] == trainer.artifact("model")["name"]
+    # The blessing names its pipeline: the compiled latest-blessed-model lookup asks for this pipeline's only.
+    assert blessing["metadata"][runtime_gate.BASELINE_SCOPE_PROPERTY] == "effnet-smoke"
     assert tfma.load_validation_result(evaluation).validation_ok
 
 
@@ -237,3 +253,81 @@ def test_sharding_step_reads_and_writes_gcs(gcs_bucket, clean_archives, tmp_path
     assert left == [f"{uri}/{name}" for name in shard_files()]
     manifest = Manifest.read(f"{uri}/manifest.json")
     assert manifest.split(schema.VALIDATION).num_examples == len(clean_archives.validation)
+
+
+def _wait_for(predicate, what: str, timeout: float = 300.0, process=None) -> None:
+    import time
+
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if process is not None and process.poll() is not None:
+            raise AssertionError(f"the task ended (exit {process.returncode}) before {what}")
+        if time.monotonic() > deadline:
+            raise AssertionError(f"no {what} after {timeout:.0f} s")
+        time.sleep(0.5)
+
+
+@pytest.mark.slow
+def test_stopping_the_training_task_cancels_its_job(local_run, shards):
+    """A cancelled pipeline run stops its tasks with SIGTERM: the Trainer task cancels its training job (no
+    machine left training and billing) and fails with one line, instead of exiting while the job runs on."""
+    import signal
+
+    vertex = local_run.out / "vertex-cancel"
+    # Many epochs: the job is still training when the task is stopped.
+    parameters = {**local_run.parameters, "train_epochs": 200, "target_top1": 1.0}
+    started = kfp_launcher.start_task(
+        local_run.job, TRAINER, local_run.root, str(local_run.out / "launcher-cancel"), parameters,
+        {SHARDS: shards}, execution=2, wrapper=fake_vertex.wrapper(str(vertex)),
+    )  # fmt: skip
+    replica_log = vertex / fake_vertex.LOG_FILE.format(n=1, replica="workerpool0-0")
+
+    def training() -> bool:  # the replica has started its train-and-eval loop
+        return replica_log.exists() and "Training model." in replica_log.read_text(errors="replace")
+
+    _wait_for(training, "training in the job", process=started.process)
+    started.process.send_signal(signal.SIGTERM)
+    assert started.process.wait(timeout=120) != 0
+    with open(vertex / fake_vertex.CANCEL_FILE.format(n=1)) as f:
+        cancel = json.load(f)
+    assert cancel["name"] == f"projects/{PROJECT}/locations/{REGION}/customJobs/1"
+    assert cancel["running"] == ["workerpool0-0"]  # it was training when cancelled
+    log = pathlib.Path(started.log_path).read_text(errors="replace")
+    assert (
+        "training job projects/effnet-test-project/locations/us-central1/customJobs/1 is JOB_STATE_CANCELLED"
+        in log
+    )
+    assert "TaskStopped: the pipeline task received SIGTERM" in log
+
+
+@pytest.mark.slow
+def test_multi_worker_training_through_the_cloud_executor(tmp_path, clean_archives):
+    """Two CPU machines, one replica each, as Vertex runs them: every replica runs the TFX executor the job's
+    command names, with the TF_CONFIG Vertex sets (chief + worker 0), MultiWorkerMirroredStrategy over loopback.
+    Only the chief writes the model; the worker's executor ends without TFX's model check, whichever finishes
+    first, and the job succeeds."""
+    output = os.path.join(tmp_path, "effnet.json")
+    argv = [
+        "--output", output, "--project", PROJECT, "--region", REGION, "--pipeline-root", "gs://b/p",
+        "--image", PIPELINE_IMAGE, "--trainer-image", TRAINER_IMAGE, "--accelerator", "cpu", "--machines", "2",
+        "--set", "data.num_cores=2", "--preset", "smoke", "--train-archive", clean_archives.train_archive,
+        "--val-archive", clean_archives.val_archive, "--param", "train_shards=2", "--param", "val_shards=2",
+        "--param", "target_top1=0.0",
+    ]  # fmt: skip
+    assert kubeflow_v2_runner.main(argv) == 0
+    with open(output) as f:
+        job = json.load(f)
+    run = LocalRun(job, tmp_path, kfp_launcher.runtime_parameters(job))
+    shards = run.run(SHARDS)
+    vertex = tmp_path / "vertex"
+    trainer = run.run(TRAINER, [shards], wrapper=fake_vertex.wrapper(str(vertex)))
+    with open(vertex / fake_vertex.RECORD_FILE.format(n=1)) as f:
+        pools = json.load(f)["custom_job"]["job_spec"]["worker_pool_specs"]
+    assert [pool["replica_count"] for pool in pools] == [1, 1]
+    model = trainer.artifact("model")
+    assert os.path.isfile(os.path.join(model["uri"], "Format-Serving", "saved_model.pb"))
+    worker_log = (vertex / fake_vertex.LOG_FILE.format(n=1, replica="workerpool1-0")).read_text()
+    assert "run_fn failed to generate model" not in worker_log
+    with open(os.path.join(trainer.artifact("model_run")["uri"], "metrics.json")) as f:
+        metrics = json.load(f)
+    assert metrics["replicas"] == 2

@@ -111,10 +111,12 @@ def report_main(argv: list[str]) -> int:
 def _task_suffix() -> str:
     """'' for a single process or the chief; '-worker-1' for another task of a TF_CONFIG cluster (the tasks
     share the model directory, each keeps its own log)."""
-    task = json.loads(os.environ.get("TF_CONFIG") or "{}").get("task", {})
-    if not task or task.get("type") == "chief" or (task.get("type") == "worker" and task.get("index") == 0):
+    from trainer_module import strategies
+
+    tf_config = json.loads(os.environ.get("TF_CONFIG") or "{}")
+    if strategies.is_chief_task(tf_config):
         return ""
-    return f"-{task.get('type')}-{task.get('index')}"
+    return f"-{tf_config['task']['type']}-{tf_config['task']['index']}"
 
 
 def _upload(local_path: str, path: str) -> None:

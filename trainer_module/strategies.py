@@ -56,6 +56,25 @@ def _one_device(config: TrainerConfig, devices: list[str] | None) -> tf.distribu
     return tf.distribute.OneDeviceStrategy((devices or [default])[0])
 
 
+def is_chief_task(tf_config: dict | None = None) -> bool:
+    """Whether this process is the task that writes a run's files (logs, checkpoints, the export).
+
+    A single process, the ``chief`` of a ``TF_CONFIG`` cluster, or worker 0 of a cluster that has no chief
+    (MultiWorkerMirroredStrategy's rule). Vertex gives a multi-machine job's primary pool the ``chief`` task
+    and numbers the other pool's ``worker`` tasks from 0, so there worker 0 is not the chief.
+
+    Args:
+      tf_config: the parsed ``TF_CONFIG``; None reads the environment's.
+    """
+    if tf_config is None:
+        tf_config = json.loads(os.environ.get("TF_CONFIG") or "{}")
+    task, cluster = tf_config.get("task") or {}, tf_config.get("cluster") or {}
+    if not task or not cluster:
+        return True
+    kind, index = task.get("type"), int(task.get("index", 0))
+    return kind == "chief" or (kind == "worker" and index == 0 and "chief" not in cluster)
+
+
 def build_strategy(config: TrainerConfig, devices: list[str] | None = None) -> tf.distribute.Strategy:
     """Builds the strategy of ``config.loop.strategy`` and checks it against the config.
 

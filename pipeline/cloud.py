@@ -1,0 +1,230 @@
+"""Where and on what a compiled pipeline runs in Google Cloud: ``CloudSettings``.
+
+One frozen object holds the project, region, images, pipeline root, identity and network, the accelerator of
+the training job and how it is provisioned, and the Dataflow workers of each Beam step. It is checked when it
+is built (each problem one line naming the flag), and it builds what the compiled pipeline carries: the
+Dataflow options of each Beam step, the Vertex custom job of the Trainer (worker pools, scheduling with a
+timeout from the run's estimate, labels, display name) and the labels of the jobs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+
+from trainer_module.registry import Registry
+
+DEFAULT_REGION = "us-central1"
+# A Vertex network: projects/{project number}/global/networks/{name} (VPC peering with Vertex AI).
+_NETWORK = re.compile(r"^projects/[^/]+/global/networks/(?P<name>[^/]+)$")
+_DIGEST = re.compile(r"@sha256:[0-9a-f]{64}$")
+_RESERVATION = re.compile(r"^projects/[^/]+/zones/[^/]+/reservations/[^/]+$")
+# Google Cloud label values: lowercase letters, digits, '_' and '-', at most 63 characters.
+_LABEL_VALUE = re.compile(r"[^a-z0-9_-]")
+PIPELINE_LABEL = "effnet-pipeline"
+PRESET_LABEL = "effnet-preset"
+
+# How the training job's machines are obtained (``--provisioning``): each name builds the job's
+# ``scheduling.strategy`` entries. Spot and flex-start machines cost less; Spot ones can be reclaimed (the job
+# restarts on new machines and the trainer resumes from its last checkpoint), flex-start ones are queued until
+# capacity frees up.
+PROVISIONING = Registry("--provisioning")
+
+
+@PROVISIONING.register("standard")
+def _standard() -> dict:
+    return {}
+
+
+@PROVISIONING.register("spot")
+def _spot() -> dict:
+    return {"strategy": "SPOT"}
+
+
+@PROVISIONING.register("flex-start")
+def _flex_start() -> dict:
+    return {"strategy": "FLEX_START"}
+
+
+@dataclasses.dataclass(frozen=True)
+class DataflowWorkers:
+    """The Dataflow workers of one Beam step: machine type, boot disk and the autoscaling limit."""
+
+    machine_type: str
+    disk_gb: int
+    max_workers: int
+
+    def check(self, flag_prefix: str) -> None:
+        if self.disk_gb < 0 or self.max_workers < 1:
+            raise ValueError(f"{flag_prefix}-disk-gb must be >= 0 and {flag_prefix}-max-workers >= 1")
+
+    def args(self) -> list[str]:
+        return [
+            f"--worker_machine_type={self.machine_type}",
+            f"--disk_size_gb={self.disk_gb}",
+            f"--max_num_workers={self.max_workers}",
+        ]
+
+
+# Sharding: 4 vCPUs decode and check JPEGs; the spill goes to GCS, so the disk holds the image and Beam's
+# staging only. Evaluation: TFMA runs the exported EfficientNet in every SDK worker process (one per vCPU), so
+# its workers need memory: 8 vCPUs with 52 GB.
+SHARDING_WORKERS = DataflowWorkers("n1-standard-4", 50, 100)
+EVALUATOR_WORKERS = DataflowWorkers("n1-highmem-8", 50, 20)
+
+
+def label_value(text: str) -> str:
+    """``text`` as a Google Cloud label value (lowercase, [a-z0-9_-], at most 63 characters)."""
+    return _LABEL_VALUE.sub("-", text.lower())[:63]
+
+
+@dataclasses.dataclass(frozen=True)
+class CloudSettings:
+    """Where and on what the pipeline runs in the cloud.
+
+    Attributes:
+      project / region: the Google Cloud project and region of Vertex AI and Dataflow.
+      image: the pipeline image (Dockerfile target ``pipeline``) for every step and the Dataflow workers.
+      pipeline_root: gs:// root of the pipeline's artifacts.
+      trainer_image: the training job's image (``trainer-tpu`` or ``trainer-gpu``); '' uses ``image``.
+      accelerator: the ``--accelerator`` name; ``machines``: how many of it (GPU machines only).
+      service_account: runs the pipeline job, the training job and the Dataflow workers ('' = defaults).
+      network: ``projects/NUMBER/global/networks/NAME`` peered with Vertex AI, for the pipeline and training
+        jobs; Dataflow workers join the network NAME (and ``subnetwork`` when given).
+      subnetwork: Dataflow's ``regions/REGION/subnetworks/NAME`` (or a full URL).
+      sharding_workers / evaluator_workers: the Dataflow workers of the sharding step and of the Evaluator.
+      provisioning: how the training job's machines are obtained (``PROVISIONING``).
+      reservation: ``projects/P/zones/Z/reservations/NAME`` the training machines are taken from ('' = none).
+      training_timeout_hours: the training job's timeout; 0 takes three times the run's estimate (at least 2
+        hours; ``accelerators.estimate``).
+      enable_cache: let Vertex reuse a step whose inputs, parameters and image are unchanged.
+    """
+
+    project: str
+    region: str
+    image: str
+    pipeline_root: str
+    trainer_image: str = ""
+    accelerator: str = "tpu-v3-8"
+    machines: int = 1
+    service_account: str = ""
+    network: str = ""
+    subnetwork: str = ""
+    sharding_workers: DataflowWorkers = SHARDING_WORKERS
+    evaluator_workers: DataflowWorkers = EVALUATOR_WORKERS
+    provisioning: str = "standard"
+    reservation: str = ""
+    training_timeout_hours: float = 0.0
+    enable_cache: bool = True
+
+    def __post_init__(self):
+        if not self.pipeline_root.startswith("gs://"):
+            raise ValueError(
+                f"--pipeline-root {self.pipeline_root!r} must be a gs:// path on Vertex / Kubeflow"
+            )
+        for name in ("project", "region", "image"):
+            if not getattr(self, name):
+                raise ValueError(f"--{name} is required to compile for the cloud")
+        if self.network and not _NETWORK.match(self.network):
+            raise ValueError(
+                f"--network {self.network!r} must be projects/PROJECT_NUMBER/global/networks/NAME"
+            )
+        self.sharding_workers.check("--dataflow")
+        self.evaluator_workers.check("--evaluator")
+        PROVISIONING.check(self.provisioning)
+        if self.reservation and not _RESERVATION.match(self.reservation):
+            raise ValueError(
+                f"--reservation {self.reservation!r} must be projects/PROJECT/zones/ZONE/reservations/NAME"
+            )
+        if self.reservation and self.provisioning != "standard":
+            raise ValueError(
+                f"--reservation takes reserved machines; --provisioning {self.provisioning} asks for others"
+            )
+        if self.training_timeout_hours < 0:
+            raise ValueError(f"--training-timeout-hours {self.training_timeout_hours} must be >= 0")
+        self.machine.check_region(self.region)  # an unknown accelerator, or one not in the region, fails here
+
+    @property
+    def machine(self):
+        from pipeline import accelerators
+
+        return accelerators.get(self.accelerator, self.machines)
+
+    @property
+    def training_image(self) -> str:
+        return self.trainer_image or self.image
+
+    def images_by_tag(self) -> list[str]:
+        """Images given by a mutable tag rather than a digest."""
+        return [
+            image for image in dict.fromkeys((self.image, self.training_image)) if not _DIGEST.search(image)
+        ]
+
+    def labels(self, pipeline_name: str, preset: str) -> dict[str, str]:
+        """The labels of every job the pipeline starts (the pipeline job, the training job, Dataflow's)."""
+        return {PIPELINE_LABEL: label_value(pipeline_name), PRESET_LABEL: label_value(preset)}
+
+    def dataflow_args(self, labels: dict[str, str]) -> list[str]:
+        """The Beam options every Beam step shares: Dataflow in the project and region, the pipeline image,
+        the identity and network, the labels. Each step adds its workers (``sharding_workers`` ...)."""
+        args = [
+            "--runner=DataflowRunner",
+            f"--project={self.project}",
+            f"--region={self.region}",
+            f"--temp_location={self.pipeline_root.rstrip('/')}/beam-tmp",
+            f"--sdk_container_image={self.image}",
+            "--sdk_location=container",
+            *[f"--labels={key}={value}" for key, value in labels.items()],
+        ]
+        if self.service_account:
+            args.append(f"--service_account_email={self.service_account}")
+        if self.network:
+            args.append(f"--network={_NETWORK.match(self.network)['name']}")
+        if self.subnetwork:
+            args.append(f"--subnetwork={self.subnetwork}")
+        return args
+
+    def scheduling(self, trainer_config) -> dict:
+        """The training job's ``scheduling``: a timeout, restart on a worker's restart (the trainer resumes
+        from its last checkpoint), and the provisioning strategy."""
+        from pipeline import accelerators
+
+        if self.training_timeout_hours:
+            timeout = round(self.training_timeout_hours * 3600)
+        else:
+            timeout = accelerators.estimate(trainer_config, self.machine).timeout_seconds
+        return {
+            "timeout": f"{timeout}s",
+            "restart_job_on_worker_restart": True,
+            **PROVISIONING.build(self.provisioning),
+        }
+
+    def vertex_training_config(self, trainer_config, pipeline_name: str, labels: dict[str, str]) -> dict:
+        """``custom_config`` entries of the Vertex Trainer: a custom job on the accelerator's worker pools."""
+        from tfx import v1 as tfx
+
+        vertex = tfx.extensions.google_cloud_ai_platform
+        pools = self.machine.worker_pool_specs(self.training_image)
+        if self.reservation:
+            for pool in pools:
+                pool["machine_spec"]["reservation_affinity"] = {
+                    "reservation_affinity_type": "SPECIFIC_RESERVATION",
+                    "key": "compute.googleapis.com/reservation-name",
+                    "values": [self.reservation],
+                }
+        job_spec = {"worker_pool_specs": pools, "scheduling": self.scheduling(trainer_config)}
+        if self.service_account:
+            job_spec["service_account"] = self.service_account
+        if self.network:
+            job_spec["network"] = self.network
+        training_args = {
+            "project": self.project,
+            "display_name": f"{pipeline_name}-trainer",
+            "labels": labels,
+            "job_spec": job_spec,
+        }
+        return {
+            vertex.ENABLE_VERTEX_KEY: True,
+            vertex.VERTEX_REGION_KEY: self.region,
+            vertex.TRAINING_ARGS_KEY: training_args,
+        }
