@@ -30,9 +30,18 @@ from trainer_module.registry import Registry
 
 ACCELERATORS = Registry("--accelerator")
 
-# Where Vertex AI custom training offers each machine type (Google's Vertex AI locations page, "Accelerators
-# for training"); a machine type missing here is not checked.
-TRAINING_REGIONS: dict[str, tuple[str, ...]] = {}
+# Regions with the zones Google documents for each TPU type (Cloud TPU's "TPU regions and zones" page, as of
+# 2025): a Vertex TPU job runs on a TPU VM, so a region without that TPU type cannot host it. GPU machines
+# are not checked here (their table on Vertex's locations page was not available to this project);
+# ``--skip-region-check`` passes a region Google has added since.
+_V5E_REGIONS = ("us-central1", "us-south1", "us-west1", "us-west4", "europe-west4")
+TRAINING_REGIONS: dict[str, tuple[str, ...]] = {
+    "tpu-v2-8": ("us-central1", "europe-west4", "asia-east1"),
+    "tpu-v3-8": ("us-central1", "europe-west4"),
+    "tpu-v5litepod-1": _V5E_REGIONS,
+    "tpu-v5litepod-4": _V5E_REGIONS,
+    "tpu-v5litepod-8": _V5E_REGIONS,
+}
 
 # Where a slice Vertex does not offer runs: the same config, on every worker of a TPU VM slice (README).
 TPU_VM_POINTER = (
@@ -132,11 +141,11 @@ class Accelerator:
         Raises:
           AcceleratorMismatch: one line naming the region and the ones that offer the machine.
         """
-        offered = TRAINING_REGIONS.get(self.machine_type)
+        offered = TRAINING_REGIONS.get(self.name)
         if offered is not None and region not in offered:
             raise AcceleratorMismatch(
-                f"--region {region}: Vertex AI training offers {self.name} ({self.machine_type}) in "
-                f"{', '.join(offered)} only"
+                f"--region {region}: {self.name} is offered in {', '.join(offered)} (Google's TPU zones; "
+                f"--skip-region-check if it is offered in {region} now)"
             )
 
     def check(self, preset: str, config) -> None:

@@ -97,6 +97,7 @@ class CloudSettings:
       reservation: ``projects/P/zones/Z/reservations/NAME`` the training machines are taken from ('' = none).
       training_timeout_hours: the training job's timeout; 0 takes three times the run's estimate (at least 2
         hours; ``accelerators.estimate``).
+      check_region: refuse a region where the accelerator is not known to be offered.
       enable_cache: let Vertex reuse a step whose inputs, parameters and image are unchanged.
     """
 
@@ -115,6 +116,7 @@ class CloudSettings:
     provisioning: str = "standard"
     reservation: str = ""
     training_timeout_hours: float = 0.0
+    check_region: bool = True
     enable_cache: bool = True
 
     def __post_init__(self):
@@ -142,7 +144,9 @@ class CloudSettings:
             )
         if self.training_timeout_hours < 0:
             raise ValueError(f"--training-timeout-hours {self.training_timeout_hours} must be >= 0")
-        self.machine.check_region(self.region)  # an unknown accelerator, or one not in the region, fails here
+        machine = self.machine  # an unknown accelerator fails here
+        if self.check_region:
+            machine.check_region(self.region)
 
     @property
     def machine(self):

@@ -154,11 +154,18 @@ def pipeline_name(preset_name: str) -> str:
     return f"effnet-{preset_name}"
 
 
-def build_pipeline(compiled: Compiled, settings: CloudSettings, vertex_push: VertexPush | None = None):
+def build_pipeline(
+    compiled: Compiled,
+    settings: CloudSettings,
+    vertex_push: VertexPush | None = None,
+    for_kubeflow: bool = False,
+):
     """The cloud pipeline: Dataflow sharding, training on the accelerator in Vertex, TFMA gate, Pusher(s).
 
     Each Beam step gets its own Dataflow workers; the pushed models of each pipeline (one per preset) go to a
-    serving directory of its own, ``ROOT/serving_model/PIPELINE``.
+    serving directory of its own, ``ROOT/serving_model/PIPELINE``. ``for_kubeflow`` leaves out the
+    latest-blessed-model lookup (a TFX resolver node, which the open-source Kubeflow Pipelines backend does not
+    run): the Evaluator then gates on the target top-1 alone.
     """
     from tfx.orchestration import data_types
 
@@ -190,6 +197,7 @@ def build_pipeline(compiled: Compiled, settings: CloudSettings, vertex_push: Ver
             pipeline_def.SHARDING_STEP: settings.sharding_workers.args(),
             pipeline_def.EVALUATOR_STEP: settings.evaluator_workers.args(),
         },
+        compare_with_latest_blessed=not for_kubeflow,
     )
 
 
@@ -239,8 +247,7 @@ def compile_pipeline(
     )
     job = runner.run(pipeline, parameter_values=defaults, write_out=False)
     spec = job["pipelineSpec"]
-    if scope_baseline_query(spec, pipeline.pipeline_info.pipeline_name) != 1:
-        raise RuntimeError("the compiled pipeline has no latest-blessed-model lookup to scope")
+    scope_baseline_query(spec, pipeline.pipeline_info.pipeline_name)
     for name, parameter in spec["root"].get("inputDefinitions", {}).get("parameters", {}).items():
         parameter["defaultValue"] = defaults[name]
     spec["defaultPipelineRoot"] = settings.pipeline_root.rstrip("/")
@@ -303,6 +310,9 @@ def build_parser() -> argparse.ArgumentParser:
     where.add_argument(
         "--provisioning", default="standard", help="training machines: " + ", ".join(PROVISIONING.names())
     )
+    where.add_argument(
+        "--skip-region-check", action="store_true", help="compile for a region the accelerator table lacks"
+    )
     where.add_argument("--reservation", default="", help="projects/P/zones/Z/reservations/NAME to train on")
     where.add_argument(
         "--training-timeout-hours", type=float, default=0.0,
@@ -353,6 +363,7 @@ def _settings(args) -> CloudSettings:
         provisioning=args.provisioning,
         reservation=args.reservation,
         training_timeout_hours=args.training_timeout_hours,
+        check_region=not args.skip_region_check,
         enable_cache=not args.no_cache,
     )
 
@@ -363,7 +374,7 @@ def _print_plan(args) -> None:
     from trainer_module.__main__ import plan_report
 
     machine = accelerators.get(args.accelerator, args.machines)
-    if args.region:
+    if args.region and not args.skip_region_check:
         machine.check_region(args.region)
     config = fitted_trainer_config(presets.get(args.preset), machine, args.overrides)
     report = {
@@ -456,7 +467,8 @@ def run(args) -> int:
             file=sys.stderr,
         )
     name = pipeline_name(compiled.preset.name)
-    pipeline = build_pipeline(compiled, settings, push)
+    for_kubeflow = not args.output.endswith(".json")
+    pipeline = build_pipeline(compiled, settings, push, for_kubeflow)
     compile_pipeline(
         pipeline, settings, args.output, compiled.defaults, settings.labels(name, compiled.preset.name)
     )
@@ -464,6 +476,11 @@ def run(args) -> int:
     print(
         f"compiled {args.output}: {compiled.preset.name} on {machine.describe()} ({machine.replicas} replicas)"
     )
+    if for_kubeflow:
+        print(
+            "note: Kubeflow Pipelines runs no TFX resolver node, so this PipelineSpec has no latest-blessed-model "
+            "baseline: its Evaluator blesses on the target top-1 alone (the .json PipelineJob for Vertex has both)"
+        )
     if args.submit:
         from pipeline.template import Template
 

@@ -228,7 +228,7 @@ def run(args, session: console.Session) -> int:
         )
     name = f"effnet-{preset.name}"
     console.say("pipeline %s: preset %s, target top-1 %.4f, root %s", name, preset.name, target, root)
-    serving_dir = os.path.join(root, "serving_model")
+    serving_dir = os.path.join(root, "serving_model", name)  # each pipeline (preset) pushes apart
     metadata_path = os.path.join(root, "metadata.sqlite")
     beam_args = [f"--direct_num_workers={args.beam_workers}", "--direct_running_mode=multi_threading"]
     if os.path.exists(SETUP_FILE):

@@ -77,6 +77,7 @@ def create_pipeline(
     runtime: dict | None = None,
     extra_pusher=None,
     step_beam_args: dict[str, list[str]] | None = None,
+    compare_with_latest_blessed: bool = True,
 ) -> tfx.dsl.Pipeline:
     """The whole pipeline.
 
@@ -99,6 +100,9 @@ def create_pipeline(
         channel, blessing channel): the Vertex runner's push to the Vertex AI Model Registry and an endpoint.
       step_beam_args: Beam options of one Beam step, by component id (``SHARDING_STEP``, ``EVALUATOR_STEP``),
         added to ``beam_pipeline_args``: each step's own Dataflow workers.
+      compare_with_latest_blessed: look up the latest blessed model (a TFX resolver node) as the Evaluator's
+        baseline, so a model worse than it is not blessed. Open-source Kubeflow Pipelines runs no resolver
+        node: without one the gate is the target top-1 alone.
 
     The Evaluator's baseline (the latest blessed model) is scoped to this pipeline: its blessings carry the
     pipeline's name (``runtime_gate.BASELINE_SCOPE_PROPERTY``), so a model blessed by another preset's
@@ -121,15 +125,19 @@ def create_pipeline(
         train_epochs=epochs,
         target_top1=gate,
     ).with_id("Trainer")
-    latest_blessed = tfx.dsl.Resolver(
-        strategy_class=tfx.dsl.experimental.LatestBlessedModelStrategy,
-        model=tfx.dsl.Channel(type=tfx.types.standard_artifacts.Model),
-        model_blessing=tfx.dsl.Channel(type=tfx.types.standard_artifacts.ModelBlessing),
-    ).with_id("latest_blessed_model_resolver")
+    baseline = []
+    if compare_with_latest_blessed:
+        baseline.append(
+            tfx.dsl.Resolver(
+                strategy_class=tfx.dsl.experimental.LatestBlessedModelStrategy,
+                model=tfx.dsl.Channel(type=tfx.types.standard_artifacts.Model),
+                model_blessing=tfx.dsl.Channel(type=tfx.types.standard_artifacts.ModelBlessing),
+            ).with_id("latest_blessed_model_resolver")
+        )
     evaluator = runtime_gate.Evaluator(
         examples=shards.outputs["examples"],
         model=trainer.outputs["model"],
-        baseline_model=latest_blessed.outputs["model"],
+        baseline_model=baseline[0].outputs["model"] if baseline else None,
         eval_config=eval_config(target_top1),
         example_splits=[schema.VALIDATION],
         target_top1=gate,
@@ -151,7 +159,7 @@ def create_pipeline(
     return tfx.dsl.Pipeline(
         pipeline_name=pipeline_name,
         pipeline_root=pipeline_root,
-        components=[shards, trainer, latest_blessed, evaluator, *pushers],
+        components=[shards, trainer, *baseline, evaluator, *pushers],
         enable_cache=enable_cache,
         metadata_connection_config=metadata_connection_config,
         beam_pipeline_args=beam_pipeline_args or [],

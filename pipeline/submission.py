@@ -62,6 +62,17 @@ def vertex_console_url(resource_name: str) -> str:
     )
 
 
+def _api_message(error) -> str:
+    """The message of a Kubeflow Pipelines API error (its JSON body's ``message``), on one line."""
+    import json
+
+    try:
+        body = json.loads(error.body or "{}")
+    except (TypeError, ValueError):
+        body = {}
+    return " ".join(str(body.get("message") or error.reason or error).split())
+
+
 def google_credentials():
     """Application-default credentials, or one line saying how to get them.
 
@@ -117,19 +128,26 @@ def submit_kfp(template, params: dict, host: str, enable_cache: bool) -> Submitt
       ValueError: the template is a Vertex PipelineJob (``.json``), which Kubeflow does not take.
     """
     import kfp
+    import kfp_server_api
+    import urllib3
 
     if template.is_job:
         raise ValueError(f"--kfp-host takes a PipelineSpec: compile to .yaml, not {template.path}")
-    with contextlib.redirect_stdout(io.StringIO()):  # kfp prints its own "Run details" line
-        client = kfp.Client(host=host)
-        result = client.create_run_from_pipeline_package(
-            template.path,
-            arguments=params,
-            run_name=template.name,
-            experiment_name=template.name,
-            pipeline_root=template.pipeline_root,
-            enable_caching=enable_cache,
-        )
+    try:
+        with contextlib.redirect_stdout(io.StringIO()):  # kfp prints its own "Run details" line
+            client = kfp.Client(host=host)
+            result = client.create_run_from_pipeline_package(
+                template.path,
+                arguments=params,
+                run_name=template.name,
+                experiment_name=template.name,
+                pipeline_root=template.pipeline_root,
+                enable_caching=enable_cache,
+            )
+    except kfp_server_api.ApiException as error:
+        raise ValueError(f"Kubeflow Pipelines at {host} refused the run: {_api_message(error)}") from None
+    except urllib3.exceptions.HTTPError as error:
+        raise ValueError(f"--kfp-host {host}: cannot reach Kubeflow Pipelines ({error})") from None
 
     def poll() -> str:
         return str(client.get_run(result.run_id).state)

@@ -16,6 +16,8 @@ from pipeline import local_runner, presets
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # A short demo run: 5 epochs reach about 0.4-0.6 top-1 on the embedded digits.
 SHORT = ["--preset", "demo", "--set", "loop.train_epochs=5", "--set", "loop.eval_every_epochs=5"]
+# Each pipeline (one per preset) pushes to a directory of its own.
+SERVING = pathlib.Path("serving_model", "effnet-demo")
 
 
 def _store(root):
@@ -66,9 +68,10 @@ def test_local_pipeline_trains_evaluates_blesses_and_pushes(blessed_run):
     store = _store(root)
     types = {store.get_artifact_types_by_id([a.type_id])[0].name for a in store.get_artifacts()}
     assert {"Examples", "Model", "ModelRun", "ModelEvaluation", "ModelBlessing", "PushedModel"} <= types
-    pushed = os.listdir(root / "serving_model")
+    assert os.listdir(root / "serving_model") == [SERVING.name]
+    pushed = os.listdir(root / SERVING)
     assert len(pushed) == 1
-    assert os.path.exists(root / "serving_model" / pushed[0] / "saved_model.pb")
+    assert os.path.exists(root / SERVING / pushed[0] / "saved_model.pb")
     examples = [a for a in store.get_artifacts_by_type("Examples")][0]
     assert examples.custom_properties["train_records"].int_value == 1438
     assert examples.custom_properties["validation_records"].int_value == 359
@@ -92,7 +95,7 @@ def test_console_is_a_short_account_and_the_library_logs_go_to_a_file(blessed_ru
         assert re.search(rf"^\[\d/\d\] {step}: done in [\dhms.]+$", out, re.M), step
     (evaluation,) = [line for line in lines if line.startswith("epoch ")]
     assert "top-1 " in evaluation and "img/s" in evaluation and "ETA " in evaluation
-    assert "model BLESSED by the Evaluator" in out and f"pushed to {root / 'serving_model'}" in out
+    assert "model BLESSED by the Evaluator" in out and f"pushed to {root / SERVING}" in out
     assert re.search(
         rf"^TensorBoard: tensorboard --logdir {re.escape(str(root))}/artifacts/\S+/tensorboard$", out, re.M
     )
@@ -116,7 +119,7 @@ def test_unreachable_target_reuses_cached_steps_blesses_nothing_and_pushes_nothi
     outcome = json.loads(out.strip().splitlines()[-1])
     assert outcome["model_run_uri"] and result_report_path(out) == f"{outcome['model_run_uri']}/report.html"
     assert outcome["blessed"] is False and outcome["pushed"] is False and 0.0 < outcome["top1"] < 0.999
-    assert len(os.listdir(root / "serving_model")) == 1  # only the first run's model
+    assert len(os.listdir(root / SERVING)) == 1  # only the first run's model
     store = _store(root)
     cached = metadata_store_pb2.Execution.CACHED
     for component in ("ImageNetShardGen", "Trainer"):

@@ -6,6 +6,7 @@ network). ``test_vertex_steps.py`` runs the compiled steps.
 """
 
 import json
+import pathlib
 
 import pytest
 import yaml
@@ -135,6 +136,8 @@ def test_preset_is_checked_against_the_accelerator():
         (["--provisioning", "spot", "--reservation", "projects/p/zones/us-central1-a/reservations/r"],
          "error: --reservation takes reserved machines; --provisioning spot asks for others"),
         (["--reservation", "r1"], "error: --reservation 'r1' must be projects/PROJECT/zones/ZONE/reservations/NAME"),
+        (["--region", "asia-east1"], "error: --region asia-east1: tpu-v3-8 is offered in us-central1, europe-west4"),
+        (["--accelerator", "tpu-v5litepod-8", "--region", "europe-west1"], "tpu-v5litepod-8 is offered in us-central1,"),
         (["--evaluator-max-workers", "0"], "error: --evaluator-disk-gb must be >= 0 and --evaluator-max-workers"),
         (["--param", "train_shards=1000", "--accelerator", "gpu-a100x8", "--machines", "16", "--set",
           "data.num_cores=128"], "train_shards=1000 must be a multiple of num_hosts=16"),
@@ -148,6 +151,13 @@ def test_bad_requests_exit_2_with_one_line_and_write_nothing(extra, message, tmp
     assert len([line for line in err if not line.startswith("warning:")]) == 1
     assert message in err[-1], err
     assert not output.exists() and list(tmp_path.iterdir()) == []
+
+
+def test_a_region_missing_from_the_table_compiles_with_skip_region_check(tmp_path):
+    code, _ = _compile(tmp_path, "--region", "asia-east1", "--skip-region-check")
+    assert code == 0
+    code, _ = _compile(tmp_path, "--region", "europe-west4", name="eu.json")
+    assert code == 0
 
 
 def test_plan_shows_the_trainer_on_the_accelerator(capsys):
@@ -587,3 +597,88 @@ def test_no_credentials_is_one_line(template_file, capsys, monkeypatch, vertex_p
         "GOOGLE_APPLICATION_CREDENTIALS to a service-account key"
     ]
     assert vertex_pipelines.created == []
+
+
+# ---- open-source Kubeflow Pipelines ------------------------------------------------------------------------
+
+
+@pytest.fixture
+def kfp_server():
+    """A Kubeflow Pipelines API server on 127.0.0.1 applying the backend's rules to submitted runs."""
+    from fake_kfp_server import FakeKfpServer
+
+    server = FakeKfpServer()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def kubeflow_yaml(tmp_path_factory):
+    code, output = _compile(tmp_path_factory.mktemp("kubeflow"), name="effnet.yaml")
+    assert code == 0
+    return str(output)
+
+
+def test_kubeflow_takes_the_yaml_and_the_run_is_followed(kubeflow_yaml, kfp_server, capsys):
+    code = kubeflow_v2_runner.main(
+        ["--template", kubeflow_yaml, "--kfp-host", kfp_server.host, "--param", "train_epochs=30", "--submit", "--wait"]
+    )  # fmt: skip
+    out = capsys.readouterr().out.splitlines()
+    assert code == 0, kfp_server.refused
+    (run,) = kfp_server.runs
+    assert run["runtime_config"] == {
+        "parameters": {"train_epochs": 30},
+        "pipeline_root": "gs://my-bucket/pipelines",
+    }
+    assert run["display_name"] == "effnet-b0-rmsprop-8x2048"
+    assert out == [
+        f"submitted Kubeflow run {run['run_id']}",
+        f"follow it at {kfp_server.host}/#/runs/details/{run['run_id']}",
+        "run state: RUNNING",
+        "run state: SUCCEEDED",
+    ]
+    # Without the lookup of the latest blessed model: the backend runs no resolver node.
+    executors = yaml.safe_load(pathlib.Path(kubeflow_yaml).read_text())["deploymentSpec"]["executors"]
+    assert not [label for label, executor in executors.items() if "resolver" in executor]
+
+
+def test_the_kubeflow_yaml_says_it_has_no_baseline(tmp_path, capsys):
+    code, _ = _compile(tmp_path, name="effnet.yaml")
+    assert code == 0
+    assert "note: Kubeflow Pipelines runs no TFX resolver node" in capsys.readouterr().out
+
+
+def test_the_backends_rules_refuse_what_tfx_emits_by_default(kubeflow_yaml, template_file):
+    """The server's rules bite: TFX's default schema 2.0.0 (untyped parameters, old constants) and the Vertex
+    job's resolver nodes are refused, which is why the runner compiles 2.1.0 and a .yaml without them."""
+    from fake_kfp_server import RunRefused, check_run
+
+    accepted = yaml.safe_load(pathlib.Path(kubeflow_yaml).read_text())
+    check_run(accepted, {"train_epochs": 30})  # what the runner compiles: accepted
+    with pytest.raises(RunRefused, match="KFP only supports schema version 2.1.0, but .* has version 2.0.0"):
+        check_run({**accepted, "schemaVersion": "2.0.0"}, {})
+    legacy = json.loads(json.dumps(accepted))
+    legacy["root"]["inputDefinitions"]["parameters"]["train_epochs"] = {"type": "INT"}
+    with pytest.raises(RunRefused, match="input parameter train_epochs has unspecified type"):
+        check_run(legacy, {"train_epochs": 30})
+    with pytest.raises(RunRefused, match="train_epochs is not optional, yet has neither default"):
+        check_run(legacy, {})
+    with pytest.raises(RunRefused, match="not required by pipeline: epochs"):
+        check_run(accepted, {"epochs": 3})
+    with pytest.raises(RunRefused, match="requires type NUMBER_INTEGER"):
+        check_run(accepted, {"train_epochs": "30"})
+    vertex_spec = _job(template_file)["pipelineSpec"]
+    with pytest.raises(RunRefused, match="resolver_executor\\): non-container and non-importer executor"):
+        check_run(vertex_spec, {})
+
+
+def test_a_run_kubeflow_refuses_is_one_line(tmp_path, template_file, kfp_server, capsys):
+    spec = tmp_path / "with-resolver.yaml"
+    spec.write_text(yaml.safe_dump(_job(template_file)["pipelineSpec"]))
+    code = kubeflow_v2_runner.main(["--template", str(spec), "--kfp-host", kfp_server.host, "--submit"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1
+    assert err[0].startswith(
+        f"error: Kubeflow Pipelines at {kfp_server.host} refused the run: Failed to compile job"
+    )
+    assert kfp_server.runs == []
