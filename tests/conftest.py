@@ -58,6 +58,7 @@ def clean_archives(tmp_path_factory):
 LONG_MODULES_FIRST = (
     "test_train.py",  # 400 s: replicas in BN groups, SIGKILL and resume, multi-worker over loopback
     "test_vertex_steps.py",  # 200 s: the compiled pipeline's steps as their containers run them
+    "test_tuning.py",  # 220 s: searches whose trials are trainer processes, a killed search resumed, TFX
     "test_pipeline.py",  # 140 s: the demo pipeline and its cached rerun
     "test_console.py",  # 90 s
     "test_cloud_paths.py",  # 75 s

@@ -362,6 +362,10 @@ class LoopConfig(_Section):
         independent repeats of a recipe.
       deterministic: run TensorFlow's ops deterministically (``enable_op_determinism``) for the training run,
         so that the same seed, data, hardware and software give the same weights and metrics bit for bit.
+      stop_at_epoch: end the run at the evaluation of this epoch of the full ``train_epochs`` schedule (a
+        truncated run: the learning rate, warmup and decay stay those of the whole budget); None trains the
+        whole budget. Running the same config again with a later value resumes it from its checkpoint (bit
+        for bit under ``deterministic``): how a tuner screens and continues a trial.
     """
 
     train_epochs: int = 350
@@ -372,6 +376,7 @@ class LoopConfig(_Section):
     tpu_name: str = ""
     seed: int = 0
     deterministic: bool = False
+    stop_at_epoch: int | None = None
 
     def _validate(self):
         if self.train_epochs < 1:
@@ -385,6 +390,16 @@ class LoopConfig(_Section):
         if self.target_top1 is not None:
             _check_range("loop.target_top1", self.target_top1, 0.0, 1.0)
         STRATEGIES.check(self.strategy)
+        stop = self.stop_at_epoch
+        if stop is not None and not 1 <= stop <= self.train_epochs:
+            raise ValueError(
+                f"loop.stop_at_epoch={stop} is outside [1, loop.train_epochs={self.train_epochs}]"
+            )
+        if stop is not None and stop % self.eval_every_epochs:
+            raise ValueError(
+                f"loop.stop_at_epoch={stop} is not a multiple of loop.eval_every_epochs={self.eval_every_epochs}: "
+                "a truncated run ends at an evaluation"
+            )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -398,6 +413,8 @@ class TrainingPlan:
       steps_per_epoch: examples per epoch / global batch, a float as in the reference.
       warmup_steps: int(warmup epochs x steps per epoch).
       total_steps: int(epochs x steps per epoch).
+      stop_step: the step the run ends at: ``total_steps``, or the evaluation step of ``loop.stop_at_epoch``
+        (a truncated run).
       steps_per_eval: training steps between two evaluations, a float (eval_every_epochs x steps per epoch);
         evaluations fall on the truncated multiples of it (``next_eval_step``) and on the last step.
       steps_per_loop: training steps per compiled loop call.
@@ -420,6 +437,7 @@ class TrainingPlan:
     steps_per_epoch: float
     warmup_steps: int
     total_steps: int
+    stop_step: int
     steps_per_eval: float
     steps_per_loop: int
     peak_learning_rate: float
@@ -468,6 +486,10 @@ def _resolve(config: TrainerConfig) -> TrainingPlan:
         steps_per_epoch=steps.steps_per_epoch,
         warmup_steps=steps.warmup_steps,
         total_steps=steps.total_steps,
+        # The evaluation of stop_at_epoch falls where next_eval_step puts it: int(k x steps_per_eval).
+        stop_step=steps.total_steps
+        if loop.stop_at_epoch in (None, loop.train_epochs)
+        else min(steps.total_steps, int(loop.stop_at_epoch // loop.eval_every_epochs * steps_per_eval)),
         steps_per_eval=steps_per_eval,
         steps_per_loop=loop.steps_per_loop or math.ceil(steps_per_eval),
         peak_learning_rate=scaled_learning_rate(config.schedule.lr_per_256, data.global_batch_size),

@@ -66,3 +66,23 @@ def read_json(path: str):
 
 def exists(path: str) -> bool:
     return tf.io.gfile.exists(path)
+
+
+def copy_tree(source: str, destination: str, skip: tuple[str, ...] = ()) -> None:
+    """Copies every file under ``source`` to the same place under ``destination``, each written whole; the
+    top-level entries named in ``skip`` are left out."""
+    for directory, _, names in tf.io.gfile.walk(source):
+        relative = directory[len(source) :].strip("/")
+        if relative.split("/")[0] in skip:
+            continue
+        for name in names:
+            if not relative and name in skip:
+                continue
+            with tf.io.gfile.GFile(join(directory, name), "rb") as f:
+                write_bytes(join(destination, relative, name), f.read())
+
+
+def remove_tree(path: str) -> None:
+    """Removes ``path`` and everything under it, if it exists."""
+    if tf.io.gfile.exists(path):
+        tf.io.gfile.rmtree(path)

@@ -61,6 +61,8 @@ class RunResult:
     allreduce_share: float | None
     history: tuple[dict, ...]
     export_dir: str = ""
+    # The epoch a truncated run (loop.stop_at_epoch) stopped at; None when it ran its budget or hit its target.
+    stopped_at_epoch: int | None = None
 
     @property
     def images_per_ms(self) -> float | None:
@@ -112,6 +114,7 @@ class Recorder:
             tf.summary.create_file_writer(tensorboard_dir) if chief else tf.summary.create_noop_writer()
         )
         self._total_steps = 0
+        self._stop_step = 0  # where this run ends: total_steps, or earlier for a truncated run
         self._seconds_per_step: float | None = None
         self._images_per_second: float | None = None
         self._first_call_seconds: float | None = None
@@ -137,27 +140,33 @@ class Recorder:
             logger.info("%s %s", name, json.dumps(fields, default=str))
         if name == "start":
             self._total_steps = int(fields.get("total_steps", 0))
+            self._stop_step = int(fields.get("stop_step", self._total_steps))
             if self._chief:
                 self._say_start(fields)
 
     def _say_start(self, fields: dict) -> None:
         total, replicas = self._total_steps, fields.get("replicas", 1)
         where = f"resumed at step {fields['step']} of {total}" if fields.get("resumed") else f"{total} steps"
+        where += f" ({total / self._steps_per_epoch:.1f} epochs)"
+        stop = fields.get("stop_step", total)
+        if stop < total:
+            where += f", stopping at step {stop} (epoch {stop / self._steps_per_epoch:.1f}),"
         console.say(
-            "training: %s (%.1f epochs) on %d replica%s, evaluating on %s images",
+            "training: %s on %d replica%s, evaluating on %s images",
             where,
-            total / self._steps_per_epoch,
             replicas,
             "" if replicas == 1 else "s",
             fields.get("eval_examples", "?"),
         )
         console.say("TensorBoard: tensorboard --logdir %s", self._tensorboard_dir)
 
-    def write_config(self, config_json: str, plan: dict) -> None:
+    def write_config(self, config_json: str, plan: dict, tuned: dict | None = None) -> None:
+        """config.json: the resolved config, its plan and, under ``tuned``, the settings a search chose."""
         if self._chief:
-            files.write_json(
-                files.join(self._model_dir, CONFIG_FILE), {"config": json.loads(config_json), "plan": plan}
-            )
+            saved = {"config": json.loads(config_json), "plan": plan}
+            if tuned:
+                saved["tuned"] = tuned
+            files.write_json(files.join(self._model_dir, CONFIG_FILE), saved)
 
     def training(self, step: int, total_steps: int, num_steps: int, loss: float, lr: float, seconds: float):
         """One compiled training call of ``num_steps`` steps that ended at ``step``."""
@@ -208,7 +217,7 @@ class Recorder:
         # The console's one line per evaluation (other workers log theirs): the training rate and the time
         # left to the epoch budget come from the latest training call.
         rate = "" if self._images_per_second is None else f"{self._images_per_second:.0f} img/s  "
-        remaining = max(0, self._total_steps - step) * (self._seconds_per_step or 0.0)
+        remaining = max(0, self._stop_step - step) * (self._seconds_per_step or 0.0)
         say = console.say if self._chief else logger.info
         say(
             "epoch %.2f  step %d/%d  top-1 %.4f  top-5 %.4f  loss %.4f  %sETA %s",
@@ -239,7 +248,12 @@ class Recorder:
         self._summary.flush()
 
     def finish(
-        self, target: float | None, replicas: int, eval_examples: int, allreduce: float | None
+        self,
+        target: float | None,
+        replicas: int,
+        eval_examples: int,
+        allreduce: float | None,
+        stopped_at_epoch: int | None = None,
     ) -> RunResult:
         """The run's result, logged and (by the chief) written to ``metrics.json``."""
         history = self.history
@@ -264,6 +278,7 @@ class Recorder:
             allreduce_seconds_per_step=allreduce,
             allreduce_share=allreduce / step_seconds if allreduce is not None and step_seconds else None,
             history=tuple(history),
+            stopped_at_epoch=stopped_at_epoch,
         )
         self.event("end", **result.summary())
         self.flush()

@@ -39,6 +39,8 @@ class RunRecord:
     plan: dict
     events: list[dict]
     metrics: dict | None
+    # The settings a hyperparameter search chose (config.json's "tuned"), already part of ``config``.
+    tuned: dict = dataclasses.field(default_factory=dict)
 
     @property
     def evaluations(self) -> list[dict]:
@@ -60,7 +62,7 @@ class RunRecord:
         events = read_run_log(log_path) if files.exists(log_path) else []
         metrics_path = files.join(model_dir, METRICS_FILE)
         metrics = files.read_json(metrics_path) if files.exists(metrics_path) else None
-        return cls(model_dir, saved["config"], saved.get("plan", {}), events, metrics)
+        return cls(model_dir, saved["config"], saved.get("plan", {}), events, metrics, saved.get("tuned", {}))
 
 
 def _figure():
@@ -205,9 +207,12 @@ def render_html(record: RunRecord, pipeline: dict | None = None) -> str:
     metrics = record.metrics or {}
     evaluations = record.evaluations
     peak = max(evaluations, key=lambda e: e["top1"]) if evaluations else None
+    state = "finished" if record.metrics else "running (no metrics.json yet)"
+    if metrics.get("stopped_at_epoch") is not None:
+        state = f"stopped at epoch {metrics['stopped_at_epoch']} of {record.config['loop']['train_epochs']} (truncated)"
     summary = [
         ("preset", record.config.get("name")),
-        ("state", "finished" if record.metrics else "running (no metrics.json yet)"),
+        ("state", state),
         (
             "peak top-1",
             f"{peak['top1']:.4f} at epoch {peak['epoch']:.2f}, step {peak['step']}" if peak else None,
@@ -240,6 +245,8 @@ img{{max-width:100%}}table{{border-collapse:collapse;margin-bottom:1.5em}}</styl
 <table>{_rows(summary)}</table>
 <h2>Settings that differ from the preset</h2>
 <table>{_rows(sorted(changed.items())) or '<tr><td>none</td></tr>'}</table>
+<h2>Settings from hyperparameter tuning</h2>
+<table>{_rows(sorted(record.tuned.items())) or '<tr><td>none</td></tr>'}</table>
 {images}
 <h2>Resolved plan</h2><table>{_rows(record.plan.items())}</table>
 <h2>Config</h2><pre>{html.escape(json.dumps(record.config, indent=2, sort_keys=True))}</pre>

@@ -51,14 +51,24 @@ def run(
     eval_files: list[str],
     paths: train.RunPaths,
     devices: list[str] | None = None,
+    tuned: dict | None = None,
 ) -> RunResult:
     """Trains, evaluates in the loop, writes metrics.json, exports the SavedModel and writes the run report
-    (``report.html`` beside metrics.json); returns the result."""
+    (``report.html`` beside metrics.json); returns the result.
+
+    ``tuned`` holds the settings that came from a hyperparameter search (``trainer_module.tuning``), already
+    applied to ``config``: config.json and the report list them as such. A truncated run
+    (``loop.stop_at_epoch``) exports nothing: its weights are not the end of their schedule.
+    """
     logging.getLogger("trainer_module").setLevel(logging.INFO)
     config = with_data_sizes(config, train_files, eval_files)
     strategy = strategies.build_strategy(config, devices)
-    result, trainer = train.train_and_evaluate(config, train_files, eval_files, paths, strategy)
+    result, trainer = train.train_and_evaluate(config, train_files, eval_files, paths, strategy, tuned=tuned)
     plan = config.plan
+    if result.stopped_at_epoch is not None:
+        if train.is_chief(strategy):
+            logger.info("report: %s", report.write_report(paths.model_dir))
+        return result
     with trainer.evaluation_weights():  # export the averaged weights, as evaluated
         if train.is_chief(strategy):
             export.export_saved_model(

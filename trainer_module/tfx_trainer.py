@@ -1,8 +1,16 @@
-"""The TFX Trainer's entry point: ``run_fn(fn_args)``, a short composition of the trainer's pieces.
+"""The TFX Trainer's and Tuner's entry points: ``run_fn(fn_args)`` and ``tuner_fn(fn_args)``.
 
 The trainer config travels as JSON in ``custom_config['trainer_config']`` (``TrainerConfig.to_json()``).
 ``trainer_module.run.run`` is the same entry point the CLI calls: it takes the epoch size from the shards'
 manifest, so a preset's epoch means a pass over the real dataset.
+
+``tuner_fn`` gives TFX's standard Tuner component a ``trainer_module.tuning`` search of that config, set by
+``custom_config['tuning']`` (``TUNING_KEY``: ``search``, ``max_epochs``, ``max_trials``, ``factor``,
+``iterations``, ``seed``, ``space`` as 'KEY=KIND:LOW:HIGH' strings or ``Dimension`` dicts replacing or adding to
+the default space, ``only`` to tune those alone, ``cpu_devices``, ``directory`` for a search that survives a
+restarted execution); each trial runs ``python -m trainer_module``. The Tuner writes the best values, which the
+Trainer hands ``run_fn`` as ``fn_args.hyperparameters``: they override the config (epoch-denominated ones scaled
+to its budget) and the run's config.json and report list them.
 """
 
 from __future__ import annotations
@@ -13,6 +21,7 @@ from trainer_module import files, run, train
 from trainer_module.config import TrainerConfig
 
 CONFIG_KEY = "trainer_config"
+TUNING_KEY = "tuning"
 
 logger = logging.getLogger("trainer_module")
 
@@ -30,11 +39,35 @@ def config_from_fn_args(fn_args) -> TrainerConfig:
 
 def run_fn(fn_args) -> None:
     """TFX Trainer entry: trains with in-loop evaluation, writes TensorBoard summaries, checkpoints and
-    metrics.json to ``fn_args.model_run_dir`` and the SavedModel to ``fn_args.serving_model_dir``."""
+    metrics.json to ``fn_args.model_run_dir`` and the SavedModel to ``fn_args.serving_model_dir``; the values
+    a Tuner found (``fn_args.hyperparameters``) override the config."""
     paths = train.RunPaths(
         model_dir=fn_args.model_run_dir,
         tensorboard_dir=files.join(fn_args.model_run_dir, "tensorboard"),
         export_dir=fn_args.serving_model_dir,
     )
-    result = run.run(config_from_fn_args(fn_args), list(fn_args.train_files), list(fn_args.eval_files), paths)
+    config, tuned = config_from_fn_args(fn_args), {}
+    if fn_args.hyperparameters:
+        from trainer_module import tuning
+        from trainer_module.config import with_overrides
+
+        overrides, tuned = tuning.hyperparameter_overrides(fn_args.hyperparameters, config.loop.train_epochs)
+        config = with_overrides(config, overrides)
+        logger.info("trainer config from the Tuner's values: %s", tuned)
+    result = run.run(config, list(fn_args.train_files), list(fn_args.eval_files), paths, tuned=tuned)
     logger.info("trainer finished: peak top-1 %s, final top-1 %s", result.peak_top1, result.final_top1)
+
+
+def tuner_fn(fn_args):
+    """TFX Tuner entry: a ``TunerFnResult`` holding the search of ``custom_config['tuning']`` over the config of
+    ``custom_config['trainer_config']``, trials on ``fn_args.train_files`` / ``eval_files``, its state in
+    ``tuning['directory']`` or the Tuner's working directory."""
+    from tfx.components.tuner.component import TunerFnResult
+
+    from trainer_module import tuning
+
+    config = config_from_fn_args(fn_args)
+    settings = dict((fn_args.custom_config or {}).get(TUNING_KEY) or {})
+    directory = settings.pop("directory", None) or fn_args.working_dir
+    search = tuning.search_of_config(config, fn_args.train_files, fn_args.eval_files, **settings)
+    return TunerFnResult(tuner=tuning.build_tuner(search, directory), fit_kwargs={})

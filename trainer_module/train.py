@@ -4,6 +4,9 @@ strategy -> datasets -> model and optimizer under the strategy's scope -> compil
 loop (train one evaluation interval, several steps per compiled call; evaluate on the same replicas; log;
 checkpoint; stop at the target top-1 or the epoch budget) -> metrics.json and the exported SavedModel.
 
+``loop.stop_at_epoch`` ends the loop early, at an evaluation, with the schedule of the whole budget: a truncated
+run, which the same config with a later (or no) stop resumes as if it had never stopped.
+
 Time to accuracy is measured the way the paper does: from the start of the train-and-eval loop to the
 evaluation that reached peak top-1. A run killed at any point resumes from its last checkpoint with the right
 step, learning rate and data position (the training stream is seeded and skips what was already consumed).
@@ -377,6 +380,7 @@ def train_and_evaluate(
     eval_files: list[str],
     paths: RunPaths,
     strategy: tf.distribute.Strategy,
+    tuned: dict | None = None,
 ) -> tuple[RunResult, Trainer]:
     """Trains with in-loop evaluation until the target top-1 or the epoch budget; returns the result.
 
@@ -385,12 +389,13 @@ def train_and_evaluate(
       train_files / eval_files: file patterns of the TFRecord shards written by beam_preprocess.
       paths: where checkpoints, logs, TensorBoard summaries, metrics.json and the export go.
       strategy: the strategy built by ``trainer_module.strategies.build_strategy``.
+      tuned: the settings of ``config`` that came from a hyperparameter search, recorded in config.json.
     """
     with op_determinism(config.loop.deterministic):
-        return _train_and_evaluate(config, train_files, eval_files, paths, strategy)
+        return _train_and_evaluate(config, train_files, eval_files, paths, strategy, tuned)
 
 
-def _train_and_evaluate(config, train_files, eval_files, paths, strategy) -> tuple[RunResult, Trainer]:
+def _train_and_evaluate(config, train_files, eval_files, paths, strategy, tuned) -> tuple[RunResult, Trainer]:
     plan = config.plan
     chief = is_chief(strategy)
     task_dir = _task_dir(paths, strategy)
@@ -411,7 +416,7 @@ def _train_and_evaluate(config, train_files, eval_files, paths, strategy) -> tup
     step = trainer.step
     if restored:
         recorder.resume(step)
-    recorder.write_config(config.to_json(), plan.to_dict())
+    recorder.write_config(config.to_json(), plan.to_dict(), tuned)
     inputs = RunInputs.build(config, train_files, eval_files, strategy, step, recorder)
 
     target = config.loop.target_top1
@@ -419,6 +424,7 @@ def _train_and_evaluate(config, train_files, eval_files, paths, strategy) -> tup
         "start",
         step=step,
         total_steps=plan.total_steps,
+        stop_step=plan.stop_step,
         resumed=bool(restored),
         replicas=strategy.num_replicas_in_sync,
         eval_examples=inputs.eval_plan.num_examples,
@@ -426,7 +432,7 @@ def _train_and_evaluate(config, train_files, eval_files, paths, strategy) -> tup
     )
     recorder.flush()
     loop_start = time.time() - float(trainer.elapsed.numpy())
-    while step < plan.total_steps and not recorder.peak_reached(target):
+    while step < plan.stop_step and not recorder.peak_reached(target):
         next_eval = plan.next_eval_step(step)
         while step < next_eval:
             num = min(plan.steps_per_loop, next_eval - step)
@@ -440,7 +446,7 @@ def _train_and_evaluate(config, train_files, eval_files, paths, strategy) -> tup
                     f"({manager.latest_checkpoint}) is kept. Lower schedule.lr_per_256 or check the input data."
                 )
             step += num
-            recorder.training(step, plan.total_steps, num, loss, trainer.learning_rate, time.time() - started)
+            recorder.training(step, plan.stop_step, num, loss, trainer.learning_rate, time.time() - started)
         with trainer.evaluation_weights():
             result = _evaluate(trainer, inputs.evaluation, inputs.eval_plan, config)
         trainer.elapsed.assign(time.time() - loop_start)
@@ -449,12 +455,18 @@ def _train_and_evaluate(config, train_files, eval_files, paths, strategy) -> tup
         recorder.flush()
         manager.save(checkpoint_number=step)
 
+    # A truncated run (loop.stop_at_epoch) says where it stopped; running it again with a later epoch resumes it.
+    stopped_at_epoch = None
+    if plan.stop_step < plan.total_steps and step >= plan.stop_step:
+        stopped_at_epoch = config.loop.stop_at_epoch
+        recorder.event("stopped", step=step, epoch=stopped_at_epoch, train_epochs=config.loop.train_epochs)
     return (
         recorder.finish(
             target,
             replicas=strategy.num_replicas_in_sync,
             eval_examples=inputs.eval_plan.num_examples,
             allreduce=measure_allreduce_seconds(trainer),
+            stopped_at_epoch=stopped_at_epoch,
         ),
         trainer,
     )
