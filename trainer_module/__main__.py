@@ -305,7 +305,7 @@ def tune_main(argv: list[str]) -> int:
 
         session.keep_log(files.join(args.tune_dir, LOG_DIR, console.log_name("tune")), _upload)
         tuner = tuning.build_tuner(search, args.tune_dir, report=lambda s: console.say(tuning.trial_line(s)))
-        console.say(tuning.planned_budget_line(search, tuner))
+        console.say(tuning.planned_budget_line(search))
         try:
             tuner.search()
         except RuntimeError as e:  # KerasTuner ends a search after consecutive failed trials

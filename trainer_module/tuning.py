@@ -326,12 +326,16 @@ def overrides_between(base: TrainerConfig, target: TrainerConfig) -> list[str]:
 SEARCHES = Registry("--search")
 
 
+def _objective() -> keras_tuner.Objective:
+    return keras_tuner.Objective(OBJECTIVE, "max")  # peak top-1 of the trial's in-loop evaluations
+
+
 @SEARCHES.register("hyperband")
 def _hyperband(search: Search, hp: keras_tuner.HyperParameters, seed: int):
     """Successive halving over brackets (KerasTuner's Hyperband): screens stop early at ``loop.stop_at_epoch``
     of the full schedule and the best continue from their checkpoints."""
     return keras_tuner.oracles.HyperbandOracle(
-        keras_tuner.Objective(OBJECTIVE, "max"),
+        _objective(),
         max_epochs=search.max_epochs,
         factor=search.factor,
         hyperband_iterations=search.iterations,
@@ -344,7 +348,7 @@ def _hyperband(search: Search, hp: keras_tuner.HyperParameters, seed: int):
 def _bayesian(search: Search, hp: keras_tuner.HyperParameters, seed: int):
     """Gaussian-process Bayesian optimisation, every trial the whole schedule."""
     return keras_tuner.oracles.BayesianOptimizationOracle(
-        keras_tuner.Objective(OBJECTIVE, "max"), max_trials=search.max_trials, seed=seed, hyperparameters=hp
+        _objective(), max_trials=search.max_trials, seed=seed, hyperparameters=hp
     )
 
 
@@ -352,7 +356,7 @@ def _bayesian(search: Search, hp: keras_tuner.HyperParameters, seed: int):
 def _random(search: Search, hp: keras_tuner.HyperParameters, seed: int):
     """Random search, every trial the whole schedule."""
     return keras_tuner.oracles.RandomSearchOracle(
-        keras_tuner.Objective(OBJECTIVE, "max"), max_trials=search.max_trials, seed=seed, hyperparameters=hp
+        _objective(), max_trials=search.max_trials, seed=seed, hyperparameters=hp
     )
 
 
@@ -440,18 +444,25 @@ class Search:
             raise keras_tuner.errors.FailedTrialError(console.one_line(e)) from None
         return overrides_between(presets.get_preset(self.preset), trial)
 
-    def planned_trials_and_epochs(self, oracle) -> tuple[int | None, int]:
-        """(trials, trained epochs) of the whole search; a Hyperband continuation trains only its new epochs."""
-        if self.search != "hyperband":
-            return self.max_trials, self.max_trials * self.max_epochs
-        trials = epochs = 0
-        for bracket in range(oracle._get_num_brackets()):
-            for round_num in range(bracket + 1):
-                size = oracle._get_size(bracket, round_num)
-                previous = oracle._get_epochs(bracket, round_num - 1) if round_num else 0
-                trials += size
-                epochs += size * (oracle._get_epochs(bracket, round_num) - previous)
-        return trials * self.iterations, epochs * self.iterations
+    def planned_trials_and_epochs(self) -> tuple[int, int]:
+        """(trials, trained epochs) of the whole search."""
+        if self.search == "hyperband":
+            return hyperband_budget(self.max_epochs, self.factor, self.iterations)
+        return self.max_trials, self.max_trials * self.max_epochs
+
+
+def hyperband_budget(max_epochs: int, factor: int = 3, iterations: int = 1) -> tuple[int, int]:
+    """(trials, trained epochs) of a Hyperband search as KerasTuner lays its brackets out; a continuation trains
+    only its new epochs."""
+    oracle = keras_tuner.oracles.HyperbandOracle(_objective(), max_epochs=max_epochs, factor=factor)
+    trials = epochs = 0
+    for bracket in range(oracle._get_num_brackets()):
+        for round_num in range(bracket + 1):
+            size = oracle._get_size(bracket, round_num)
+            previous = oracle._get_epochs(bracket, round_num - 1) if round_num else 0
+            trials += size
+            epochs += size * (oracle._get_epochs(bracket, round_num) - previous)
+    return trials * iterations, epochs * iterations
 
 
 def with_space(search: Search, changes: SearchSpace = (), only: bool = False) -> Search:
@@ -739,8 +750,8 @@ def _short(value) -> str:
     return f"{value:.4g}" if isinstance(value, float) else str(value)
 
 
-def planned_budget_line(search: Search, tuner: TrainerTuner) -> str:
-    trials, epochs = search.planned_trials_and_epochs(tuner.oracle)
+def planned_budget_line(search: Search) -> str:
+    trials, epochs = search.planned_trials_and_epochs()
     how = f"factor {search.factor}" if search.search == "hyperband" else f"{search.max_trials} trials"
     return (
         f"{search.search} search ({how}) of schedules of {search.max_epochs} epochs over "
