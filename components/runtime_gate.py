@@ -137,6 +137,30 @@ class VertexTrainerExecutor(base_executor.BaseExecutor):
         vertex_training.run_job(request)
 
 
+class VertexTunerExecutor(base_executor.BaseExecutor):
+    """Runs TFX's distributed tuning flock (its chief oracle and workers, each running trials) as a Vertex AI
+    custom job to its end, cancelled if this task is stopped or fails (``components.vertex_training``).
+
+    The job's worker pools (the primary, and ``parallel trials - 1`` workers) are compiled into the tuning args
+    of ``custom_config``; TFX's Vertex Tuner would build the same job but only poll it.
+    """
+
+    def Do(self, input_dict, output_dict, exec_properties):  # noqa: N802 - TFX's executor interface
+        from tfx.extensions.google_cloud_ai_platform.tuner import executor as vertex_tuner
+
+        vertex = tfx.extensions.google_cloud_ai_platform
+        custom_config = json_utils.loads(exec_properties[standard_component_specs.CUSTOM_CONFIG_KEY])
+        request = vertex_training.job_request(
+            input_dict,
+            output_dict,
+            exec_properties,
+            custom_config,
+            name_utils.get_full_name(vertex_tuner._WorkerExecutor),  # noqa: SLF001 - TFX's worker entry point
+            args_key=vertex.experimental.TUNING_ARGS_KEY,
+        )
+        vertex_training.run_job(request)
+
+
 class EvaluatorExecutor(evaluator_executor.Executor):
     """TFMA's evaluator executor, after setting the top-1 gate to ``target_top1``; its blessing names the
     pipeline (``baseline_scope``)."""
@@ -198,6 +222,12 @@ class VertexTrainer(Trainer):
     """The same Trainer run as a Vertex AI custom job (``custom_config`` carries the job, as for TFX's)."""
 
     EXECUTOR_SPEC = executor_spec.ExecutorClassSpec(VertexTrainerExecutor)
+
+
+class VertexTuner(tfx.extensions.google_cloud_ai_platform.Tuner):
+    """TFX's Vertex Tuner (parallel trials on the accelerator's machines), its job cancelled with its task."""
+
+    EXECUTOR_SPEC = executor_spec.ExecutorClassSpec(VertexTunerExecutor)
 
 
 class Evaluator(tfx.components.Evaluator):

@@ -1,4 +1,5 @@
-"""The Trainer's Vertex AI custom job: created, followed to its end, and cancelled when its task is stopped.
+"""A step's Vertex AI custom job (the Trainer's, the Tuner's): created, followed to its end, and cancelled
+when its task is stopped.
 
 TFX's own Vertex trainer (``tfx.extensions.google_cloud_ai_platform.runner``) creates the CustomJob and polls it
 until it ends, and never cancels it: when Vertex AI Pipelines or Kubeflow cancels the run, or the pipeline fails
@@ -62,18 +63,20 @@ def job_request(
     exec_properties: dict[str, Any],
     custom_config: dict,
     executor_class_path: str,
+    args_key: str = "",
 ) -> JobRequest:
     """The CustomJob whose worker pools run ``executor_class_path`` on this execution, as TFX builds it.
 
-    ``custom_config`` holds TFX's Vertex keys: the region, and the training args (``project``, ``job_spec`` with
-    the worker pools and ``scheduling``, ``display_name``, ``labels``).
+    ``custom_config`` holds TFX's Vertex keys: the region, and under ``args_key`` (the Trainer's training args
+    by default; the Tuner's tuning args) the job's ``project``, ``job_spec`` (worker pools, ``scheduling``),
+    ``display_name`` and ``labels``.
     """
     from tfx import v1 as tfx
     from tfx.extensions.google_cloud_ai_platform import training_clients
 
     vertex = tfx.extensions.google_cloud_ai_platform
     region = custom_config[vertex.VERTEX_REGION_KEY]
-    job_args = copy.deepcopy(custom_config[vertex.TRAINING_ARGS_KEY])
+    job_args = copy.deepcopy(custom_config[args_key or vertex.TRAINING_ARGS_KEY])
     project = job_args.pop("project")
     if "display_name" in job_args:  # a run of its own: the compiled name plus when it started
         job_args["display_name"] = (

@@ -114,12 +114,14 @@ class Accelerator:
             spec["tpu_topology"] = self.tpu_topology
         return spec
 
-    def worker_pool_specs(self, image: str, boot_disk_gb: int = 0) -> list[dict]:
+    def worker_pool_specs(self, image: str, boot_disk_gb: int = 0, replicas: int | None = None) -> list[dict]:
         """The CustomJob's worker pools: the primary (chief) pool, and one pool of the other workers.
 
+        ``replicas`` machines in all (default ``machines``; a tuning job asks for one per parallel trial).
         TFX's Vertex job client replaces each pool's command with its executor call but fills the image only
         in pools that lack one, with TFX's own image; so every pool names ``image``.
         """
+        replicas = self.machines if replicas is None else replicas
         container = {"image_uri": image}
         if self.env:
             container["env"] = [{"name": name, "value": value} for name, value in self.env]
@@ -127,8 +129,8 @@ class Accelerator:
         if boot_disk_gb:
             pool["disk_spec"] = {"boot_disk_type": "pd-ssd", "boot_disk_size_gb": boot_disk_gb}
         pools = [{**pool, "replica_count": 1}]
-        if self.machines > 1:
-            pools.append({**pool, "replica_count": self.machines - 1})
+        if replicas > 1:
+            pools.append({**pool, "replica_count": replicas - 1})
         return pools
 
     def trainer_overrides(self) -> list[str]:
@@ -330,7 +332,6 @@ def estimate(config, machine: Accelerator) -> Estimate:
     )
     utilization = NOMINAL_UTILIZATION[machine.kind]
     seconds = flops / (machine.peak_tflops * 1e12 * machine.machines * utilization)
-    timeout = min(MAX_TIMEOUT_SECONDS, max(MIN_TIMEOUT_SECONDS, math.ceil(TIMEOUT_FACTOR * seconds)))
     return Estimate(
         training_images=training_images,
         eval_images=eval_images,
@@ -338,5 +339,10 @@ def estimate(config, machine: Accelerator) -> Estimate:
         hours=seconds / 3600,
         accelerator_hours=seconds / 3600 * machine.units,
         unit=machine.unit,
-        timeout_seconds=timeout,
+        timeout_seconds=timeout_for(seconds),
     )
+
+
+def timeout_for(seconds: float) -> int:
+    """A job's timeout for a nominal ``seconds`` of work: ``TIMEOUT_FACTOR`` times it, within Vertex's limits."""
+    return min(MAX_TIMEOUT_SECONDS, max(MIN_TIMEOUT_SECONDS, math.ceil(TIMEOUT_FACTOR * seconds)))

@@ -188,27 +188,25 @@ class CloudSettings:
             args.append(f"--subnetwork={self.subnetwork}")
         return args
 
-    def scheduling(self, trainer_config) -> dict:
-        """The training job's ``scheduling``: a timeout, restart on a worker's restart (the trainer resumes
-        from its last checkpoint), and the provisioning strategy."""
+    def timeout_seconds(self, hours: float) -> int:
+        """A job's timeout for a nominal ``hours`` of work: ``--training-timeout-hours`` when given, else the
+        run estimate's rule (three times, at least 2 hours, at most Vertex's 7 days)."""
         from pipeline import accelerators
 
         if self.training_timeout_hours:
-            timeout = round(self.training_timeout_hours * 3600)
-        else:
-            timeout = accelerators.estimate(trainer_config, self.machine).timeout_seconds
+            return round(self.training_timeout_hours * 3600)
+        return accelerators.timeout_for(hours * 3600)
+
+    def scheduling(self, timeout_seconds: int) -> dict:
+        """A job's ``scheduling``: its timeout, restart on a worker's restart (the trainer resumes from its last
+        checkpoint), and the provisioning strategy."""
         return {
-            "timeout": f"{timeout}s",
+            "timeout": f"{timeout_seconds}s",
             "restart_job_on_worker_restart": True,
             **PROVISIONING.build(self.provisioning),
         }
 
-    def vertex_training_config(self, trainer_config, pipeline_name: str, labels: dict[str, str]) -> dict:
-        """``custom_config`` entries of the Vertex Trainer: a custom job on the accelerator's worker pools."""
-        from tfx import v1 as tfx
-
-        vertex = tfx.extensions.google_cloud_ai_platform
-        pools = self.machine.worker_pool_specs(self.training_image)
+    def _job_args(self, pools: list[dict], timeout_seconds: int, display_name: str, labels: dict) -> dict:
         if self.reservation:
             for pool in pools:
                 pool["machine_spec"]["reservation_affinity"] = {
@@ -216,19 +214,60 @@ class CloudSettings:
                     "key": "compute.googleapis.com/reservation-name",
                     "values": [self.reservation],
                 }
-        job_spec = {"worker_pool_specs": pools, "scheduling": self.scheduling(trainer_config)}
+        job_spec = {"worker_pool_specs": pools, "scheduling": self.scheduling(timeout_seconds)}
         if self.service_account:
             job_spec["service_account"] = self.service_account
         if self.network:
             job_spec["network"] = self.network
-        training_args = {
-            "project": self.project,
-            "display_name": f"{pipeline_name}-trainer",
-            "labels": labels,
-            "job_spec": job_spec,
-        }
+        return {"project": self.project, "display_name": display_name, "labels": labels, "job_spec": job_spec}
+
+    def vertex_training_config(self, trainer_config, pipeline_name: str, labels: dict[str, str]) -> dict:
+        """``custom_config`` entries of the Vertex Trainer: a custom job on the accelerator's worker pools."""
+        from tfx import v1 as tfx
+
+        from pipeline import accelerators
+
+        vertex = tfx.extensions.google_cloud_ai_platform
+        hours = accelerators.estimate(trainer_config, self.machine).hours
+        pools = self.machine.worker_pool_specs(self.training_image)
         return {
             vertex.ENABLE_VERTEX_KEY: True,
             vertex.VERTEX_REGION_KEY: self.region,
-            vertex.TRAINING_ARGS_KEY: training_args,
+            vertex.TRAINING_ARGS_KEY: self._job_args(
+                pools, self.timeout_seconds(hours), f"{pipeline_name}-trainer", labels
+            ),
+        }
+
+    def vertex_tuning_config(
+        self, trainer_config, pipeline_name: str, labels: dict[str, str], parallel_trials: int, epochs: int
+    ) -> dict:
+        """``custom_config`` entries of the Vertex Tuner: one custom job of ``parallel_trials`` machines of the
+        accelerator (the chief runs the search's oracle and trials, each worker trials), for a search that
+        trains ``epochs`` epochs in all.
+
+        Raises:
+          AcceleratorMismatch: the accelerator is several machines: Vertex runs each trial on one.
+        """
+        from tfx import v1 as tfx
+
+        from pipeline import accelerators
+
+        machine = self.machine
+        if machine.machines > 1:
+            raise accelerators.AcceleratorMismatch(
+                f"--tune: Vertex runs each tuning trial on one machine and {machine.describe()} is "
+                f"{machine.machines}; tune a one-machine config, or tune with python -m trainer_module tune"
+            )
+        if parallel_trials < 1:
+            raise ValueError(f"--tune-parallel-trials {parallel_trials} must be at least 1")
+        vertex = tfx.extensions.google_cloud_ai_platform
+        per_epoch = accelerators.estimate(trainer_config, machine).hours / trainer_config.loop.train_epochs
+        hours = per_epoch * epochs / parallel_trials
+        pools = machine.worker_pool_specs(self.training_image, replicas=parallel_trials)
+        return {
+            vertex.ENABLE_VERTEX_KEY: True,
+            vertex.VERTEX_REGION_KEY: self.region,
+            vertex.experimental.TUNING_ARGS_KEY: self._job_args(
+                pools, self.timeout_seconds(hours), f"{pipeline_name}-tuner", labels
+            ),
         }

@@ -93,12 +93,24 @@ class VertexPush:
 
 @dataclasses.dataclass(frozen=True)
 class Compiled:
-    """What ``plan_pipeline`` resolved: the trainer config and the runtime parameters' default values."""
+    """What ``plan_pipeline`` resolved: the trainer config, the runtime parameters' default values and the
+    tuning step (``Tuning``, or None without ``--tune``)."""
 
     preset: object
     trainer_config: object
     sharding: object
     defaults: dict
+    tuning: Tuning | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Tuning:
+    """The Tuner step of a compiled pipeline: its search settings (``trainer_module.tfx_trainer.TUNING_KEY``;
+    the trials' directory under the pipeline root), its parallel trials, and the epochs it trains in all."""
+
+    settings: dict
+    parallel_trials: int
+    epochs: int
 
 
 def fitted_trainer_config(preset, machine, overrides: list[str]):
@@ -112,7 +124,12 @@ def fitted_trainer_config(preset, machine, overrides: list[str]):
 
 
 def plan_pipeline(
-    preset_name: str, settings: CloudSettings, inputs: dict, overrides: list[str], params: dict
+    preset_name: str,
+    settings: CloudSettings,
+    inputs: dict,
+    overrides: list[str],
+    params: dict,
+    tune: dict | None = None,
 ):
     """Resolves and checks everything a compilation needs, before anything is written.
 
@@ -146,7 +163,23 @@ def plan_pipeline(
         config,
         [f"loop.train_epochs={defaults['train_epochs']}", f"loop.target_top1={defaults['target_top1']}"],
     )
-    return Compiled(preset, config, sharding, defaults)
+    return Compiled(preset, config, sharding, defaults, _tuning(config, settings, tune))
+
+
+def _tuning(config, settings: CloudSettings, tune: dict | None) -> Tuning | None:
+    """The Tuner step of ``--tune`` (``tune``: ``search``, ``max_epochs``, ``max_trials``,
+    ``parallel_trials``), its search checked against the config; None without ``--tune``."""
+    if tune is None:
+        return None
+    from trainer_module import tuning
+
+    tune = dict(tune)
+    parallel = tune.pop("parallel_trials")
+    tune["max_epochs"] = tune["max_epochs"] or max(1, config.loop.train_epochs // 10)
+    search = tuning.search_of_config(config, ("<shards>",), ("<shards>",), **tune)
+    root = settings.pipeline_root.rstrip("/")
+    directory = f"{root}/tuning/{pipeline_name(config.name)}"
+    return Tuning({**tune, "directory": directory}, parallel, search.planned_trials_and_epochs()[1])
 
 
 def pipeline_name(preset_name: str) -> str:
@@ -198,7 +231,26 @@ def build_pipeline(
             pipeline_def.EVALUATOR_STEP: settings.evaluator_workers.args(),
         },
         compare_with_latest_blessed=not for_kubeflow,
+        **_tuner_arguments(compiled, settings, name, labels),
     )
+
+
+def _tuner_arguments(compiled: Compiled, settings: CloudSettings, name: str, labels: dict) -> dict:
+    """``create_pipeline``'s tuning arguments: TFX's Vertex Tuner, trials in parallel on the accelerator."""
+    tuning = compiled.tuning
+    if tuning is None:
+        return {}
+    from components import runtime_gate
+
+    config = settings.vertex_tuning_config(
+        compiled.trainer_config, name, labels, tuning.parallel_trials, tuning.epochs
+    )
+    return {
+        "tuning": tuning.settings,
+        "tuner_class": runtime_gate.VertexTuner,
+        "tuner_custom_config": config,
+        "parallel_trials": tuning.parallel_trials,
+    }
 
 
 def scope_baseline_query(spec: dict, name: str) -> int:
@@ -334,6 +386,19 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--preset", default="b0-rmsprop-8x2048")
     for key in INPUT_KEYS:
         run.add_argument(f"--{key.replace('_', '-')}", default="")
+    tune = parser.add_argument_group(
+        "tuning (a Tuner step: trials on the accelerator's machines, in parallel)"
+    )
+    tune.add_argument("--tune", action="store_true", help="search hyperparameters before training")
+    tune.add_argument("--tune-search", default="hyperband", help="hyperband, bayesian or random")
+    tune.add_argument(
+        "--tune-max-epochs",
+        type=int,
+        default=0,
+        help="every trial's schedule in epochs (default: a tenth of the run's)",
+    )
+    tune.add_argument("--tune-max-trials", type=int, default=10, help="trials of a bayesian or random search")
+    tune.add_argument("--tune-parallel-trials", type=int, default=2, help="machines running trials at once")
     run.add_argument("--set", dest="overrides", action="append", default=[], metavar="FIELD=VALUE")
     run.add_argument(
         "--param", dest="params", action="append", default=[], metavar="NAME=VALUE",
@@ -458,7 +523,15 @@ def run(args) -> int:
         raise ValueError("--vertex-endpoint needs --serving-image (a Vertex prediction image for TensorFlow)")
     inputs = {key: getattr(args, key) for key in INPUT_KEYS if getattr(args, key)}
     params = parse_params(args.params)
-    compiled = plan_pipeline(args.preset, settings, inputs, args.overrides, params)
+    tune = None
+    if args.tune:
+        tune = {
+            "search": args.tune_search,
+            "max_epochs": args.tune_max_epochs,
+            "max_trials": args.tune_max_trials,
+            "parallel_trials": args.tune_parallel_trials,
+        }
+    compiled = plan_pipeline(args.preset, settings, inputs, args.overrides, params, tune)
     push = VertexPush(args.vertex_endpoint, args.serving_image) if args.vertex_endpoint else None
     for image in settings.images_by_tag():
         print(

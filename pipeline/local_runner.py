@@ -27,6 +27,8 @@ warnings.filterwarnings("ignore", category=FutureWarning)
 from beam_preprocess import console  # noqa: E402
 
 NOT_BLESSED_EXIT = 3
+# A trial's schedule when tuning on this machine: a few epochs, so that the demo's search takes minutes.
+TUNE_MAX_EPOCHS = 6
 LOG_DIR = "logs"
 EMBEDDED_DIR = "embedded_data"
 SETUP_FILE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "setup.py")
@@ -61,6 +63,17 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--beam-workers", type=int, default=2, help="DirectRunner worker threads for sharding"
     )
+    tune = parser.add_argument_group(
+        "tuning (a Tuner step before the Trainer, which trains with its best values)"
+    )
+    tune.add_argument(
+        "--tune", action="store_true", help="search hyperparameters first (TFX Tuner + KerasTuner)"
+    )
+    tune.add_argument("--tune-search", default="hyperband", help="hyperband, bayesian or random")
+    tune.add_argument(
+        "--tune-max-epochs", type=int, default=TUNE_MAX_EPOCHS, help="the schedule of every trial, in epochs"
+    )
+    tune.add_argument("--tune-max-trials", type=int, default=6, help="trials of a bayesian or random search")
     parser.add_argument(
         "--verbose",
         action="store_true",
@@ -167,6 +180,17 @@ def main(argv: list[str] | None = None) -> int:
             raise
 
 
+def tuning_settings(args) -> dict | None:
+    """The Tuner's search settings of ``--tune`` (``trainer_module.tfx_trainer.TUNING_KEY``), or None."""
+    if not args.tune:
+        return None
+    return {
+        "search": args.tune_search,
+        "max_epochs": args.tune_max_epochs,
+        "max_trials": args.tune_max_trials,
+    }
+
+
 def preflight(args, preset):
     """Everything checked before any work: overrides, inputs, the pipeline root (created last, so that a
     failed check leaves nothing behind). Returns the sharding config and the trainer config.
@@ -187,6 +211,14 @@ def preflight(args, preset):
         raise console.UsageError("--beam-workers", args.beam_workers, "must be at least 1")
     if args.max_failures < 0:
         raise console.UsageError("--max-failures", args.max_failures, "must be at least 0")
+    tuning = tuning_settings(args)
+    if tuning is not None:
+        from trainer_module import tuning as tuning_module
+
+        try:
+            tuning_module.search_of_config(trainer_config, ("<shards>",), ("<shards>",), **tuning)
+        except (TypeError, ValueError) as e:
+            raise console.UsageError("", "", "--tune: " + console.one_line(e)) from None
     inputs = {"train_archive": args.train_archive, "val_archive": args.val_archive}
     inputs.update(train_dir=args.train_dir, val_dir=args.val_dir)
     for name, path in inputs.items():
@@ -245,6 +277,7 @@ def run(args, session: console.Session) -> int:
             metadata_path
         ),
         beam_pipeline_args=beam_args,
+        tuning=tuning_settings(args),
     )
     steps = StepLines(len(pipeline.components))
     logging.getLogger().addHandler(steps)

@@ -20,10 +20,19 @@ class Outcome:
     pushed_destination: str | None
     model_uri: str | None
     model_run_uri: str | None = None  # the Trainer's model directory: metrics.json, report.html, TensorBoard
+    tuned: dict = dataclasses.field(
+        default_factory=dict
+    )  # settings a Tuner step chose (config.json's "tuned")
 
     def report(self) -> str:
         top1 = "unknown" if self.top1 is None else f"{self.top1:.4f}"
-        lines = [f"top-1 on the validation split: {top1} (target {self.target_top1:.4f})"]
+        lines = []
+        if self.tuned:
+            values = " ".join(
+                f"{key.rpartition('.')[2]}={value:.4g}" for key, value in sorted(self.tuned.items())
+            )
+            lines.append(f"trained with the Tuner's values: {values}")
+        lines.append(f"top-1 on the validation split: {top1} (target {self.target_top1:.4f})")
         if self.blessed:
             lines.append("model BLESSED by the Evaluator")
         else:
@@ -45,6 +54,10 @@ class Outcome:
             "blessed by the Evaluator": self.blessed,
             "pushed to": self.pushed_destination if self.pushed else "nothing pushed",
         }
+
+
+def _short(value) -> str:
+    return f"{value:.4g}" if isinstance(value, float) else str(value)
 
 
 def _store(metadata_path: str) -> metadata_store.MetadataStore:
@@ -104,4 +117,13 @@ def read_outcome(metadata_path: str, pipeline_name: str, target_top1: float) -> 
         pushed_destination=destination,
         model_uri=model.uri if model else None,
         model_run_uri=model_run.uri if model_run else None,
+        tuned=_tuned(model_run.uri) if model_run else {},
     )
+
+
+def _tuned(model_run_uri: str) -> dict:
+    """The settings a Tuner chose for the run in ``model_run_uri`` (its config.json), or {}."""
+    from trainer_module import files
+
+    path = files.join(model_run_uri, "config.json")
+    return dict(files.read_json(path).get("tuned") or {}) if files.exists(path) else {}

@@ -19,6 +19,8 @@ from trainer_module import export, tfx_trainer
 from trainer_module.config import TrainerConfig
 
 RUN_FN = "trainer_module.tfx_trainer.run_fn"
+TUNER_FN = "trainer_module.tfx_trainer.tuner_fn"
+TUNER_STEP = "Tuner"
 TOP1 = "sparse_categorical_accuracy"
 TOP5 = "top5_accuracy"
 SHARDING_STEP = "ImageNetShardGen"
@@ -78,6 +80,10 @@ def create_pipeline(
     extra_pusher=None,
     step_beam_args: dict[str, list[str]] | None = None,
     compare_with_latest_blessed: bool = True,
+    tuning: dict | None = None,
+    tuner_class=None,
+    tuner_custom_config: dict | None = None,
+    parallel_trials: int = 1,
 ) -> tfx.dsl.Pipeline:
     """The whole pipeline.
 
@@ -100,6 +106,12 @@ def create_pipeline(
         channel, blessing channel): the Vertex runner's push to the Vertex AI Model Registry and an endpoint.
       step_beam_args: Beam options of one Beam step, by component id (``SHARDING_STEP``, ``EVALUATOR_STEP``),
         added to ``beam_pipeline_args``: each step's own Dataflow workers.
+      tuning: when given, a Tuner step searches hyperparameters first, each trial a run of the trainer on
+        the shards (``trainer_module.tfx_trainer.tuner_fn``; the search's settings, ``TUNING_KEY``), and the
+        Trainer trains with the best values it found.
+      tuner_class / tuner_custom_config / parallel_trials: the Tuner component (TFX's; the Vertex runner
+        passes TFX's Vertex Tuner, whose trials run in parallel on the accelerator's machines), its extra
+        ``custom_config`` entries and its parallel trials.
       compare_with_latest_blessed: look up the latest blessed model (a TFX resolver node) as the Evaluator's
         baseline, so a model worse than it is not blessed. Open-source Kubeflow Pipelines runs no resolver
         node: without one the gate is the target top-1 alone.
@@ -115,6 +127,26 @@ def create_pipeline(
     shards = ImageNetShardGen(sharding_config=sharding.to_json(), **runtime).with_id(SHARDING_STEP)
     if step_args.get(SHARDING_STEP):
         shards.with_beam_pipeline_args(step_args[SHARDING_STEP])
+    tuners = []
+    if tuning is not None:
+        # TFX's own Tuner runs one search in its executor and refuses TuneArgs; the Vertex Tuner takes them.
+        parallel = (
+            {"tune_args": tfx.proto.TuneArgs(num_parallel_trials=parallel_trials)} if tuner_class else {}
+        )
+        tuners.append(
+            (tuner_class or tfx.components.Tuner)(
+                tuner_fn=TUNER_FN,
+                examples=shards.outputs["examples"],
+                train_args=tfx.proto.TrainArgs(splits=[schema.TRAIN]),
+                eval_args=tfx.proto.EvalArgs(splits=[schema.VALIDATION]),
+                **parallel,
+                custom_config={
+                    tfx_trainer.CONFIG_KEY: trainer_config.to_json(),
+                    tfx_trainer.TUNING_KEY: tuning,
+                    **(tuner_custom_config or {}),
+                },
+            ).with_id(TUNER_STEP)
+        )
     custom_config = {tfx_trainer.CONFIG_KEY: trainer_config.to_json(), **(trainer_custom_config or {})}
     trainer = trainer_class(
         examples=shards.outputs["examples"],
@@ -124,6 +156,7 @@ def create_pipeline(
         custom_config=custom_config,
         train_epochs=epochs,
         target_top1=gate,
+        hyperparameters=tuners[0].outputs["best_hyperparameters"] if tuners else None,
     ).with_id("Trainer")
     baseline = []
     if compare_with_latest_blessed:
@@ -159,7 +192,7 @@ def create_pipeline(
     return tfx.dsl.Pipeline(
         pipeline_name=pipeline_name,
         pipeline_root=pipeline_root,
-        components=[shards, trainer, *baseline, evaluator, *pushers],
+        components=[shards, *tuners, trainer, *baseline, evaluator, *pushers],
         enable_cache=enable_cache,
         metadata_connection_config=metadata_connection_config,
         beam_pipeline_args=beam_pipeline_args or [],

@@ -138,3 +138,28 @@ def test_paper_presets_shard_for_their_hosts():
     assert (preset.num_hosts, preset.train_shards % 128, preset.val_shards % 128) == (128, 0, 0)
     assert preset.target_top1 == 0.830
     assert presets.get("demo").target_top1 == 0.95
+
+
+@pytest.mark.slow
+def test_tuning_step_chooses_the_values_the_trainer_trains_with(tmp_path):
+    """``--tune``: a Tuner step (TFX's, with KerasTuner) runs trials of the trainer on the shards, and the
+    Trainer trains with the best trial's values; the console and the run's config.json say which."""
+    tune = ["--tune", "--tune-search", "random", "--tune-max-trials", "2", "--tune-max-epochs", "1"]
+    result = _run_cli("--pipeline-root", tmp_path, "--preset", "smoke", *tune)
+    assert result.returncode == 0, result.stderr[-3000:]
+    out = result.stdout
+    assert re.search(r"^\[\d/\d\] Tuner: done in ", out, re.M) and "Search space summary" not in out
+    store = _store(tmp_path)
+    (hyperparameters,) = store.get_artifacts_by_type("HyperParameters")
+    with open(pathlib.Path(hyperparameters.uri) / "best_hyperparameters.txt") as f:
+        best = json.load(f)["values"]
+    model_run = max(store.get_artifacts_by_type("ModelRun"), key=lambda a: a.id)
+    with open(pathlib.Path(model_run.uri) / "config.json") as f:
+        saved = json.load(f)
+    tuned = saved["tuned"]
+    assert tuned and set(tuned) <= set(best)
+    # The smoke trials' schedule is the run's own (1 epoch), so the values apply unscaled.
+    assert {key: best[key] for key in tuned} == tuned
+    assert saved["config"]["schedule"]["lr_per_256"] == best["schedule.lr_per_256"]
+    (line,) = [line for line in out.splitlines() if line.startswith("trained with the Tuner's values: ")]
+    assert "lr_per_256=" in line

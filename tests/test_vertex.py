@@ -682,3 +682,43 @@ def test_a_run_kubeflow_refuses_is_one_line(tmp_path, template_file, kfp_server,
         f"error: Kubeflow Pipelines at {kfp_server.host} refused the run: Failed to compile job"
     )
     assert kfp_server.runs == []
+
+
+# ---- tuning on Vertex --------------------------------------------------------------------------------------
+
+
+def test_tuning_compiles_to_a_vertex_job_of_parallel_trials_feeding_the_trainer(tmp_path):
+    code, output = _compile(tmp_path, "--tune", "--tune-parallel-trials", "3", "--tune-max-epochs", "35")
+    assert code == 0
+    job = _job(output)
+    tasks = job["pipelineSpec"]["root"]["dag"]["tasks"]
+    executor = job["pipelineSpec"]["deploymentSpec"]["executors"]["Tuner_executor"]["container"]["args"]
+    assert executor[:2] == ["--executor_class_path", "components.runtime_gate.VertexTunerExecutor"]
+    custom = json.loads(tasks["Tuner"]["inputs"]["parameters"]["custom_config"]["runtimeValue"]["constant"])
+    tuning_args = custom["ai_platform_tuning_args"]
+    pools = tuning_args["job_spec"]["worker_pool_specs"]
+    assert [pool["replica_count"] for pool in pools] == [1, 2]  # a machine per parallel trial
+    assert {pool["container_spec"]["image_uri"] for pool in pools} == {TRAINER_IMAGE}
+    assert pools[0]["machine_spec"]["accelerator_type"] == "TPU_V3"
+    assert tuning_args["display_name"] == "effnet-b0-rmsprop-8x2048-tuner"
+    assert custom["tuning"]["directory"] == "gs://my-bucket/pipelines/tuning/effnet-b0-rmsprop-8x2048"
+    assert custom["tuning"]["max_epochs"] == 35
+    # The Trainer trains with what the Tuner found.
+    hyperparameters = tasks["Trainer"]["inputs"]["artifacts"]["hyperparameters"]["taskOutputArtifact"]
+    assert hyperparameters == {"outputArtifactKey": "best_hyperparameters", "producerTask": "Tuner"}
+
+
+@pytest.mark.parametrize(
+    "extra,message",
+    [
+        (["--accelerator", "gpu-h100x8", "--machines", "2", "--set", "data.num_cores=16"],
+         "--tune: Vertex runs each tuning trial on one machine and 2 x gpu-h100x8 is 2"),
+        (["--tune-search", "grid"], "--search='grid' is not one of 'hyperband'"),
+        (["--tune-parallel-trials", "0"], "--tune-parallel-trials 0 must be at least 1"),
+    ],
+)  # fmt: skip
+def test_tuning_that_vertex_cannot_run_is_refused_at_compile_time(tmp_path, capsys, extra, message):
+    code, output = _compile(tmp_path, "--tune", *extra)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and message in err[-1], err
+    assert not output.exists()

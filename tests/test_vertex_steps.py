@@ -255,6 +255,21 @@ def test_sharding_step_reads_and_writes_gcs(gcs_bucket, clean_archives, tmp_path
     assert manifest.split(schema.VALIDATION).num_examples == len(clean_archives.validation)
 
 
+def smoke_run(out_dir, clean_archives, *extra) -> LocalRun:
+    """The smoke preset compiled for CPU machines with ``extra`` flags, to be run on a local root."""
+    output = os.path.join(out_dir, "effnet.json")
+    argv = [
+        "--output", output, "--project", PROJECT, "--region", REGION, "--pipeline-root", "gs://b/p",
+        "--image", PIPELINE_IMAGE, "--trainer-image", TRAINER_IMAGE, "--accelerator", "cpu", "--preset", "smoke",
+        "--train-archive", clean_archives.train_archive, "--val-archive", clean_archives.val_archive,
+        "--param", "target_top1=0.0", *extra,
+    ]  # fmt: skip
+    assert kubeflow_v2_runner.main(argv) == 0
+    with open(output) as f:
+        job = json.load(f)
+    return LocalRun(job, out_dir, kfp_launcher.runtime_parameters(job))
+
+
 def _wait_for(predicate, what: str, timeout: float = 300.0, process=None) -> None:
     import time
 
@@ -306,18 +321,8 @@ def test_multi_worker_training_through_the_cloud_executor(tmp_path, clean_archiv
     command names, with the TF_CONFIG Vertex sets (chief + worker 0), MultiWorkerMirroredStrategy over loopback.
     Only the chief writes the model; the worker's executor ends without TFX's model check, whichever finishes
     first, and the job succeeds."""
-    output = os.path.join(tmp_path, "effnet.json")
-    argv = [
-        "--output", output, "--project", PROJECT, "--region", REGION, "--pipeline-root", "gs://b/p",
-        "--image", PIPELINE_IMAGE, "--trainer-image", TRAINER_IMAGE, "--accelerator", "cpu", "--machines", "2",
-        "--set", "data.num_cores=2", "--preset", "smoke", "--train-archive", clean_archives.train_archive,
-        "--val-archive", clean_archives.val_archive, "--param", "train_shards=2", "--param", "val_shards=2",
-        "--param", "target_top1=0.0",
-    ]  # fmt: skip
-    assert kubeflow_v2_runner.main(argv) == 0
-    with open(output) as f:
-        job = json.load(f)
-    run = LocalRun(job, tmp_path, kfp_launcher.runtime_parameters(job))
+    run = smoke_run(tmp_path, clean_archives, "--machines", "2", "--set", "data.num_cores=2",
+                    "--param", "train_shards=2", "--param", "val_shards=2")  # fmt: skip
     shards = run.run(SHARDS)
     vertex = tmp_path / "vertex"
     trainer = run.run(TRAINER, [shards], wrapper=fake_vertex.wrapper(str(vertex)))
@@ -331,3 +336,33 @@ def test_multi_worker_training_through_the_cloud_executor(tmp_path, clean_archiv
     with open(os.path.join(trainer.artifact("model_run")["uri"], "metrics.json")) as f:
         metrics = json.load(f)
     assert metrics["replicas"] == 2
+
+
+@pytest.mark.slow
+def test_tuning_step_runs_parallel_trials_as_a_vertex_job_and_the_trainer_takes_the_best(
+    tmp_path, clean_archives
+):
+    """``--tune``: the compiled Tuner task starts one Vertex job of two machines (TFX's tuning flock: the
+    chief runs the search's oracle and trials, the worker trials), each trial a run of the trainer; the
+    Trainer task then trains with the best values."""
+    tune = ["--tune", "--tune-search", "random", "--tune-max-trials", "2", "--tune-max-epochs", "1"]
+    run = smoke_run(tmp_path, clean_archives, *tune, "--tune-parallel-trials", "2")
+    shards = run.run(SHARDS)
+    vertex = tmp_path / "vertex"
+    tuner = run.run("Tuner", [shards], wrapper=fake_vertex.wrapper(str(vertex)))
+    with open(vertex / fake_vertex.RECORD_FILE.format(n=1)) as f:
+        custom_job = json.load(f)["custom_job"]
+    pools = custom_job["job_spec"]["worker_pool_specs"]
+    assert [pool["replica_count"] for pool in pools] == [1, 1]
+    assert (
+        "tfx.extensions.google_cloud_ai_platform.tuner.executor._WorkerExecutor"
+        in pools[0]["container_spec"]["command"]
+    )
+    assert custom_job["display_name"].startswith("effnet-smoke-tuner-")
+    best_file = os.path.join(tuner.artifact("best_hyperparameters")["uri"], "best_hyperparameters.txt")
+    with open(best_file) as f:
+        best = json.load(f)["values"]
+    trainer = run.run(TRAINER, [shards, tuner], wrapper=fake_vertex.wrapper(str(tmp_path / "vertex-train")))
+    with open(os.path.join(trainer.artifact("model_run")["uri"], "config.json")) as f:
+        tuned = json.load(f)["tuned"]
+    assert tuned and {key: best[key] for key in tuned} == tuned

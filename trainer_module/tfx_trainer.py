@@ -68,6 +68,9 @@ def tuner_fn(fn_args):
 
     config = config_from_fn_args(fn_args)
     settings = dict((fn_args.custom_config or {}).get(TUNING_KEY) or {})
-    directory = settings.pop("directory", None) or fn_args.working_dir
+    root = settings.pop("directory", None)
     search = tuning.search_of_config(config, fn_args.train_files, fn_args.eval_files, **settings)
+    # Under a given root, each search has a directory of its own (named by what makes it that search): every
+    # replica of a parallel search finds the same one, and a retried execution resumes it.
+    directory = files.join(root, tuning.search_digest(search)) if root else fn_args.working_dir
     return TunerFnResult(tuner=tuning.build_tuner(search, directory), fit_kwargs={})

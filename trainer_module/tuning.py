@@ -35,6 +35,7 @@ import ctypes
 import dataclasses
 import io
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -582,6 +583,27 @@ class TrainerTuner(keras_tuner.Tuner):
             super().__init__(oracle=oracle, directory=directory, project_name=PROJECT)
         self.oracle.verbose = 0
 
+    def search(self, *args, **kwargs):
+        super().search(*args, **kwargs)
+        if not self.holds_oracle:
+            return
+        # The chief of a parallel search serves the oracle and runs no trial itself: its summaries come here.
+        write_summaries(self)
+        # TFX's Tuner lists the oracle's best ``max_trials`` trials, which Hyperband leaves unset: all of them.
+        if self.oracle.max_trials is None:
+            self.oracle.max_trials = len(self.oracle.trials)
+
+    # KerasTuner prints its summaries; the pipeline's console is ours: they go to the log.
+    def search_space_summary(self, extended=False):
+        with contextlib.redirect_stdout(io.StringIO()) as text:
+            super().search_space_summary(extended)
+        logging.getLogger("trainer_module").info("%s", text.getvalue())
+
+    def results_summary(self, num_trials=10):
+        with contextlib.redirect_stdout(io.StringIO()) as text:
+            super().results_summary(num_trials)
+        logging.getLogger("trainer_module").info("%s", text.getvalue())
+
     # -- one trial
 
     def run_trial(self, trial, *args, **kwargs):
@@ -643,10 +665,17 @@ class TrainerTuner(keras_tuner.Tuner):
 
     # -- the account
 
+    @property
+    def holds_oracle(self) -> bool:
+        """Whether this process holds the search's oracle (not a worker of a parallel search, whose oracle is
+        a client of the chief's)."""
+        return isinstance(self.oracle, keras_tuner.Oracle)
+
     def on_trial_end(self, trial):
         super().on_trial_end(trial)  # the oracle scores and saves the trial
         summary = self.trial_summary(self.oracle.get_trial(trial.trial_id))
-        write_summaries(self)
+        if self.holds_oracle:
+            write_summaries(self)
         if self.report:
             self.report(summary)
 
@@ -712,6 +741,13 @@ def claim_directory(search: Search, directory: str) -> None:
         raise ValueError(
             f"{directory} holds another search (its {', '.join(changed)} differ); give a new directory"
         )
+
+
+def search_digest(search: Search) -> str:
+    """A short name of what makes ``search`` that search (its ``identity``): same search, same digest."""
+    import hashlib
+
+    return hashlib.sha256(json.dumps(search.identity(), sort_keys=True).encode()).hexdigest()[:16]
 
 
 def build_tuner(search: Search, directory: str, report=None) -> TrainerTuner:
