@@ -27,7 +27,7 @@ if __name__ == "__main__" and lean_imports.runs_on_direct_runner(sys.argv[1:]):
     # connectors sharding does not use (about 2 s of every start).
     lean_imports.install()
 
-from beam_preprocess import console, schema, sources, spill, storage  # noqa: E402
+from beam_preprocess import classes, console, schema, sources, spill, storage  # noqa: E402
 from beam_preprocess.config import ShardingConfig  # noqa: E402
 from beam_preprocess.run import FailureBudgetExceeded, OutputExistsError, leftovers_message, run  # noqa: E402
 
@@ -59,6 +59,19 @@ def build_parser() -> argparse.ArgumentParser:
     out.add_argument("--shard-mb", type=float, default=128.0, help="target shard size in MiB (default 128)")
     out.add_argument("--seed", type=int, default=0, help="seed of the training split's shuffle")
     out.add_argument("--overwrite", action="store_true", help="replace the shards of an earlier run")
+    labels = parser.add_argument_group("labels")
+    labels.add_argument(
+        "--classes",
+        default=None,
+        help=f"what labels number, one of {', '.join(classes.CLASS_LISTS.names())}: 'imagenet' (default: the "
+        "1000 ILSVRC2012 synsets, labels 0..999), 'found' (the sorted synsets of the training input, labels "
+        "0..K-1), 'file' (the synsets of --classes-file, in its order)",
+    )
+    labels.add_argument(
+        "--classes-file",
+        default="",
+        help="one wnid a line, in label order ('#' comments and blank lines skipped); implies --classes file",
+    )
     checks = parser.add_argument_group("failures")
     checks.add_argument(
         "--max-failures",
@@ -116,9 +129,17 @@ def preflight(args) -> ShardingConfig:
             members_per_unit=args.members_per_unit,
             check_threads=args.check_threads,
             overwrite=args.overwrite,
+            classes=args.classes or (classes.FILE if args.classes_file else classes.IMAGENET),
+            classes_file=args.classes_file,
         )
     except ValueError as e:
         raise console.UsageError("", "", console.one_line(e)) from None  # the message names the option
+    if args.classes_file:
+        console.check_file("--classes-file", args.classes_file)
+        try:
+            classes.parse_class_list(storage.read_text(args.classes_file))
+        except ValueError as e:  # a UnicodeDecodeError too
+            raise console.UsageError("--classes-file", args.classes_file, console.one_line(e)) from None
     for flag, path in (("--train-archive", args.train_archive), ("--val-archive", args.val_archive)):
         if path:
             console.check_file(flag, path)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 
+from beam_preprocess import classes as class_lists
 from beam_preprocess import schema, sources, storage
 
 
@@ -29,6 +30,11 @@ class ShardingConfig:
         on); the output is the same for any number (``beam_preprocess.threads``).
       split_dir_template: directory of a split's shards under ``output_dir`` (``Split-{split}`` for TFX).
       overwrite: replace shards and manifest left by an earlier run in ``output_dir``.
+      classes: what the labels number (``beam_preprocess.classes``): 'imagenet' (the 1000 ILSVRC2012 synsets,
+        labels 0..999), 'found' (the sorted synsets of the training input, labels 0..K-1; needs a training
+        archive or directory) or 'file' (the synsets of ``classes_file`` in its order). An image whose
+        synset is not a class is a failure.
+      classes_file: with ``classes='file'``: one wnid a line, in label order (any Beam file system).
     """
 
     output_dir: str
@@ -47,6 +53,8 @@ class ShardingConfig:
     check_threads: int = 0
     split_dir_template: str = "{split}"
     overwrite: bool = False
+    classes: str = class_lists.IMAGENET
+    classes_file: str = ""
 
     def __post_init__(self):
         if not self.output_dir:
@@ -79,6 +87,21 @@ class ShardingConfig:
             )
         if not self.input_specs():
             raise ValueError("no input: give train/val archives, train/val directories, or tfds_data_dir")
+        self._check_classes()
+
+    def _check_classes(self) -> None:
+        class_lists.CLASS_LISTS.check(self.classes)
+        if (self.classes == class_lists.FILE) != bool(self.classes_file):
+            raise ValueError(
+                f"classes='file' goes with classes_file (got classes={self.classes!r}, "
+                f"classes_file={self.classes_file!r})"
+            )
+        if self.classes == class_lists.FOUND and not (self.train_archive or self.train_dir):
+            raise ValueError(
+                "classes='found' takes the classes from the training input's <wnid>.tar members or <wnid>/ "
+                "directories: give train_archive or train_dir (a tensorflow-datasets imagenet2012 holds "
+                "ImageNet's 1000 classes: classes='imagenet')"
+            )
 
     def input_specs(self) -> list[sources.InputSpec]:
         specs = []

@@ -89,18 +89,23 @@ def check_and_fix(data: bytes) -> CheckedImage:
     return CheckedImage(out.getvalue(), height, width, fix)
 
 
-def build_example(image: CheckedImage, filename: str, synset: str) -> bytes:
-    """The serialized tf.train.Example of the reference schema (keys in ``beam_preprocess.schema``)."""
-    return b"".join(example_pieces(image, filename, synset))
+def build_example(image: CheckedImage, filename: str, synset: str, label: int | None = None) -> bytes:
+    """The serialized tf.train.Example of the reference schema (keys in ``beam_preprocess.schema``).
+
+    ``label``: the stored label (``beam_preprocess.classes``); None is the synset's ImageNet label.
+    """
+    return b"".join(example_pieces(image, filename, synset, label))
 
 
-def example_pieces(image: CheckedImage, filename: str, synset: str) -> list[bytes]:
+def example_pieces(image: CheckedImage, filename: str, synset: str, label: int | None = None) -> list[bytes]:
     """``build_example`` as pieces to write one after the other, the image's bytes uncopied among them."""
+    if label is None:
+        label = schema.LABEL_OFFSET + schema.synset_to_label()[synset]
     return tfrecord.example_pieces(
         {
             schema.IMAGE_ENCODED: image.jpeg,
             schema.IMAGE_FORMAT: b"JPEG",
-            schema.LABEL: schema.LABEL_OFFSET + schema.synset_to_label()[synset],
+            schema.LABEL: label,
             schema.SYNSET: synset.encode(),
             schema.HEIGHT: image.height,
             schema.WIDTH: image.width,

@@ -10,7 +10,8 @@ they are resolved against the directory the manifest was read from (``Manifest.d
 ``manifest.split("train").shards[0].path`` is a path a reader can open.
 
 Format history (``manifest_version``): version 1 is the only one. Fields added since it was first written
-(``label_offset``, ``num_classes``) are optional on reading, so manifests of earlier runs still parse.
+(``label_offset``, ``num_classes``, ``synsets``) are optional on reading, so manifests of earlier runs still
+parse: without ``synsets`` the classes are the 1000 ILSVRC2012 synsets in sorted order.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ MANIFEST_NAME = "manifest.json"
 MANIFEST_VERSION = 1
 FORMAT_TFRECORD = "tfrecord"
 COMPRESSION_NONE = "none"
+IMAGENET_CLASSES = 1000
 
 
 class ManifestError(ValueError):
@@ -51,11 +53,36 @@ class Failure:
 
 @dataclasses.dataclass(frozen=True)
 class LabelConvention:
-    """How ``image/class/label`` maps to synsets: label = offset + index in the sorted synset list."""
+    """How ``image/class/label`` maps to synsets: label = offset + index of the synset in the class list.
+
+    ``synsets`` is that list in label order when it is not ImageNet's (a run with ``classes=found`` or a class
+    file); None means the 1000 ILSVRC2012 synsets, sorted (``class_synsets`` resolves either).
+    """
 
     description: str
     offset: int = 0
-    num_classes: int = 1000
+    num_classes: int = IMAGENET_CLASSES
+    synsets: tuple[str, ...] | None = None
+
+    def __post_init__(self):
+        if self.synsets is not None:
+            if len(self.synsets) != self.num_classes:
+                raise ManifestError(f"num_classes {self.num_classes} but {len(self.synsets)} synsets listed")
+            if len(set(self.synsets)) != len(self.synsets):
+                raise ManifestError("a synset is listed twice among the classes")
+        elif self.num_classes != IMAGENET_CLASSES:
+            raise ManifestError(
+                f"num_classes {self.num_classes} without the synsets list (only ImageNet's "
+                f"{IMAGENET_CLASSES} classes go without one)"
+            )
+
+    def class_synsets(self) -> tuple[str, ...]:
+        """The synsets in label order: the listed ones, or the 1000 ILSVRC2012 synsets."""
+        if self.synsets is not None:
+            return self.synsets
+        from beam_preprocess import schema  # reads the list tensorflow-datasets ships, only when asked
+
+        return schema.synsets()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -126,22 +153,22 @@ class Manifest:
 
     def to_json(self) -> str:
         """The manifest.json text; shard paths under ``directory`` are written relative to it."""
-        return json.dumps(
-            {
-                "manifest_version": self.version,
-                "format": self.format,
-                "compression": self.compression,
-                "feature_keys": list(self.feature_keys),
-                "label_convention": self.label_convention.description,
-                "label_offset": self.label_convention.offset,
-                "num_classes": self.label_convention.num_classes,
-                "options": dict(self.options),
-                "splits": {name: _split_to_dict(s, self.directory) for name, s in self.splits.items()},
-                "failures": [dataclasses.asdict(f) for f in self.failures],
-            },
-            indent=2,
-            sort_keys=True,
-        )
+        labels = self.label_convention
+        values = {
+            "manifest_version": self.version,
+            "format": self.format,
+            "compression": self.compression,
+            "feature_keys": list(self.feature_keys),
+            "label_convention": labels.description,
+            "label_offset": labels.offset,
+            "num_classes": labels.num_classes,
+            "options": dict(self.options),
+            "splits": {name: _split_to_dict(s, self.directory) for name, s in self.splits.items()},
+            "failures": [dataclasses.asdict(f) for f in self.failures],
+        }
+        if labels.synsets is not None:  # ImageNet's 1000 go without a list, as before
+            values["synsets"] = list(labels.synsets)
+        return json.dumps(values, indent=2, sort_keys=True)
 
     @classmethod
     def from_json(cls, text: str, directory: str = "", source: str = "") -> Manifest:
@@ -171,7 +198,8 @@ class Manifest:
                 label_convention=LabelConvention(
                     description=str(values["label_convention"]),
                     offset=int(values.get("label_offset", 0)),
-                    num_classes=int(values.get("num_classes", 1000)),
+                    num_classes=int(values.get("num_classes", IMAGENET_CLASSES)),
+                    synsets=_synsets(values.get("synsets")),
                 ),
                 feature_keys=tuple(values["feature_keys"]),
                 options=dict(values.get("options", {})),
@@ -200,6 +228,14 @@ class Manifest:
         from beam_preprocess import storage
 
         storage.write_text(path, self.to_json())
+
+
+def _synsets(listed) -> tuple[str, ...] | None:
+    if listed is None:
+        return None
+    if not isinstance(listed, list) or not all(isinstance(wnid, str) for wnid in listed):
+        raise ManifestError(f"synsets must be a list of wnids, got {listed!r:.80}")
+    return tuple(listed)
 
 
 def _relative(path: str, directory: str) -> str:

@@ -2,7 +2,9 @@
 
 Stages (each a small DoFn with counters, composed by one ``ptransform_fn``):
 
-1. ``PlanUnitsFn``: one input (archive, directory, tfds dir) -> work units, reading tar headers only.
+1. ``PlanUnitsFn``: one input (archive, directory, tfds dir) -> work units, reading tar headers only. The
+   class list (``beam_preprocess.classes``: ImageNet's 1000, the training units' synsets, or a class file)
+   is built once planning is done and goes to the next stages as a side input.
 2. ``ProcessUnitFn``: one unit -> every image decoded, fixed if needed, and described in the unit's spill file
    (``beam_preprocess.spill``: where an untouched image sits in its archive and the Example's bytes around it,
    or the bytes of a re-encoded one), indexed in the unit's output order; what travels on is one ``UnitSpill``
@@ -33,8 +35,9 @@ import apache_beam as beam
 from apache_beam.metrics import Metrics
 
 from beam_preprocess import images, layout, schema, sources, spill, storage, threads
+from beam_preprocess.classes import CLASS_LISTS, ClassList, imagenet_classes
 from beam_preprocess.config import ShardingConfig
-from beam_preprocess.manifest import Failure, LabelConvention, Manifest, Shard, SplitManifest
+from beam_preprocess.manifest import Failure, Manifest, Shard, SplitManifest
 
 NAMESPACE = "beam_preprocess"
 
@@ -57,6 +60,24 @@ class PlanUnitsFn(beam.DoFn):
             self._units.inc()
             yield unit
         logging.info("planned %d work units from %s (%.1fs)", count, spec.path, time.time() - start)
+
+
+def training_synsets(unit: sources.WorkUnit) -> list[str]:
+    """The synset of a training unit that names one (an inner ``<wnid>.tar`` or a ``<wnid>/`` directory)."""
+    return [unit.synset] if unit.split == schema.TRAIN and unit.synset else []
+
+
+def build_class_list(config: ShardingConfig, found: list[str]) -> ClassList:
+    """The run's classes by ``config.classes``, given the synsets of the planned training units."""
+    return CLASS_LISTS.build(config.classes, config, found)
+
+
+def of_the_classes(items, classes: ClassList):
+    """``items``, those whose synset is not one of ``classes`` turned into failures saying so."""
+    for item in items:
+        if item.error is None and item.synset not in classes.labels:
+            item = dataclasses.replace(item, data=None, error=classes.not_a_class(item.synset))
+        yield item
 
 
 def check_item(item: sources.InputItem) -> tuple[images.CheckedImage | None, str | None]:
@@ -93,7 +114,9 @@ class ProcessUnitFn(beam.DoFn):
     def setup(self):
         self._threads = self._check_threads or threads.default_threads()  # the cores of the worker's machine
 
-    def process(self, unit: sources.WorkUnit):
+    def process(self, unit: sources.WorkUnit, classes: ClassList | None = None):
+        """``classes``: the run's class list (side input); None is ImageNet's 1000."""
+        classes = classes or imagenet_classes()
         start = time.time()
         spill_path = storage.join(self._temp_dir, unit.split, f"{unit.unit_id}.spill")
         stats = collections.Counter()
@@ -103,7 +126,7 @@ class ProcessUnitFn(beam.DoFn):
         with storage.open_write(spill_path) as f:
             writer = spill.SpillWriter(f)
             for item, (checked, error) in threads.ordered_map(
-                check_item, sources.read_unit(unit), self._threads
+                check_item, of_the_classes(sources.read_unit(unit), classes), self._threads
             ):
                 stats["read"] += 1
                 if item.error is None:
@@ -117,7 +140,7 @@ class ProcessUnitFn(beam.DoFn):
                 untouched = checked.jpeg is item.data
                 writer.add(
                     self._order_key(unit.split, item.filename),
-                    images.example_pieces(checked, item.filename, item.synset),
+                    images.example_pieces(checked, item.filename, item.synset, classes.labels[item.synset]),
                     checked.jpeg,
                     item.at if untouched else None,  # an untouched image is read again from its archive
                 )
@@ -221,16 +244,19 @@ class WriteManifestFn(beam.DoFn):
     def __init__(self, config: ShardingConfig):
         self._config = config
 
-    def process(self, _, shards, failures, stats):
-        manifest = build_manifest(self._config, shards, failures, stats)
+    def process(self, _, shards, failures, stats, classes: ClassList):
+        manifest = build_manifest(self._config, shards, failures, stats, classes)
         manifest.write(self._config.manifest_path)
         removed = storage.remove_tree(self._config.temp_dir)
         logging.info("deleted %d spill files under %s", removed, self._config.temp_dir)
         yield manifest
 
 
-def build_manifest(config: ShardingConfig, shards, failures, stats) -> Manifest:
-    """The manifest of a run; raises if any split's read count differs from written + failed."""
+def build_manifest(
+    config: ShardingConfig, shards, failures, stats, class_list: ClassList | None = None
+) -> Manifest:
+    """The manifest of a run (``class_list`` None: ImageNet's); raises if any split's read count differs from
+    written + failed."""
     totals = {split: collections.Counter() for split in schema.SPLITS}
     classes = {split: collections.Counter() for split in schema.SPLITS}
     for split, unit_stats, unit_classes in stats:
@@ -262,7 +288,7 @@ def build_manifest(config: ShardingConfig, shards, failures, stats) -> Manifest:
         )
     return Manifest(
         splits=splits,
-        label_convention=LabelConvention(schema.LABEL_CONVENTION, schema.LABEL_OFFSET, schema.NUM_CLASSES),
+        label_convention=(class_list or imagenet_classes()).label_convention(),
         feature_keys=tuple(schema.FEATURE_KEYS),
         options=dataclasses.asdict(config),
         failures=tuple(sorted(failures)),
@@ -273,15 +299,25 @@ def build_manifest(config: ShardingConfig, shards, failures, stats) -> Manifest:
 @beam.ptransform_fn
 def ShardImageNet(root, config: ShardingConfig):  # noqa: N802 - Beam transforms are named like classes
     """ImageNet inputs -> balanced TFRecord shards under ``config.output_dir``; yields the ``Manifest``."""
-    processed = (
+    units = (
         root
         | "Inputs" >> beam.Create(config.input_specs())
         | "PlanUnits" >> beam.ParDo(PlanUnitsFn(config.members_per_unit))
+    )
+    classes = beam.pvalue.AsSingleton(
+        units
+        | "TrainingSynsets" >> beam.FlatMap(training_synsets)
+        | "DistinctSynsets" >> beam.Distinct()
+        | "CollectSynsets" >> beam.combiners.ToList()
+        | "ClassList" >> beam.Map(lambda found: build_class_list(config, found))
+    )
+    processed = (
+        units
         | "SpreadUnits" >> beam.Reshuffle()
         | "ProcessUnits"
-        >> beam.ParDo(ProcessUnitFn(config.temp_dir, config.seed, config.check_threads)).with_outputs(
-            ProcessUnitFn.FAILURES, ProcessUnitFn.STATS, main="spills"
-        )
+        >> beam.ParDo(
+            ProcessUnitFn(config.temp_dir, config.seed, config.check_threads), classes
+        ).with_outputs(ProcessUnitFn.FAILURES, ProcessUnitFn.STATS, main="spills")
     )
     as_list = beam.pvalue.AsList
     layouts = (
@@ -304,5 +340,6 @@ def ShardImageNet(root, config: ShardingConfig):  # noqa: N802 - Beam transforms
             as_list(shards),
             as_list(processed[ProcessUnitFn.FAILURES]),
             as_list(processed[ProcessUnitFn.STATS]),
+            classes,
         )
     )

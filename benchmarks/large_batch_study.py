@@ -227,6 +227,7 @@ def prepare_shards(work_dir: str) -> dict:
                 num_hosts=1,
                 train_shards=16,
                 val_shards=8,
+                classes="found",  # labels 0..9 and a 10-way head, not 1000 outputs for 10 classes
             )
         )
         shutil.rmtree(os.path.join(work_dir, "raw"))

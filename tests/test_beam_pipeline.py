@@ -355,8 +355,8 @@ def test_an_archive_changed_between_checking_and_writing_fails_in_one_line(
         member = tar.getmembers()[5]
     checked = pipeline.ProcessUnitFn.process
 
-    def check_then_change(self, unit):
-        yield from checked(self, unit)
+    def check_then_change(self, unit, classes=None):
+        yield from checked(self, unit, classes)
         with open(archive, "r+b") as f:
             f.seek(member.offset_data + member.size // 2)
             byte = f.read(1)

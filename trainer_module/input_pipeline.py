@@ -14,7 +14,8 @@ file starting at its own id, so a host never reads another host's shards. Batche
 
 Elements:
   training: ``(images, labels)``: images float32 [batch, S, S, 3] of pixel values in [0, 255] (the model
-    standardises with the ImageNet mean and std itself), labels int32 [batch] in 0..999.
+    standardises with the ImageNet mean and std itself), labels int32 [batch] in 0..K-1 (K classes: 1000 for
+    ImageNet, the manifest's count for shards of ``beam_preprocess --classes found``).
   evaluation: a dict ``{"images", "labels", "mask"}`` (plus ``"filenames"`` with ``with_filenames=True``):
     mask float32 [batch] is 1 for a real image and 0 for padding; padding has label -1 and black pixels.
     Mask the padding out of every metric and out of the loss: label -1 is not a valid class index (sparse
@@ -210,19 +211,23 @@ class LabelChecker:
 
     The class is ``stored - label_offset`` (0 for beam_preprocess shards, 1 for tensorflow/tpu's
     ``imagenet_to_gcs.py``, whose labels are 1..1000). It must lie in [0, num_classes), and where the record
-    carries an ImageNet synset (``image/class/synset``, written by both converters) it must be that synset's
-    position in the sorted 1000 synsets: with the wrong offset the very first record fails, naming its shard.
-    A failure surfaces as a tf.data error that ``raise_label_error`` turns into one ``LabelError`` line.
+    carries a synset (``image/class/synset``, written by both converters) it must be that synset's position in
+    the class list: the manifest's synsets (``manifest_classes``), or the sorted 1000 ImageNet synsets. With
+    the wrong offset the very first record fails, naming its shard; so does a record of a synset that is not
+    one of the classes. A failure surfaces as a tf.data error that ``raise_label_error`` turns into one
+    ``LabelError`` line.
 
     Create it inside the dataset function (it holds a lookup table, which must live where the dataset does).
     """
 
-    def __init__(self, label_offset: int = 0, num_classes: int = 1000):
+    def __init__(self, label_offset: int = 0, num_classes: int = 1000, synsets: Sequence[str] | None = None):
         self.label_offset = label_offset
         self.num_classes = num_classes
-        synsets = schema.synsets()
+        synsets = list(schema.synsets() if synsets is None else synsets)
         self._positions = tf.lookup.StaticHashTable(
-            tf.lookup.KeyValueTensorInitializer(tf.constant(synsets), tf.range(len(synsets), dtype=tf.int32)),
+            tf.lookup.KeyValueTensorInitializer(
+                tf.constant(synsets, tf.string), tf.range(len(synsets), dtype=tf.int32)
+            ),
             default_value=-1,
         )
 
@@ -230,7 +235,8 @@ class LabelChecker:
         label = tf.cast(stored, tf.int32) - self.label_offset
         position = self._positions.lookup(synset)
         inside = tf.logical_and(label >= 0, label < self.num_classes)
-        matches = tf.logical_or(position < 0, tf.equal(position, label))
+        # A record without a synset is checked by its range alone.
+        matches = tf.logical_or(tf.equal(synset, ""), tf.equal(position, label))
         check = tf.debugging.Assert(
             tf.logical_and(inside, matches),
             [
@@ -263,6 +269,10 @@ def raise_label_error(error: tf.errors.OpError, label_offset: int, num_classes: 
     if position not in ("?", "-1"):
         problem = f"synset {synset} is class {position}, but its stored label {stored} - data.label_offset"
         problem += f"={label_offset} is {int(stored) - label_offset}" if stored.lstrip("-").isdigit() else ""
+    elif position == "-1" and synset not in ("", "?"):
+        problem = (
+            f"synset {synset} (stored label {stored}) is not one of the {num_classes} classes of the shards"
+        )
     else:
         problem = f"stored label {stored} - data.label_offset={label_offset} is outside [0, {num_classes})"
     hint = ""
@@ -421,6 +431,34 @@ def record_counts(files: Sequence[str]) -> list[int]:
     return counts
 
 
+def shard_classes(file_patterns: FilePatterns) -> tuple[str, ...] | None:
+    """The classes of the shards in label order, from their manifests; None where no manifest sits beside them.
+
+    A beam_preprocess manifest names its classes (``LabelConvention.class_synsets``: ImageNet's 1000, or the
+    synsets of a run with ``--classes found``/a class file); the classifier's width and the label check follow
+    it. Shards of several manifests must agree on them.
+
+    Raises:
+      ValueError: two manifests of the files list different classes (both named).
+    """
+    found: dict[str, tuple[str, ...]] = {}
+    for path in list_files(file_patterns):
+        manifest_path = manifest_path_of(path)
+        if manifest_path in found or not tf.io.gfile.exists(manifest_path):
+            continue
+        found[manifest_path] = read_manifest(manifest_path).label_convention.class_synsets()
+    if not found:
+        return None
+    (first, classes), *others = found.items()
+    for other, other_classes in others:
+        if other_classes != classes:
+            raise ValueError(
+                f"{other} lists {len(other_classes)} classes and {first} {len(classes)} (or the same in another "
+                "order): the shards read together must share one label numbering"
+            )
+    return classes
+
+
 def num_examples(file_patterns: FilePatterns) -> int:
     """Records in all the files: the manifest's counts where the shards have one (see ``record_counts``)."""
     return sum(record_counts(list_files(file_patterns)))
@@ -552,6 +590,7 @@ def build_train_dataset(
     augmentation: AugmentConfig | None = None,
     label_offset: int = 0,
     num_classes: int = 1000,
+    synsets: Sequence[str] | None = None,
 ) -> tf.data.Dataset:
     """The endless training stream of this host: ``(images, labels)`` per-replica batches.
 
@@ -575,7 +614,7 @@ def build_train_dataset(
       skip_records: records of the stream already consumed (a resumed run); with a seed, the stream then
         continues exactly where it stopped. They are skipped before decoding, so skipping is cheap.
       min_crop_area, random_flip, augmentation: see ``preprocess_for_train``.
-      label_offset, num_classes: see ``LabelChecker``.
+      label_offset, num_classes, synsets: see ``LabelChecker``.
     """
     ctx = _context(input_context)
     per_replica = ctx.get_per_replica_batch_size(global_batch_size)
@@ -597,7 +636,7 @@ def build_train_dataset(
     if skip_records:
         dataset = dataset.skip(skip_records)
 
-    check_label = LabelChecker(label_offset, num_classes)
+    check_label = LabelChecker(label_offset, num_classes, synsets)
 
     def preprocess(record_and_path, seeds):
         record, path = record_and_path
@@ -630,6 +669,7 @@ def build_eval_dataset(
     crop_padding: int | None = None,
     label_offset: int = 0,
     num_classes: int = 1000,
+    synsets: Sequence[str] | None = None,
     plan: EvalPlan | None = None,
 ) -> tf.data.Dataset:
     """One evaluation pass of this host: exactly ``eval_plan(...).steps x replicas_per_pipeline`` per-replica
@@ -647,11 +687,11 @@ def build_eval_dataset(
       with_filenames: add ``"filenames"`` (string [batch]; empty for padding), for checking coverage.
       cycle_length: files read in parallel.
       crop_padding: see ``center_crop_window``.
-      label_offset, num_classes: see ``LabelChecker``.
+      label_offset, num_classes, synsets: see ``LabelChecker``.
       plan: ``eval_plan`` of the same arguments when the caller has it already (it counts every shard).
     """
     ctx = _context(input_context)
-    check_label = LabelChecker(label_offset, num_classes)
+    check_label = LabelChecker(label_offset, num_classes, synsets)
     plan = plan or eval_plan(file_patterns, global_batch_size, ctx)
     files = pipeline_files(list_files(file_patterns), ctx.num_input_pipelines, ctx.input_pipeline_id)
 

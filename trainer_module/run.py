@@ -29,20 +29,27 @@ def use_logical_cpus(count: int) -> list[str]:
 
 
 def with_data_sizes(config: TrainerConfig, train_files, eval_files) -> TrainerConfig:
-    """The config with the epoch and evaluation sizes of the real shards (their manifest's counts).
+    """The config with the epoch and evaluation sizes and the class count of the real shards (their manifest's).
 
-    A preset's epoch is then a pass over the data it trains on, whatever ``data.num_train_examples`` said.
+    A preset's epoch is then a pass over the data it trains on, whatever ``data.num_train_examples`` said, and
+    its classifier has one output per class of the shards: 1,000 for ImageNet, 10 for shards of a 10-synset
+    dataset sharded with ``--classes found`` (a 1,000-way head there would spread label smoothing over 990
+    classes that never occur). Shards without a manifest keep ``model.num_classes``.
     """
     sizes = {
-        "num_train_examples": input_pipeline.num_examples(train_files),
-        "num_eval_examples": input_pipeline.num_examples(eval_files),
+        "data.num_train_examples": input_pipeline.num_examples(train_files),
+        "data.num_eval_examples": input_pipeline.num_examples(eval_files),
     }
-    changed = {k: v for k, v in sizes.items() if getattr(config.data, k) != v}
+    classes = input_pipeline.shard_classes(input_pipeline.list_files(train_files))
+    if classes is not None:
+        sizes["model.num_classes"] = len(classes)
+    current = {key: getattr(getattr(config, key.split(".")[0]), key.split(".")[1]) for key in sizes}
+    changed = {k: v for k, v in sizes.items() if current[k] != v}
     if not changed:
         return config
     for key, value in changed.items():
-        logger.info("data.%s=%d from the shards (the config said %d)", key, value, getattr(config.data, key))
-    return with_overrides(config, [f"data.{k}={v}" for k, v in changed.items()])
+        logger.info("%s=%d from the shards (the config said %d)", key, value, current[key])
+    return with_overrides(config, [f"{k}={v}" for k, v in changed.items()])
 
 
 def run(

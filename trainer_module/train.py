@@ -328,6 +328,8 @@ class RunInputs:
         plan = config.plan
         train_list = input_pipeline.list_files(train_files)
         eval_list = input_pipeline.list_files(eval_files)
+        # The label numbering of the shards' manifests (ImageNet's, or a --classes found run's); both splits'.
+        synsets = input_pipeline.shard_classes(train_list + eval_list)
         eval_plans: dict[tuple[int, int], input_pipeline.EvalPlan] = {}
 
         def train_dataset(ctx):
@@ -351,6 +353,7 @@ class RunInputs:
                 augmentation=config.augment,
                 label_offset=config.data.label_offset,
                 num_classes=config.model.num_classes,
+                synsets=synsets,
             )
 
         def eval_dataset(ctx):
@@ -366,6 +369,7 @@ class RunInputs:
                 crop_padding=plan.eval_crop_padding_pixels,
                 label_offset=config.data.label_offset,
                 num_classes=config.model.num_classes,
+                synsets=synsets,
                 plan=eval_plans[key],
             )
 
