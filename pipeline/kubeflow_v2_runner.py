@@ -61,34 +61,46 @@ PARAMETER_TYPES = {str: "STRING", int: "NUMBER_INTEGER", float: "NUMBER_DOUBLE"}
 
 @dataclasses.dataclass(frozen=True)
 class VertexPush:
-    """Optional push of the blessed model to the Vertex AI Model Registry, deployed to ``endpoint``."""
+    """Optional push of the blessed model to the Vertex AI Model Registry, served on ``endpoint``: a version of
+    the pipeline's registry model per blessed model, deployed alone (``components.vertex_pusher``)."""
 
     endpoint: str
     serving_image: str
     machine_type: str = "n1-standard-4"
 
-    def component(self, settings: CloudSettings):
-        """A builder of TFX's Vertex Pusher (a new Model resource per push, deployed to the endpoint)."""
-        from tfx import v1 as tfx
+    def component(self, settings: CloudSettings, pipeline: str, labels: dict[str, str]):
+        """A builder of the Vertex push step from (model channel, blessing channel)."""
+        from components import vertex_pusher
 
-        vertex = tfx.extensions.google_cloud_ai_platform
-        config = {
-            vertex.ENABLE_VERTEX_KEY: True,
-            vertex.VERTEX_REGION_KEY: settings.region,
-            vertex.VERTEX_CONTAINER_IMAGE_URI_KEY: self.serving_image,
-            vertex.SERVING_ARGS_KEY: {
-                "project_id": settings.project,
-                "endpoint_name": self.endpoint,
-                "machine_type": self.machine_type,
-            },
-        }
+        target = vertex_pusher.PushTarget(
+            project=settings.project,
+            region=settings.region,
+            pipeline=pipeline,
+            endpoint=self.endpoint,
+            serving_image=self.serving_image,
+            machine_type=self.machine_type,
+            labels=dict(labels),
+        )
+        config = {vertex_pusher.CONFIG_KEY: target.to_config()}
 
         def build(model, blessing):
-            return vertex.Pusher(model=model, model_blessing=blessing, custom_config=config).with_id(
-                "VertexPusher"
-            )
+            return vertex_pusher.VertexPusher(
+                model=model, model_blessing=blessing, custom_config=config
+            ).with_id("VertexPusher")
 
         return build
+
+    def check(self) -> str | None:
+        """The serving image against the TensorFlow that writes the model (this stack's): a warning or None.
+
+        Raises:
+          ValueError: a prebuilt image older than that TensorFlow.
+        """
+        from importlib import metadata
+
+        from components import vertex_pusher
+
+        return vertex_pusher.check_serving_image(self.serving_image, metadata.version("tensorflow"))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -225,7 +237,7 @@ def build_pipeline(
         trainer_custom_config=settings.vertex_training_config(compiled.trainer_config, name, labels),
         enable_cache=settings.enable_cache,
         runtime=runtime,
-        extra_pusher=vertex_push.component(settings) if vertex_push else None,
+        extra_pusher=vertex_push.component(settings, name, labels) if vertex_push else None,
         step_beam_args={
             pipeline_def.SHARDING_STEP: settings.sharding_workers.args(),
             pipeline_def.EVALUATOR_STEP: settings.evaluator_workers.args(),
@@ -379,9 +391,17 @@ def build_parser() -> argparse.ArgumentParser:
         where.add_argument(f"--{step}-max-workers", type=int, default=workers.max_workers)
     where.add_argument("--no-cache", action="store_true", help="run every step, reusing none")
     where.add_argument(
-        "--vertex-endpoint", default="", help="also push to the Vertex Model Registry + endpoint"
+        "--vertex-endpoint",
+        default="",
+        help="also push a blessed model to the Vertex Model Registry (a version of the pipeline's model) and serve "
+        "it alone on this endpoint (display name, created if missing, or projects/.../endpoints/N)",
     )
-    where.add_argument("--serving-image", default="", help="the Vertex serving image for --vertex-endpoint")
+    where.add_argument(
+        "--serving-image",
+        default="",
+        help="the Vertex serving image for --vertex-endpoint; a prebuilt tf2-cpu/gpu image must run this stack's "
+        "TensorFlow or newer",
+    )
     run = parser.add_argument_group("what it runs")
     run.add_argument("--preset", default="b0-rmsprop-8x2048")
     for key in INPUT_KEYS:
@@ -533,6 +553,9 @@ def run(args) -> int:
         }
     compiled = plan_pipeline(args.preset, settings, inputs, args.overrides, params, tune)
     push = VertexPush(args.vertex_endpoint, args.serving_image) if args.vertex_endpoint else None
+    warning = push.check() if push else None
+    if warning:
+        print(f"warning: {warning}", file=sys.stderr)
     for image in settings.images_by_tag():
         print(
             f"warning: {image} is a tag; with step caching on, a re-pushed tag reuses steps run with the old "

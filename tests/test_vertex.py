@@ -14,7 +14,7 @@ from google.auth.credentials import AnonymousCredentials
 from google.protobuf import json_format
 from kfp.pipeline_spec import pipeline_spec_pb2
 
-from components import runtime_gate
+from components import runtime_gate, vertex_pusher
 from pipeline import accelerators, kubeflow_v2_runner, pipeline_def, submission
 from pipeline.template import Template
 from trainer_module import tfx_trainer
@@ -304,7 +304,7 @@ def test_kubeflow_yaml_spec_is_what_kfp_loads_typed_with_its_defaults(tmp_path):
 
 def test_tags_are_warned_about_and_the_vertex_pusher_is_optional(tmp_path, capsys):
     tagged = ["--image", "pipeline:latest", "--trainer-image", "trainer-tpu:latest"]
-    serving = "us-docker.pkg.dev/vertex-ai/prediction/tf2-cpu.2-15:latest"
+    serving = "us-docker.pkg.dev/vertex-ai/prediction/tf2-cpu.2-16:latest"
     code, output = _compile(tmp_path, *tagged, "--vertex-endpoint", "effnet", "--serving-image", serving)
     err = capsys.readouterr().err
     assert code == 0
@@ -315,8 +315,39 @@ def test_tags_are_warned_about_and_the_vertex_pusher_is_optional(tmp_path, capsy
     config = json.loads(
         tasks["VertexPusher"]["inputs"]["parameters"]["custom_config"]["runtimeValue"]["constant"]
     )
-    assert config["ai_platform_vertex_container_image_uri"] == serving
-    assert config["ai_platform_serving_args"]["endpoint_name"] == "effnet"
+    target = config[vertex_pusher.CONFIG_KEY]
+    assert target["serving_image"] == serving and target["endpoint"] == "effnet"
+    assert target["pipeline"] == "effnet-b0-rmsprop-8x2048"
+    assert target["labels"] == {
+        "effnet-pipeline": "effnet-b0-rmsprop-8x2048",
+        "effnet-preset": "b0-rmsprop-8x2048",
+    }
+    executor = job["pipelineSpec"]["deploymentSpec"]["executors"]
+    pusher_executor = next(e for name, e in executor.items() if "VertexPusher" in name)
+    assert "components.vertex_pusher.VertexPusherExecutor" in json.dumps(pusher_executor)
+
+
+@pytest.mark.parametrize(
+    "image,outcome",
+    [
+        ("us-docker.pkg.dev/vertex-ai/prediction/tf2-cpu.2-15:latest", "serves with TensorFlow 2.15, older"),
+        (
+            "europe-docker.pkg.dev/vertex-ai/prediction/tf2-gpu.2-12:latest",
+            "serves with TensorFlow 2.12, older",
+        ),
+        ("us-docker.pkg.dev/vertex-ai/prediction/tf2-gpu.2-17:latest", None),
+        ("gcr.io/me/my-server:1", "is not a prebuilt Vertex TensorFlow image"),
+    ],
+)
+def test_the_serving_image_is_checked_against_the_models_tensorflow(tmp_path, capsys, image, outcome):
+    code, _ = _compile(tmp_path, "--vertex-endpoint", "effnet", "--serving-image", image)
+    err = capsys.readouterr().err
+    if outcome is None:
+        assert code == 0 and "serving" not in err
+    elif "older" in outcome:
+        assert code == 2 and outcome in err and len(err.strip().splitlines()) == 1
+    else:
+        assert code == 0 and outcome in err
 
 
 # ---- the runtime-parameter executors' folding ------------------------------------------------------------

@@ -1,0 +1,273 @@
+"""The push of a blessed model to Vertex AI: a version in the Model Registry, served alone on the endpoint.
+
+TFX's Vertex Pusher uploads every blessed model as a new Model and deploys it at 100% traffic beside all the
+earlier ones, which keep their machines (and their cost) until someone undeploys them. This push keeps one
+registry model per pipeline and one deployed version of it:
+
+1. **Registry**: the pipeline's model is the Model labelled ``effnet-pipeline=<pipeline>`` (the first push
+   creates it); every blessed model becomes a new *version* of it (``parent_model``), labelled with the push's
+   id, a digest of the trained model's URI.
+2. **Endpoint**: the endpoint named by display name (created if missing, with the pipeline's labels) or by
+   resource name; the new version is deployed on ``machine_type`` at 100% of the traffic.
+3. **Replaced versions**: every other deployed model of this pipeline's registry models on that endpoint is
+   undeployed, after the new one serves; models of other pipelines on the same endpoint are left alone.
+
+Idempotent: a retried push (the same trained model) finds its version by the push id instead of uploading a
+second one, and does not deploy it twice. The serving image is checked when the pipeline is compiled
+(``check_serving_image``): a prebuilt Vertex TensorFlow image older than the TensorFlow that writes the
+SavedModel is refused, since such a SavedModel may use ops its runtime does not have.
+
+Every call goes through ``google.cloud.aiplatform_v1``'s ModelServiceClient and EndpointServiceClient with the
+API's own messages; tests replace those two clients (``tests/fake_vertex.py``'s ``FakeModelRegistry``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import logging
+import re
+from typing import Any
+
+from google.cloud import aiplatform_v1
+from tfx import v1 as tfx
+from tfx.components.pusher import executor as pusher_executor
+from tfx.dsl.components.base import executor_spec
+from tfx.types import artifact_utils, standard_component_specs
+from tfx.utils import io_utils, json_utils
+
+logger = logging.getLogger(__name__)
+
+CONFIG_KEY = "effnet_vertex_push"
+PIPELINE_LABEL = "effnet-pipeline"  # the same label the pipeline's jobs carry (pipeline.cloud)
+PUSH_LABEL = "effnet-push"
+# Vertex's prebuilt TensorFlow prediction images: .../prediction/tf2-cpu.2-15:latest, tf2-gpu.2-12 ...
+_PREBUILT = re.compile(r"/prediction/tf2-(?:cpu|gpu)\.2-(\d+)(?::|@|$)")
+
+
+def serving_image_tensorflow(image: str) -> tuple[int, int] | None:
+    """The TensorFlow (major, minor) of a prebuilt Vertex prediction image; None for any other image."""
+    match = _PREBUILT.search(image)
+    return (2, int(match.group(1))) if match else None
+
+
+def check_serving_image(image: str, trained_with: str) -> str | None:
+    """Refuses a prebuilt serving image older than ``trained_with`` (TensorFlow's version, '2.16.2'); returns a
+    warning for an image whose TensorFlow cannot be told from its name, else None.
+
+    Raises:
+      ValueError: one line naming the image, its TensorFlow and the one that writes the model.
+    """
+    major, minor = (int(part) for part in trained_with.split(".")[:2])
+    serving = serving_image_tensorflow(image)
+    if serving is None:
+        return (
+            f"--serving-image {image} is not a prebuilt Vertex TensorFlow image: make sure it runs TensorFlow "
+            f"{major}.{minor} or newer (the SavedModel is written with {trained_with})"
+        )
+    if serving < (major, minor):
+        raise ValueError(
+            f"--serving-image {image} serves with TensorFlow {serving[0]}.{serving[1]}, older than the "
+            f"{trained_with} that writes the SavedModel: use tf2-cpu.{major}-{minor} or newer "
+            f"(e.g. us-docker.pkg.dev/vertex-ai/prediction/tf2-cpu.{major}-{minor}:latest)"
+        )
+    return None
+
+
+@dataclasses.dataclass(frozen=True)
+class PushTarget:
+    """Where and how a blessed model is served.
+
+    Attributes:
+      project, region: the Vertex location of the registry and the endpoint.
+      pipeline: the pipeline's name: the registry model's display name and ``effnet-pipeline`` label.
+      endpoint: an endpoint's display name (found or created) or resource name (projects/.../endpoints/N).
+      serving_image: the prediction container.
+      machine_type, min_replicas, max_replicas: the deployed model's machines.
+      labels: the pipeline's labels, put on the model, its versions and a created endpoint.
+    """
+
+    project: str
+    region: str
+    pipeline: str
+    endpoint: str
+    serving_image: str
+    machine_type: str = "n1-standard-4"
+    min_replicas: int = 1
+    max_replicas: int = 1
+    labels: dict = dataclasses.field(default_factory=dict)
+
+    @property
+    def parent(self) -> str:
+        return f"projects/{self.project}/locations/{self.region}"
+
+    @property
+    def client_options(self) -> dict:
+        return {"api_endpoint": f"{self.region}-aiplatform.googleapis.com"}
+
+    def to_config(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_config(cls, values: dict) -> PushTarget:
+        return cls(**values)
+
+
+@dataclasses.dataclass(frozen=True)
+class Pushed:
+    """What a push left: the version it deployed, where, and what it undeployed."""
+
+    model: str  # projects/.../models/N
+    version_id: str
+    endpoint: str  # projects/.../endpoints/M
+    deployed_model_id: str
+    undeployed: tuple[str, ...] = ()
+    uploaded: bool = True
+
+
+def push_id(model_uri: str) -> str:
+    """The label value naming one trained model's push (a retry of the same model finds its version)."""
+    return hashlib.sha256(model_uri.encode()).hexdigest()[:20]
+
+
+def _quoted(value: str) -> str:
+    return '"' + value.replace('"', '\\"') + '"'
+
+
+def _pipeline_models(models, target: PushTarget) -> list[aiplatform_v1.Model]:
+    request = aiplatform_v1.ListModelsRequest(
+        parent=target.parent, filter=f"labels.{PIPELINE_LABEL}={_quoted(target.labels[PIPELINE_LABEL])}"
+    )
+    return list(models.list_models(request=request))
+
+
+def _version_of_push(models, model: aiplatform_v1.Model, push: str) -> aiplatform_v1.Model | None:
+    request = aiplatform_v1.ListModelVersionsRequest(
+        name=model.name, filter=f"labels.{PUSH_LABEL}={_quoted(push)}"
+    )
+    found = list(models.list_model_versions(request=request))
+    return found[0] if found else None
+
+
+def _upload(models, target: PushTarget, artifact_uri: str, push: str, parent_model: str | None):
+    model = aiplatform_v1.Model(
+        display_name=target.pipeline,
+        artifact_uri=artifact_uri,
+        container_spec=aiplatform_v1.ModelContainerSpec(image_uri=target.serving_image),
+        labels={**target.labels, PUSH_LABEL: push},
+        version_description=f"pushed by {target.pipeline} from {artifact_uri}",
+    )
+    request = aiplatform_v1.UploadModelRequest(
+        parent=target.parent, model=model, parent_model=parent_model or ""
+    )
+    response = models.upload_model(request=request).result()
+    return response.model, response.model_version_id
+
+
+def _endpoint(endpoints, target: PushTarget) -> aiplatform_v1.Endpoint:
+    if target.endpoint.startswith("projects/"):
+        return endpoints.get_endpoint(name=target.endpoint)
+    request = aiplatform_v1.ListEndpointsRequest(
+        parent=target.parent, filter=f"display_name={_quoted(target.endpoint)}"
+    )
+    found = list(endpoints.list_endpoints(request=request))
+    if len(found) > 1:
+        raise ValueError(
+            f"{len(found)} endpoints are named {target.endpoint} in {target.parent}: give the resource name "
+            f"(--vertex-endpoint {found[0].name})"
+        )
+    if found:
+        return found[0]
+    created = aiplatform_v1.Endpoint(display_name=target.endpoint, labels=dict(target.labels))
+    return endpoints.create_endpoint(parent=target.parent, endpoint=created).result()
+
+
+def _deployed(endpoint: aiplatform_v1.Endpoint, model: str, version_id: str):
+    return next(
+        (d for d in endpoint.deployed_models if d.model == model and d.model_version_id == version_id), None
+    )
+
+
+def push(target: PushTarget, artifact_uri: str, push: str) -> Pushed:
+    """Uploads ``artifact_uri`` (a SavedModel directory) as a version of the pipeline's registry model (once per
+    ``push`` id), deploys it on the endpoint at 100% and undeploys the pipeline's other models there."""
+    models = aiplatform_v1.ModelServiceClient(client_options=target.client_options)
+    endpoints = aiplatform_v1.EndpointServiceClient(client_options=target.client_options)
+    registry = [m for m in _pipeline_models(models, target) if m.display_name == target.pipeline]
+    parent_model = registry[0] if registry else None
+    existing = _version_of_push(models, parent_model, push) if parent_model else None
+    if existing is not None:
+        model_name, version_id, uploaded = existing.name.split("@")[0], existing.version_id, False
+        logger.info("version %s of %s holds this model already (a retried push)", version_id, model_name)
+    else:
+        model_name, version_id = _upload(
+            models, target, artifact_uri, push, parent_model.name if parent_model else None
+        )
+        uploaded = True
+        logger.info("uploaded %s as version %s of %s", artifact_uri, version_id, model_name)
+
+    endpoint = _endpoint(endpoints, target)
+    current = _deployed(endpoint, model_name, version_id)
+    if current is None:
+        deployed = aiplatform_v1.DeployedModel(
+            model=f"{model_name}@{version_id}",
+            display_name=f"{target.pipeline}-v{version_id}",
+            dedicated_resources=aiplatform_v1.DedicatedResources(
+                machine_spec=aiplatform_v1.MachineSpec(machine_type=target.machine_type),
+                min_replica_count=target.min_replicas,
+                max_replica_count=target.max_replicas,
+            ),
+        )
+        endpoints.deploy_model(
+            endpoint=endpoint.name, deployed_model=deployed, traffic_split={"0": 100}
+        ).result()
+        endpoint = endpoints.get_endpoint(name=endpoint.name)
+        current = _deployed(endpoint, model_name, version_id)
+    elif endpoint.traffic_split.get(current.id, 0) != 100:
+        endpoint = endpoints.update_endpoint(
+            endpoint=aiplatform_v1.Endpoint(name=endpoint.name, traffic_split={current.id: 100}),
+            update_mask={"paths": ["traffic_split"]},
+        )
+
+    ours = {m.name.split("@")[0] for m in _pipeline_models(models, target)} | {model_name}
+    replaced = [d for d in endpoint.deployed_models if d.model in ours and d.id != current.id]
+    for old in replaced:
+        endpoints.undeploy_model(
+            endpoint=endpoint.name, deployed_model_id=old.id, traffic_split={current.id: 100}
+        ).result()
+        logger.info("undeployed %s (%s) from %s", old.id, old.model, endpoint.name)
+    return Pushed(model_name, version_id, endpoint.name, current.id, tuple(d.id for d in replaced), uploaded)
+
+
+class VertexPusherExecutor(pusher_executor.Executor):
+    """TFX's Pusher contract (the blessing check, the ``pushed_model`` artifact) with ``push`` as the push."""
+
+    def Do(self, input_dict: dict[str, list], output_dict: dict[str, list], exec_properties: dict[str, Any]):  # noqa: N802
+        self._log_startup(input_dict, output_dict, exec_properties)
+        custom_config = json_utils.loads(
+            exec_properties.get(standard_component_specs.CUSTOM_CONFIG_KEY, "null")
+        )
+        if not isinstance(custom_config, dict) or CONFIG_KEY not in custom_config:
+            raise ValueError(
+                f"the Vertex push needs custom_config[{CONFIG_KEY!r}] (pipeline.kubeflow_v2_runner)"
+            )
+        target = PushTarget.from_config(custom_config[CONFIG_KEY])
+        model_push = artifact_utils.get_single_instance(
+            output_dict[standard_component_specs.PUSHED_MODEL_KEY]
+        )
+        if not self.CheckBlessing(input_dict):
+            self._MarkNotPushed(model_push)
+            return
+        model = artifact_utils.get_single_instance(input_dict[standard_component_specs.MODEL_KEY])
+        io_utils.copy_dir(src=self.GetModelPath(input_dict), dst=model_push.uri)
+        pushed = push(target, model_push.uri, push_id(model.uri))
+        self._MarkPushed(model_push, pushed_destination=pushed.endpoint, pushed_version=pushed.version_id)
+        model_push.set_string_custom_property("vertex_model", f"{pushed.model}@{pushed.version_id}")
+        model_push.set_string_custom_property("vertex_deployed_model_id", pushed.deployed_model_id)
+        model_push.set_string_custom_property("vertex_undeployed", ",".join(pushed.undeployed))
+
+
+class VertexPusher(tfx.components.Pusher):
+    """The Pusher whose push is a version in the Vertex Model Registry, served alone on an endpoint."""
+
+    EXECUTOR_SPEC = executor_spec.ExecutorClassSpec(VertexPusherExecutor)
