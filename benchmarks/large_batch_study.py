@@ -1,45 +1,38 @@
-"""A small-scale Table 2 on real images: does LARS keep a large batch as accurate as the small-batch baseline?
+"""A small-scale Table 2 on real images, tuned as the paper tuned: does LARS keep a 16x batch as accurate?
 
-The paper's claim (Table 2 and Figure 1 of Wongpanich et al.): at a batch where RMSProp falls behind, LARS with
-polynomial decay stays within about a point of the small-batch RMSProp baseline, in the same epoch budget.
-This study measures that on this machine, through the project's own pipeline:
+The paper's claim (Table 2 of Wongpanich et al.): at a batch where RMSProp falls short, LARS with polynomial
+decay stays within about a point of the small-batch baseline in the same number of epochs, each optimizer's
+learning rate and warmup tuned at its batch. This study measures that on this machine, through the project's
+own pipeline, in two phases:
 
-1. Fashion-MNIST (60,000 training and 10,000 test photos of clothing, MIT licence, Debian's
-   ``dataset-fashion-mnist``; installed with apt-get if missing) is rendered as JPEGs under ten real ImageNet
-   synsets: the training set as an ILSVRC2012-style archive of per-synset tars, the test set as the extracted
-   ``val/<wnid>/`` layout (the official validation names allow only 50 images per synset).
-2. ``beam_preprocess`` shards both (16 training and 8 validation shards).
-3. ``python -m trainer_module`` trains each row on ``--replicas`` logical CPU replicas (MirroredStrategy, 2 by
-   default) with synchronised batch norm, weight averaging on, the same epoch budget for every row, the LR by
-   the per-256 rule with warmup, and evaluates the 10,000 test images in the loop.
+1. **Tuning.** For every cell (optimizer x batch: RMSProp and LARS at ``--small-batch`` 256 and
+   ``--large-batch`` 4096, 16x) ``python -m trainer_module tune`` runs a Hyperband search with the same trial
+   budget (``--tune-epochs`` 4, factor 3: 10 trials, 26 trained epochs) on a held-out split of the training
+   set (50,000 images to train on, 10,000 to evaluate: the test set stays unseen until the finals). Screens
+   stop early; the best trials continue from their checkpoints. Tuned: the peak LR per 256 examples and the
+   warmup for both optimizers, and for LARS its trust coefficient and the polynomial decay's end LR (the
+   settings the reference exposes for it). Epoch settings are tuned as shares of the schedule and applied
+   to the finals' longer schedule at the same share.
+2. **Finals.** Every cell trains ``--epochs`` (20) epochs on the 60,000 training images at its tuned values,
+   with ``--seeds`` seeds (3), and is evaluated on the 10,000 test images in the loop. A cell's figure is the
+   top-1 at the end of training (averaged weights, as exported), mean and spread over seeds.
 
-Rows (optimizer, global batch, LR per 256 examples; ``ROWS``): RMSProp 256 (the baseline), then RMSProp and
-LARS + polynomial decay at larger batches, LARS at up to 8192; ``rmsprop-keras-4096`` is the large RMSProp row
-with Keras' accumulator start. RMSProp is the reference's (``optimizer.rmsprop_form=tf1``). The LR follows the
-per-256 rule from the paper's values (0.016 for RMSProp, 0.236 for LARS, its 16384-batch row); warmup is the
-paper's share of the budget (5 of 350 epochs for RMSProp, 50 of 350 for LARS). Two settings follow the demo
-rather than ImageNet: batch-norm momentum 0.9 (0.99 leaves the moving statistics of a 150-step run a quarter on
-their initial values) and the tiny network at a small resolution.
+Data: Fashion-MNIST (Debian's ``dataset-fashion-mnist``, MIT; installed with apt-get if missing) rendered as
+JPEGs under ten real ImageNet synsets, sharded with ``beam_preprocess --classes found`` (labels 0..9, a 10-way
+head). Network: the tiny EfficientNet at 16 px on ``--replicas`` (2) logical CPU replicas, batch norm over
+128 examples in every row (``model.bn_virtual_batch``, the reference's group size for LARS), weight averaging
+0.9999, weight decay 1e-5 and label smoothing 0.1 (the recipe's), RMSProp in the reference's form with its
+exponential decay at the paper's share of the budget (0.97 every 2.4 of 350 epochs).
 
-Beside them, rows that check one cause each of LARS' shortfall at 4096 (``lars-4096-bn128``: batch norm over
-128 examples as in the reference, ``lars-4096-end0.025``: the paper's end/peak LR ratio, ``lars-4096-lr0.118``:
-half the LR) and ``lars-256``, LARS at the baseline's batch and steps, which tells an effect of the batch size
-from one of the optimizer.
+Resumable across machines: after every search and every final run the results are written to
+``--out-dir``/large_batch_study.json (with each run's overrides); a later invocation takes every search and
+run found there whose settings match and does the rest, so the study can run in the background, be stopped,
+and go on in another session from the committed JSON. Searches interrupted half-way resume from their
+directory under ``--work-dir`` (while it exists). The report (``.md``, ``.png``) is rewritten after every step
+and says which runs are still missing.
 
-The budget is in epochs, as in the paper: 20 epochs of 60,000 images are 4,687 steps at batch 256, 585 at 2048
-and 292 at 4096 (the paper's B5 at 65536 takes 6,842). Runs train two at a time (``--jobs 2``): a run keeps
-about one core busy, and two 20-epoch rows side by side took 22-26 minutes here, so the four default rows
-(baseline, RMSProp 4096, LARS 2048 and 4096, one seed each) take about 50 minutes on two quiet cores; the
-check rows and ``lars-8192`` (146 steps, for comparison with earlier studies) run on request (``--rows``).
-Each row reports its own CPU time, so the cost on a quiet machine can be told from the wall time on a shared
-one.
-
-Output: a Table-2-style table (markdown, printed and written to ``docs/large_batch_study.md``) and a
-Figure-1-style plot (top-1 against epochs, training time and steps, one line per run) in
-``docs/large_batch_study.png``; the raw histories in ``docs/large_batch_study.json``.
-
-    .venv/bin/python benchmarks/large_batch_study.py                 # the default rows (about an hour, 2 cores)
-    .venv/bin/python benchmarks/large_batch_study.py --epochs 2 --rows rmsprop-256   # a quick look
+    .venv/bin/python benchmarks/large_batch_study.py --work-dir /tmp/study     # everything (many CPU-hours)
+    .venv/bin/python benchmarks/large_batch_study.py --tune-only               # phase 1 only
 """
 
 from __future__ import annotations
@@ -54,6 +47,7 @@ import shutil
 import subprocess
 import sys
 import tarfile
+import threading
 import time
 
 import numpy as np
@@ -79,79 +73,86 @@ FASHION_SYNSETS = (
     "n04026417",  # 8 Bag: purse
     "n03124043",  # 9 Ankle boot: cowboy boot
 )
-# The study's rows run on this many logical CPU replicas (MirroredStrategy). Two, one per core here: every
-# replica adds per-step work (its own copy of each op, one more hop in every all-reduce), and with 8 the
-# batch-256 baseline costs three times as much per image as with 2, which left no budget for epochs.
+# One training image in HELD_OUT_EVERY goes to the tuning split's evaluation set (10,000 of 60,000).
+HELD_OUT_EVERY = 6
+# Two logical CPU replicas, one per core here: every replica adds per-step work, and with 8 the batch-256
+# baseline costs three times as much per image as with 2.
 DEFAULT_REPLICAS = 2
-# Written into a run's model directory when it finishes: its overrides and metrics, for --reuse.
-STUDY_FILE = "study_run.json"
+# Examples each batch-norm statistic is taken over, every row: the reference's group size for LARS runs.
+BN_EXAMPLES = 128
+RESULTS = "large_batch_study.json"
 
 
 @dataclasses.dataclass(frozen=True)
-class Row:
-    """One row of the study: a recipe at a batch size.
+class Recipe:
+    """An optimizer with its schedule, its untuned (paper) values and the space its search covers.
 
-    ``rmsprop_form`` is the trainer's ``optimizer.rmsprop_form``: 'tf1' (the reference's
-    ``tf.compat.v1.train.RMSPropOptimizer``, accumulator from 1) for the study's RMSProp rows, 'keras'
-    (accumulator from 0) for the comparison row that shows what the Keras form does at a large batch.
+    ``space`` holds ``KEY=KIND:LOW:HIGH`` dimensions of ``trainer_module.tuning``; ``{epochs}`` is the search's
+    schedule length, ``{peak_low}`` the lowest peak LR of the LR range at the cell's batch.
     """
 
     optimizer: str
-    batch: int
+    schedule: str
     lr_per_256: float
-    rmsprop_form: str = "tf1"
-    # A check of one cause: overrides that replace the row's own, the name's suffix, and what the table says.
-    changes: tuple[tuple[str, str], ...] = ()
-    tag: str = ""
-    note: str = ""
+    warmup_share: float  # of the schedule, the paper's
+    space: tuple[str, ...]
+    settings: tuple[str, ...] = ()
+
+    def fixed(self, epochs: int) -> list[str]:
+        settings = [f"optimizer.name={self.optimizer}", f"schedule.kind={self.schedule}"]
+        settings += [
+            f"schedule.lr_per_256={self.lr_per_256}",
+            f"schedule.warmup_epochs={self.warmup_share * epochs:g}",
+        ]
+        settings += [s.format(epochs=epochs) if "{" in s else s for s in self.settings]
+        return settings
+
+    def search_space(self, epochs: int, batch: int) -> list[str]:
+        lowest = min(float(d.split(":")[1]) for d in self.space if d.startswith("schedule.lr_per_256="))
+        peak_low = lowest * batch / 256
+        return [d.format(epochs=epochs, warmup_high=0.3 * epochs, peak_low=peak_low) for d in self.space]
+
+
+RECIPES = {
+    # The reference's RMSProp (accumulator from 1) with 0.97 decay every 2.4 of 350 epochs: the same share here.
+    "rmsprop": Recipe(
+        "rmsprop",
+        "exponential",
+        0.016,
+        5 / 350,
+        ("schedule.lr_per_256=log:0.0016:0.16", "schedule.warmup_epochs=linear:0:{warmup_high}"),
+        ("optimizer.rmsprop_form=tf1", "schedule.decay_epochs={epochs}*2.4/350"),
+    ),
+    # LARS + polynomial decay. A kernel's step is LR x trust coefficient x |w| / |g|, batch-norm parameters and
+    # biases take the LR alone: both are searched, the LR over 0.1-20 per 256 (the paper's 0.236 was tuned for
+    # 350 epochs at 16k+; the 20-epoch demo needs 8), the coefficient a decade either side of the paper's.
+    "lars": Recipe(
+        "lars",
+        "polynomial",
+        0.236,
+        50 / 350,
+        (
+            "schedule.lr_per_256=log:0.1:20",
+            "schedule.warmup_epochs=linear:0:{warmup_high}",
+            "optimizer.lars_eeta=log:0.0001:0.01",
+            "schedule.end_lr=log:{peak_low:.3g}e-3:{peak_low:.3g}",
+        ),
+    ),
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Cell:
+    optimizer: str
+    batch: int
 
     @property
     def name(self) -> str:
-        if self.optimizer == "rmsprop" and self.rmsprop_form != "tf1":
-            base = f"rmsprop-{self.rmsprop_form}-{self.batch}"
-        else:
-            base = f"{self.optimizer}-{self.batch}"
-        return f"{base}-{self.tag}" if self.tag else base
+        return f"{self.optimizer}-{self.batch}"
 
     @property
-    def label(self) -> str:
-        if self.optimizer == "rmsprop":
-            label = f"rmsprop ({self.rmsprop_form}) + exponential"
-        else:
-            label = "lars + polynomial"
-        return f"{label}, {self.note}" if self.note else label
-
-    @property
-    def schedule(self) -> str:
-        return "polynomial" if self.optimizer == "lars" else "exponential"
-
-    def warmup_epochs(self, epochs: int) -> float:
-        """The paper's share of the budget: 5 of 350 epochs for RMSProp, 50 of 350 for LARS."""
-        return epochs * (50.0 if self.optimizer == "lars" else 5.0) / 350.0
-
-
-# The small-batch baseline, then each larger batch with RMSProp and LARS (the table's order).
-ROWS = (
-    Row("rmsprop", 256, 0.016),
-    Row("rmsprop", 1024, 0.016),
-    Row("lars", 1024, 0.236),
-    Row("rmsprop", 2048, 0.016),
-    Row("lars", 2048, 0.236),
-    Row("rmsprop", 4096, 0.016),
-    Row("rmsprop", 4096, 0.016, rmsprop_form="keras"),
-    Row("lars", 4096, 0.236),
-    Row("lars", 8192, 0.236),
-    # Why LARS at 4096 trails the baseline, one cause at a time. On 2 replicas a replica holds 2048 examples
-    # where the reference's batch-norm groups hold about 128 (per-core batches of 32-64 in groups), and the
-    # paper's end LR of 0.1 is 1/150 of its LARS peaks (about 15) but 1/38 of the 3.8 here.
-    Row("lars", 4096, 0.236, changes=(("model.bn_virtual_batch", "128"),), tag="bn128", note="BN over 128"),
-    Row("lars", 4096, 0.236, changes=(("schedule.end_lr", "0.025"),), tag="end0.025", note="end LR 0.025"),
-    Row("lars", 4096, 0.118, tag="lr0.118", note="half the LR"),
-    # LARS at the baseline's batch and steps: tells a large-batch effect from one of the optimizer.
-    Row("lars", 256, 0.236),
-)
-DEFAULT_ROWS = ("rmsprop-256", "lars-2048", "rmsprop-4096", "lars-4096")
-DEFAULT_EPOCHS = 20
+    def recipe(self) -> Recipe:
+        return RECIPES[self.optimizer]
 
 
 # ---------------------------------------------------------------------------------------------- data
@@ -180,45 +181,37 @@ def _jpeg(pixels: np.ndarray) -> bytes:
     return sample_data.encode_jpeg(Image.fromarray(pixels).convert("RGB"), quality=95)
 
 
-def render(fashion_dir: str, out: str) -> tuple[str, str, int, int]:
-    """The training archive (ILSVRC-style tar of per-synset tars) and the val/<wnid>/ directory."""
-    train_images = read_idx(os.path.join(fashion_dir, "train-images-idx3-ubyte.gz"))
-    train_labels = read_idx(os.path.join(fashion_dir, "train-labels-idx1-ubyte.gz"))
-    test_images = read_idx(os.path.join(fashion_dir, "t10k-images-idx3-ubyte.gz"))
-    test_labels = read_idx(os.path.join(fashion_dir, "t10k-labels-idx1-ubyte.gz"))
-    known = set(schema.synsets())
-    assert all(s in known for s in FASHION_SYNSETS), "every study synset is an ImageNet synset"
-
+def render(train: tuple[np.ndarray, np.ndarray], evaluation: tuple[np.ndarray, np.ndarray], out: str):
+    """The training images as an ILSVRC-style archive of per-synset tars, the evaluation images as the
+    extracted val/<wnid>/ layout (the official validation names allow only 50 images per synset)."""
     os.makedirs(out, exist_ok=True)
     train_archive = os.path.join(out, sample_data.TRAIN_ARCHIVE)
+    images, labels = train
     with tarfile.open(train_archive, "w", format=tarfile.USTAR_FORMAT) as outer:
         for label, synset in enumerate(FASHION_SYNSETS):
-            members = [
-                (f"{synset}_{k + 1}.JPEG", _jpeg(image))
-                for k, image in enumerate(train_images[train_labels == label])
-            ]
+            members = [(f"{synset}_{k + 1}.JPEG", _jpeg(x)) for k, x in enumerate(images[labels == label])]
             sample_data._add(outer, f"{synset}.tar", sample_data._tar_bytes(members))
     val_dir = os.path.join(out, "val")
+    images, labels = evaluation
     for label, synset in enumerate(FASHION_SYNSETS):
         os.makedirs(os.path.join(val_dir, synset), exist_ok=True)
-        for k, image in enumerate(test_images[test_labels == label]):
+        for k, x in enumerate(images[labels == label]):
             with open(os.path.join(val_dir, synset, f"{synset}_val_{k + 1}.JPEG"), "wb") as f:
-                f.write(_jpeg(image))
-    return train_archive, val_dir, len(train_labels), len(test_labels)
+                f.write(_jpeg(x))
+    return train_archive, val_dir
 
 
-def prepare_shards(work_dir: str) -> dict:
-    """Renders and shards Fashion-MNIST once; a second call reuses the shards (their manifest)."""
-    shards = os.path.join(work_dir, "shards")
+def _shard(train, evaluation, work_dir: str, name: str) -> dict:
+    """Renders and shards one split pair once (``beam_preprocess --classes found``); reuses the shards after."""
+    shards = os.path.join(work_dir, name)
     manifest_path = os.path.join(shards, "manifest.json")
     if not os.path.exists(manifest_path):
         from beam_preprocess.config import ShardingConfig
         from beam_preprocess.run import run as shard
 
         start = time.time()
-        train_archive, val_dir, _, _ = render(ensure_fashion_mnist(), os.path.join(work_dir, "raw"))
-        print(f"[study] rendered Fashion-MNIST as JPEGs in {time.time() - start:.0f}s", flush=True)
-        start = time.time()
+        raw = os.path.join(work_dir, f"raw-{name}")
+        train_archive, val_dir = render(train, evaluation, raw)
         shard(
             ShardingConfig(
                 output_dir=shards,
@@ -230,8 +223,8 @@ def prepare_shards(work_dir: str) -> dict:
                 classes="found",  # labels 0..9 and a 10-way head, not 1000 outputs for 10 classes
             )
         )
-        shutil.rmtree(os.path.join(work_dir, "raw"))
-        print(f"[study] sharded with beam_preprocess in {time.time() - start:.0f}s", flush=True)
+        shutil.rmtree(raw)
+        print(f"[study] rendered and sharded the {name} split in {time.time() - start:.0f}s", flush=True)
     with open(manifest_path) as f:
         splits = json.load(f)["splits"]
     return {
@@ -242,280 +235,434 @@ def prepare_shards(work_dir: str) -> dict:
     }
 
 
-# ---------------------------------------------------------------------------------------------- rows
+def prepare_data(work_dir: str) -> tuple[dict, dict]:
+    """(the tuning split: training set minus every HELD_OUT_EVERY-th image / those images, the finals' split:
+    the training set / the test set)."""
+    fashion = ensure_fashion_mnist()
+    train = (
+        read_idx(os.path.join(fashion, "train-images-idx3-ubyte.gz")),
+        read_idx(os.path.join(fashion, "train-labels-idx1-ubyte.gz")),
+    )
+    test = (
+        read_idx(os.path.join(fashion, "t10k-images-idx3-ubyte.gz")),
+        read_idx(os.path.join(fashion, "t10k-labels-idx1-ubyte.gz")),
+    )
+    held_out = np.arange(len(train[1])) % HELD_OUT_EVERY == 0
+    tune_split = _shard(
+        (train[0][~held_out], train[1][~held_out]), (train[0][held_out], train[1][held_out]), work_dir, "tune"
+    )
+    final_split = _shard(train, test, work_dir, "final")
+    return tune_split, final_split
 
 
-def row_overrides(row: Row, data: dict, args, seed: int) -> list[str]:
-    """The row's config as overrides of the demo preset: every setting the study depends on is pinned here,
-    so that edits of the demo (a CPU showcase) leave the study as it is."""
-    overrides = [
-        f"name=study-{row.name}",
+# ---------------------------------------------------------------------------------------------- settings
+
+
+def common_overrides(args, data: dict, batch: int) -> list[str]:
+    """What every run of the study shares, pinned here so that edits of the demo preset leave it as it is."""
+    return [
         "model.variant=tiny",
         "model.precision=float32",
         f"model.image_size={args.image_size}",
         "model.drop_connect_rate=0.2",
-        "model.bn_momentum=0.9",
-        "model.bn_group_size=none",
-        "model.bn_group_rule=examples128",
-        f"optimizer.name={row.optimizer}",
+        "model.bn_momentum=0.9",  # 0.99 leaves the moving statistics of a short run near their start
+        "model.bn_group_size=1",
+        f"model.bn_virtual_batch={min(BN_EXAMPLES, batch // args.replicas)}",
         "optimizer.ema_decay=0.9999",
         "optimizer.weight_decay=1e-5",
         "optimizer.label_smoothing=0.1",
-        f"schedule.kind={row.schedule}",
-        f"schedule.lr_per_256={row.lr_per_256}",
-        f"schedule.warmup_epochs={row.warmup_epochs(args.epochs)}",
-        "schedule.end_lr=0.1",
+        "schedule.end_lr=0.1",  # the reference's; LARS' searches tune it
         f"data.num_train_examples={data['num_train']}",
         f"data.num_eval_examples={data['num_eval']}",
-        f"data.global_batch_size={row.batch}",
-        "data.eval_batch_size=1024",
+        f"data.global_batch_size={batch}",
+        "data.eval_batch_size=1000",
         f"data.num_cores={args.replicas}",
         f"data.replicas_per_host={args.replicas}",
         "data.min_crop_area=0.5",
         "data.random_flip=true",
         "augment.policy=none",
-        f"loop.train_epochs={args.epochs}",
         "loop.eval_every_epochs=1",
         "loop.target_top1=none",
         "loop.strategy=mirrored",
-        f"loop.seed={seed}",
         "loop.deterministic=false",
     ]
-    if row.optimizer == "rmsprop":
-        overrides.append(f"optimizer.rmsprop_form={row.rmsprop_form}")
-    changed = dict(row.changes)
-    return [o for o in overrides if o.split("=")[0] not in changed] + [f"{k}={v}" for k, v in row.changes]
 
 
-def _last_train_loss(model_dir: str) -> float:
-    """The training loss of the run's last training call (its run log's last progress event).
-
-    The loss of the training batches as trained on: augmented, in training mode, label-smoothed, with the L2
-    term for RMSProp (LARS decays inside the update); beside the test top-1 it tells a row that cannot fit
-    the training set from one that fits it and generalises worse.
-    """
-    with open(os.path.join(model_dir, "run_log.jsonl")) as f:
-        events = [json.loads(line) for line in f if line.strip()]
-    return [e for e in events if e["event"] == "progress"][-1]["loss"]
-
-
-def _training_overrides(overrides: list[str]) -> list[str]:
-    """The overrides that change the training: all but the run's name."""
-    return [o for o in overrides if not o.startswith("name=")]
+def _evaluate_expressions(overrides: list[str]) -> list[str]:
+    """'KEY=a*b/c' arithmetic of the recipes' settings, evaluated (numbers and * / only)."""
+    out = []
+    for override in overrides:
+        key, _, value = override.partition("=")
+        if any(op in value for op in "*/") and all(c in "0123456789.*/e-" for c in value):
+            number = 1.0
+            for part in value.replace("/", "*/").split("*"):
+                number = number / float(part[1:]) if part.startswith("/") else number * float(part)
+            value = f"{number:.6g}"
+        out.append(f"{key}={value}")
+    return out
 
 
-def train_row(row: Row, data: dict, args, seed: int) -> dict:
-    """Trains one row with ``python -m trainer_module`` on ``--replicas`` logical CPUs; returns its metrics.
+def cell_overrides(cell: Cell, args, data: dict, epochs: int) -> list[str]:
+    overrides = common_overrides(args, data, cell.batch)
+    return _evaluate_expressions(overrides + cell.recipe.fixed(epochs))
 
-    Besides metrics.json's figures, the result holds the run's wall and CPU seconds and the load average
-    before and after it: on a shared machine the CPU seconds, not the wall time, say what a quiet one needs.
-    With ``--reuse``, a finished run of the same row and seed with the same overrides (the run's name aside) in
-    the work directory is taken as it is (a study interrupted after some rows goes on with the rest).
-    """
-    model_dir = os.path.join(args.work_dir, "runs", f"{row.name}-seed{seed}")
-    overrides = row_overrides(row, data, args, seed)
-    study_path = os.path.join(model_dir, STUDY_FILE)
-    if args.reuse and os.path.exists(study_path):
-        with open(study_path) as f:
-            saved = json.load(f)
-        if _training_overrides(saved["overrides"]) == _training_overrides(overrides):
-            print(f"[study] {row.name} seed {seed}: reusing the finished run in {model_dir}", flush=True)
-            return {**saved["metrics"], "final_train_loss": _last_train_loss(model_dir)}
-    shutil.rmtree(model_dir, ignore_errors=True)
-    command = [sys.executable, "-m", "trainer_module", "--preset", "demo", "--model-dir", model_dir]
-    command += ["--train-files", data["train"], "--eval-files", data["eval"]]
+
+# ---------------------------------------------------------------------------------------------- runs
+
+
+class Results:
+    """The study's results file: searches and final runs, written after each one (thread-safe)."""
+
+    def __init__(self, path: str):
+        self.path = path
+        self.lock = threading.Lock()
+        self.values = {"searches": {}, "runs": {}}
+        if os.path.exists(path):
+            with open(path) as f:
+                saved = json.load(f)
+            self.values["searches"] = saved.get("searches", {})
+            self.values["runs"] = saved.get("runs", {})
+
+    def get(self, kind: str, name: str, settings: dict) -> dict | None:
+        entry = self.values[kind].get(name)
+        return entry if entry is not None and entry.get("settings") == settings else None
+
+    def put(self, kind: str, name: str, entry: dict, write) -> None:
+        with self.lock:
+            self.values[kind][name] = entry
+            write(self.values)
+
+
+def _run(command: list[str], log_path: str) -> tuple[int, float, float]:
+    """(exit code, wall seconds, CPU seconds of the child and its children) of a command logged to a file."""
+    os.makedirs(os.path.dirname(log_path), exist_ok=True)
+    start = time.time()
+    with open(log_path, "a") as log:
+        child = subprocess.Popen(command, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, env=_child_env())
+        _, status, usage = os.wait4(child.pid, 0)
+    return os.waitstatus_to_exitcode(status), time.time() - start, usage.ru_utime + usage.ru_stime
+
+
+def _child_env() -> dict:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = REPO + os.pathsep + env.get("PYTHONPATH", "")  # this checkout's code, not another's
+    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    return env
+
+
+def tune(cell: Cell, args, data: dict, results: Results, write) -> dict:
+    """Phase 1 for one cell: its Hyperband search on the tuning split (resumed if half done)."""
+    space = cell.recipe.search_space(args.tune_epochs, cell.batch)
+    overrides = cell_overrides(cell, args, data, args.tune_epochs)
+    settings = {"overrides": overrides, "space": space, "max_epochs": args.tune_epochs, "factor": args.factor}
+    saved = results.get("searches", cell.name, settings)
+    if saved is not None:
+        print(f"[study] {cell.name}: search done before: best {saved['best']['top1']:.4f}", flush=True)
+        return saved
+    tune_dir = os.path.join(args.work_dir, "searches", cell.name)
+    command = [sys.executable, "-m", "trainer_module", "tune", "--preset", "demo", "--tune-dir", tune_dir]
+    command += ["--train-files", data["train"], "--eval-files", data["eval"], "--only", "--seed", "0"]
+    command += ["--max-epochs", str(args.tune_epochs), "--factor", str(args.factor)]
     command += ["--cpu-devices", str(args.replicas)]
+    for dimension in space:
+        command += ["--space", dimension]
     for override in overrides:
         command += ["--set", override]
-    log_path = model_dir + ".log"
-    os.makedirs(os.path.dirname(log_path), exist_ok=True)
-    load_before, start = os.getloadavg()[1], time.time()
-    with open(log_path, "w") as log:
-        child = subprocess.Popen(command, cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
-        # This child's own CPU time (rows may run side by side, so not RUSAGE_CHILDREN's running total).
-        _, status, usage = os.wait4(child.pid, 0)
-        child.returncode = os.waitstatus_to_exitcode(status)
-    if child.returncode:
-        raise SystemExit(f"[study] {row.name} failed (exit {child.returncode}); see {log_path}")
-    with open(os.path.join(model_dir, "metrics.json")) as f:
+    print(f"[study] {cell.name}: searching ({' '.join(space)})", flush=True)
+    code, wall, cpu = _run(command, tune_dir + ".log")
+    if code:
+        raise SystemExit(f"[study] the search of {cell.name} failed (exit {code}); see {tune_dir}.log")
+    with open(os.path.join(tune_dir, "trials.json")) as f:
+        trials = json.load(f)["trials"]
+    with open(os.path.join(tune_dir, "best_hyperparameters.json")) as f:
+        best_values = json.load(f)
+    best = max((t for t in trials if t["top1"] is not None), key=lambda t: t["top1"])
+    entry = {
+        "settings": settings,
+        "best_values": best_values,
+        "best": {"trial_id": best["trial_id"], "top1": best["top1"], "epochs": best["epochs"]},
+        "trials": [
+            {k: t[k] for k in ("trial_id", "status", "values", "epochs", "top1", "cpu_seconds")}
+            for t in trials
+        ],
+        "cpu_seconds": sum(t["cpu_seconds"] for t in trials),
+        "wall_seconds": wall,
+        "process_cpu_seconds": cpu,
+    }
+    results.put("searches", cell.name, entry, write)
+    print(
+        f"[study] {cell.name}: best held-out top-1 {best['top1']:.4f} of {len(trials)} trials "
+        f"({entry['cpu_seconds'] / 60:.0f} CPU-min): {best_values}",
+        flush=True,
+    )
+    return entry
+
+
+def final(cell: Cell, seed: int, args, data: dict, search: dict, results: Results, write) -> dict:
+    """Phase 2: one seed of a cell at its tuned values, on the training set, evaluated on the test set."""
+    from trainer_module import tuning
+
+    tuned, _ = tuning.hyperparameter_overrides(search["best_values"], args.epochs)
+    overrides = cell_overrides(cell, args, data, args.epochs) + [f"loop.train_epochs={args.epochs}"]
+    overrides += tuned + [f"loop.seed={seed}"]
+    name = f"{cell.name}-seed{seed}"
+    settings = {"overrides": overrides}
+    saved = results.get("runs", name, settings)
+    if saved is not None:
+        return saved
+    model_dir = os.path.join(args.work_dir, "runs", name)
+    shutil.rmtree(model_dir, ignore_errors=True)
+    command = [sys.executable, "-m", "trainer_module", "--preset", "demo", "--model-dir", model_dir]
+    command += [
+        "--train-files",
+        data["train"],
+        "--eval-files",
+        data["eval"],
+        "--cpu-devices",
+        str(args.replicas),
+    ]
+    for override in [f"name=study-{cell.name}", *overrides]:
+        command += ["--set", override]
+    print(f"[study] {name}: training {args.epochs} epochs", flush=True)
+    code, wall, cpu = _run(command, model_dir + ".log")
+    metrics_path = os.path.join(model_dir, "metrics.json")
+    if not os.path.exists(metrics_path):
+        raise SystemExit(f"[study] {name} failed (exit {code}); see {model_dir}.log")
+    with open(metrics_path) as f:
         metrics = json.load(f)
-    metrics["wall_seconds"] = time.time() - start
-    metrics["cpu_seconds"] = usage.ru_utime + usage.ru_stime
-    metrics["load_average_5min"] = [load_before, os.getloadavg()[1]]
-    metrics["final_train_loss"] = _last_train_loss(model_dir)
-    with open(study_path, "w") as f:
-        json.dump({"overrides": overrides, "metrics": metrics}, f)
-    return metrics
+    history = [
+        {k: h[k] for k in ("epoch", "step", "top1", "elapsed_seconds") if k in h} for h in metrics["history"]
+    ]
+    entry = {
+        "settings": settings,
+        "cell": cell.name,
+        "seed": seed,
+        "tuned": search["best_values"],
+        "final_top1": history[-1]["top1"],
+        "peak_top1": max(h["top1"] for h in history),
+        "steps": metrics["steps"],
+        "diverged": bool(code) or not np.isfinite(history[-1]["top1"]),
+        "history": history,
+        "cpu_seconds": cpu,
+        "wall_seconds": wall,
+    }
+    results.put("runs", name, entry, write)
+    print(f"[study] {name}: top-1 {entry['final_top1']:.4f} ({cpu / 60:.0f} CPU-min)", flush=True)
+    return entry
 
 
 # ---------------------------------------------------------------------------------------------- report
 
 
-def summarise(row: Row, runs: list[dict], epochs: int) -> dict:
-    """Peak top-1 and when it was reached, averaged over seeds (as the paper averages three runs)."""
-    peaks = [max(run["history"], key=lambda h: h["top1"]) for run in runs]
-    return {
-        "row": row.name,
-        "label": row.label,
-        "optimizer": row.optimizer,
-        "rmsprop_form": row.rmsprop_form if row.optimizer == "rmsprop" else None,
-        "schedule": row.schedule,
-        "batch": row.batch,
-        "lr_per_256": row.lr_per_256,
-        "warmup_epochs": row.warmup_epochs(epochs),
-        "peak_top1": float(np.mean([p["top1"] for p in peaks])),
-        "peak_top1_each": [p["top1"] for p in peaks],
-        "final_top1_each": [run["history"][-1]["top1"] for run in runs],
-        "final_train_loss": float(np.mean([run["final_train_loss"] for run in runs])),
-        "epochs_to_peak": float(np.mean([p["epoch"] for p in peaks])),
-        "seconds_to_peak": float(np.mean([p["elapsed_seconds"] for p in peaks])),
-        "first_call_seconds": float(np.mean([run["first_call_seconds"] for run in runs])),
-        "images_per_second": float(np.mean([run["images_per_second"] or 0.0 for run in runs])),
-        "cpu_seconds": float(np.mean([run.get("cpu_seconds", float("nan")) for run in runs])),
-        "wall_seconds": float(np.mean([run.get("wall_seconds", float("nan")) for run in runs])),
-        "load_average_5min": [run.get("load_average_5min") for run in runs],
-        "steps": runs[0]["steps"],
-    }
-
-
-def table(summaries: list[dict], baseline: dict) -> str:
-    lines = [
-        "| optimizer | batch | LR per 256 | warmup (epochs) | steps | peak top-1 (each seed) | vs baseline "
-        "| epochs to peak | time to peak (s) | images/s | CPU time (min) | last train loss |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
-    ]
-    for s in summaries:
-        delta = (s["peak_top1"] - baseline["peak_top1"]) * 100
-        each = ", ".join(f"{top1:.4f}" for top1 in s["peak_top1_each"])
-        lines.append(
-            f"| {s['label']} | {s['batch']} | {s['lr_per_256']} | {s['warmup_epochs']:.2f} | {s['steps']} "
-            f"| {s['peak_top1']:.4f} ({each}) | {delta:+.2f} pt | {s['epochs_to_peak']:.1f} "
-            f"| {s['seconds_to_peak']:.0f} | {s['images_per_second']:.0f} | {s['cpu_seconds'] / 60:.1f} "
-            f"| {s['final_train_loss']:.3f} |"
+def summarise(values: dict, cells: list[Cell], args) -> dict:
+    """Per cell: the tuned values, the finals' top-1 mean and spread; the claim's figures on top."""
+    rows = []
+    for cell in cells:
+        search = values["searches"].get(cell.name)
+        runs = [values["runs"][k] for k in sorted(values["runs"]) if values["runs"][k]["cell"] == cell.name]
+        finals = [r["final_top1"] for r in runs]
+        rows.append(
+            {
+                "cell": cell.name,
+                "optimizer": cell.optimizer,
+                "batch": cell.batch,
+                "tuned": search["best_values"] if search else None,
+                "held_out_top1": search["best"]["top1"] if search else None,
+                "search_cpu_minutes": search["cpu_seconds"] / 60 if search else None,
+                "seeds": [r["seed"] for r in runs],
+                "final_top1_each": finals,
+                "final_top1_mean": float(np.mean(finals)) if finals else None,
+                "final_top1_std": float(np.std(finals, ddof=1)) if len(finals) > 1 else None,
+                "peak_top1_mean": float(np.mean([r["peak_top1"] for r in runs])) if runs else None,
+                "steps": runs[0]["steps"] if runs else None,
+                "diverged": sum(r["diverged"] for r in runs),
+                "cpu_minutes_per_run": float(np.mean([r["cpu_seconds"] for r in runs])) / 60
+                if runs
+                else None,
+            }
         )
+    by = {(r["optimizer"], r["batch"]): r for r in rows}
+    small = [
+        by[(o, args.small_batch)] for o in RECIPES if by.get((o, args.small_batch), {}).get("final_top1_mean")
+    ]
+    baseline = max(small, key=lambda r: r["final_top1_mean"]) if small else None
+    lars = by.get(("lars", args.large_batch), {}).get("final_top1_mean")
+    rmsprop = by.get(("rmsprop", args.large_batch), {}).get("final_top1_mean")
+    summary = {
+        "baseline_top1_mean": baseline["final_top1_mean"] if baseline else None,
+        "baseline_cell": baseline["cell"] if baseline else None,
+        "lars_large_top1_mean": lars,
+        "rmsprop_large_top1_mean": rmsprop,
+        "large_batch": args.large_batch,
+        "small_batch": args.small_batch,
+        "seeds": sorted({r["seed"] for r in values["runs"].values()}),
+        "complete": all(len(r["final_top1_each"]) >= args.seeds for r in rows),
+    }
+    if baseline and lars is not None:
+        summary["lars_within_1pt"] = bool(lars >= baseline["final_top1_mean"] - 0.01)
+    if baseline and rmsprop is not None:
+        summary["rmsprop_3pt_short"] = bool(rmsprop <= baseline["final_top1_mean"] - 0.03)
+    return {"summary": summary, "cells": rows}
+
+
+def _fmt(value, spec=".4f"):
+    return "—" if value is None else format(value, spec)
+
+
+def markdown(report: dict, args, data_sizes: dict) -> str:
+    s = report["summary"]
+    lines = [
+        "# Large-batch study (benchmarks/large_batch_study.py)",
+        "",
+        f"Fashion-MNIST sharded with `--classes found` (10 classes), tiny EfficientNet at {args.image_size} px on "
+        f"{args.replicas} logical CPU replicas, batch norm over {BN_EXAMPLES} examples. Tuning: Hyperband "
+        f"(`--tune-epochs {args.tune_epochs}`, factor {args.factor}, seed 0), the same budget for every cell, on "
+        f"{data_sizes['tune_train']:,} training images evaluated on {data_sizes['tune_eval']:,} held out from "
+        f"the training set. Finals: {args.epochs} epochs on {data_sizes['train']:,} images, top-1 on the "
+        f"{data_sizes['eval']:,} test images at the end of training (averaged weights), seeds "
+        f"{', '.join(map(str, range(args.seeds)))}.",
+        "",
+        "| cell | tuned values (epochs: of the search's schedule) | held-out top-1 (search) | search CPU-min | steps | final top-1 mean ± sd "
+        "(each seed) | peak top-1 mean | CPU-min per run |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for r in report["cells"]:
+        tuned = ", ".join(
+            f"{k.split('.')[-1]}={v:.3g}"
+            for k, v in (r["tuned"] or {}).items()
+            if not k.startswith("tuning/")
+        )
+        each = ", ".join(f"{x:.4f}" for x in r["final_top1_each"])
+        spread = f" ± {r['final_top1_std']:.4f}" if r["final_top1_std"] is not None else ""
+        lines.append(
+            f"| {r['cell']} | {tuned or 'not tuned yet'} | {_fmt(r['held_out_top1'])} "
+            f"| {_fmt(r['search_cpu_minutes'], '.0f')} | {r['steps'] or '—'} "
+            f"| {_fmt(r['final_top1_mean'])}{spread} ({each or 'no run yet'}) | {_fmt(r['peak_top1_mean'])} "
+            f"| {_fmt(r['cpu_minutes_per_run'], '.1f')} |"
+        )
+    lines += ["", "**The paper's claim at this scale** (means over seeds):", ""]
+    if s["baseline_top1_mean"] is None:
+        lines.append("- no batch-256 cell has a final run yet.")
+    else:
+        lines.append(
+            f"- best batch-{args.small_batch} baseline: {s['baseline_cell']}, {s['baseline_top1_mean']:.4f}."
+        )
+        for key, name, claim, flag in (
+            ("lars_large_top1_mean", "LARS", "within 1.0 point", "lars_within_1pt"),
+            ("rmsprop_large_top1_mean", "RMSProp", "at least 3 points short", "rmsprop_3pt_short"),
+        ):
+            if s[key] is None:
+                lines.append(f"- {name} at {args.large_batch}: no final run yet.")
+            else:
+                delta = (s[key] - s["baseline_top1_mean"]) * 100
+                verdict = "holds" if s[flag] else "does not hold"
+                lines.append(
+                    f"- {name} at {args.large_batch}: {s[key]:.4f} ({delta:+.2f} pt); the claim ({claim}) {verdict}."
+                )
+    if not s["complete"]:
+        lines += [
+            "",
+            f"Incomplete: not every cell has {args.seeds} seeds yet (`--seeds {args.seeds}` resumes).",
+        ]
+    lines += ["", "![top-1 against epochs and steps](large_batch_study.png)", ""]
     return "\n".join(lines)
 
 
-def plot(histories: dict[str, list[list[dict]]], path: str) -> None:
-    """Figure 1 of the paper at small scale: top-1 against epochs and against time, one line per row.
-
-    A third panel puts the rows against optimizer steps (log scale): at the same epochs a large batch takes
-    16-32 times fewer steps, which is what this scale is short of.
-    """
+def plot(values: dict, path: str) -> None:
+    """Top-1 on the test set against epochs and against optimizer steps, one line per final run."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (by_epoch, by_time, by_step) = plt.subplots(1, 3, figsize=(17, 4.8))
-    for name, runs in histories.items():
-        color = None
-        for i, history in enumerate(runs):
-            label = name if i == 0 else None
-            top1 = [h["top1"] for h in history]
-            (line,) = by_epoch.plot(
-                [h["epoch"] for h in history], top1, marker="o", markersize=3, label=label, color=color
-            )
-            color = line.get_color()
-            minutes = [h["elapsed_seconds"] / 60 for h in history]
-            by_time.plot(minutes, top1, marker="o", markersize=3, color=color, label=label)
-            by_step.plot(
-                [h["step"] for h in history], top1, marker="o", markersize=3, color=color, label=label
-            )
+    fig, (by_epoch, by_step) = plt.subplots(1, 2, figsize=(13, 4.8))
+    colors = {}
+    for name in sorted(values["runs"]):
+        run = values["runs"][name]
+        history = run["history"]
+        label = run["cell"] if run["cell"] not in colors else None
+        (line,) = by_epoch.plot(
+            [h["epoch"] for h in history], [h["top1"] for h in history], marker="o", markersize=2,
+            label=label, color=colors.get(run["cell"]),
+        )  # fmt: skip
+        colors.setdefault(run["cell"], line.get_color())
+        by_step.plot([h["step"] for h in history], [h["top1"] for h in history], color=colors[run["cell"]])
     by_epoch.set_xlabel("epoch")
-    by_time.set_xlabel("minutes since the train-and-eval loop started (shared 2-core machine)")
     by_step.set_xlabel("optimizer steps")
     by_step.set_xscale("log")
-    for axis in (by_epoch, by_time, by_step):
+    for axis in (by_epoch, by_step):
         axis.set_ylabel("top-1 (Fashion-MNIST test set, averaged weights)")
-        axis.set_ylim(0.0, 1.0)
+        axis.set_ylim(0.5, 1.0)
         axis.grid(alpha=0.3)
-        axis.legend(fontsize=8)
-    fig.suptitle(
-        "Large-batch study: top-1 against epochs, time and steps (tiny EfficientNet, one line per run)"
-    )
+    by_epoch.legend(fontsize=8)
+    fig.suptitle("Tuned large-batch study: one line per seed, a colour per cell")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+# ---------------------------------------------------------------------------------------------- main
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--work-dir", default="/tmp/effnet-large-batch-study")
     parser.add_argument("--out-dir", default=os.path.join(REPO, "docs"))
-    parser.add_argument("--epochs", type=int, default=DEFAULT_EPOCHS)
+    parser.add_argument("--epochs", type=int, default=20, help="the finals' epochs")
+    parser.add_argument(
+        "--tune-epochs", type=int, default=4, help="every trial's schedule; Hyperband's longest"
+    )
+    parser.add_argument("--factor", type=int, default=3, help="Hyperband's reduction factor")
+    parser.add_argument("--small-batch", type=int, default=256)
+    parser.add_argument("--large-batch", type=int, default=4096)
     parser.add_argument("--image-size", type=int, default=16)
     parser.add_argument("--replicas", type=int, default=DEFAULT_REPLICAS, help="logical CPU replicas")
-    parser.add_argument("--seeds", type=int, default=1)
-    parser.add_argument(
-        "--jobs",
-        type=int,
-        default=2,
-        help="runs trained side by side (2: each keeps about one core busy, the two cores stay full)",
-    )
-    parser.add_argument(
-        "--rows",
-        default=",".join(DEFAULT_ROWS),
-        help=f"comma-separated row names, trained in this order (known: {', '.join(r.name for r in ROWS)})",
-    )
-    parser.add_argument("--reuse", action="store_true", help="take finished rows from --work-dir as they are")
-    parser.add_argument("--note", default="", help="a sentence for the results' header (how the rows ran)")
+    parser.add_argument("--seeds", type=int, default=3)
+    parser.add_argument("--jobs", type=int, default=2, help="searches or runs side by side (each ~one core)")
+    parser.add_argument("--tune-only", action="store_true", help="phase 1 only")
     args = parser.parse_args(argv)
-    wanted = args.rows.split(",")
-    by_name = {r.name: r for r in ROWS}
-    rows = [by_name[name] for name in wanted if name in by_name]
-    if len(rows) != len(wanted):
-        parser.error(f"--rows: known rows are {', '.join(r.name for r in ROWS)}")
+    if args.large_batch % args.small_batch or args.large_batch <= args.small_batch:
+        parser.error("--large-batch must be a multiple of --small-batch above it")
 
-    data = prepare_shards(args.work_dir)
-    print(f"[study] {data['num_train']} training / {data['num_eval']} test images", flush=True)
-
-    def run(task: tuple[Row, int]) -> dict:
-        row, seed = task
-        metrics = train_row(row, data, args, seed)
-        peak = max(h["top1"] for h in metrics["history"])
-        rate = metrics["images_per_second"] or 0.0  # None when the run had a single (compiling) call
-        print(
-            f"[study] {row.name} seed {seed}: peak top-1 {peak:.4f} in {metrics['wall_seconds']:.0f}s wall, "
-            f"{metrics['cpu_seconds']:.0f}s CPU ({rate:.0f} img/s, first call "
-            f"{metrics['first_call_seconds']:.0f}s)",
-            flush=True,
-        )
-        return metrics
-
-    tasks = [(row, seed) for row in rows for seed in range(args.seeds)]
-    study_start = time.time()
-    with concurrent.futures.ThreadPoolExecutor(max_workers=args.jobs) as pool:
-        results = dict(zip(tasks, pool.map(run, tasks), strict=True))
-    study_minutes = (time.time() - study_start) / 60
-    histories, summaries = {}, []
-    for row in rows:
-        runs = [results[(row, seed)] for seed in range(args.seeds)]
-        histories[row.name] = [run["history"] for run in runs]
-        summaries.append(summarise(row, runs, args.epochs))
-
-    order = [r.name for r in ROWS]
-    summaries.sort(key=lambda s: order.index(s["row"]))  # the table in the paper's order
-    baseline = summaries[0]
-    text = table(summaries, baseline)
-    cpu_minutes = sum(s["cpu_seconds"] * args.seeds for s in summaries) / 60
-    wall_minutes = sum(s["wall_seconds"] * args.seeds for s in summaries) / 60
-    header = (
-        f"Fashion-MNIST ({data['num_train']} train / {data['num_eval']} test), tiny EfficientNet at "
-        f"{args.image_size} px, {args.epochs} epochs, {args.replicas} logical CPU replicas, {args.seeds} "
-        f"seed(s) per row; the runs took {cpu_minutes:.0f} CPU-minutes ({wall_minutes:.0f} min of wall time summed "
-        f"over runs, trained up to {args.jobs} at a time); this invocation took {study_minutes:.0f} min."
-    )
-    if args.note:
-        header += " " + args.note
-    print(header + "\n\n" + text)
+    cells = [Cell(o, b) for b in (args.small_batch, args.large_batch) for o in RECIPES]
+    tune_data, final_data = prepare_data(args.work_dir)
+    sizes = {
+        "tune_train": tune_data["num_train"],
+        "tune_eval": tune_data["num_eval"],
+        "train": final_data["num_train"],
+        "eval": final_data["num_eval"],
+    }
     os.makedirs(args.out_dir, exist_ok=True)
-    with open(os.path.join(args.out_dir, "large_batch_study.md"), "w") as f:
-        f.write(f"# Large-batch study (benchmarks/large_batch_study.py)\n\n{header}\n\n{text}\n")
-        f.write("\n![top-1 against epochs, time and steps](large_batch_study.png)\n")
-    with open(os.path.join(args.out_dir, "large_batch_study.json"), "w") as f:
-        json.dump({"args": vars(args), "summaries": summaries, "histories": histories}, f, indent=1)
-    plot(histories, os.path.join(args.out_dir, "large_batch_study.png"))
-    print(f"[study] wrote {os.path.join(args.out_dir, 'large_batch_study.md')} and .png", flush=True)
+    results = Results(os.path.join(args.out_dir, RESULTS))
+
+    def write(values: dict) -> None:
+        report = summarise(values, cells, args)
+        everything = {**report, "args": vars(args), "data": sizes, **values}
+        with open(results.path + ".tmp", "w") as f:
+            json.dump(everything, f, indent=1)
+        os.replace(results.path + ".tmp", results.path)
+        with open(os.path.join(args.out_dir, "large_batch_study.md"), "w") as f:
+            f.write(markdown(report, args, sizes))
+        if values["runs"]:
+            plot(values, os.path.join(args.out_dir, "large_batch_study.png"))
+
+    start = time.time()
+    with concurrent.futures.ThreadPoolExecutor(max_workers=args.jobs) as pool:
+        searches = dict(
+            zip(cells, pool.map(lambda c: tune(c, args, tune_data, results, write), cells), strict=True)
+        )
+        if not args.tune_only:
+            # Seed by seed over the cells, so that an interrupted study has every cell at the same depth.
+            tasks = [(cell, seed) for seed in range(args.seeds) for cell in cells]
+            list(
+                pool.map(lambda t: final(t[0], t[1], args, final_data, searches[t[0]], results, write), tasks)
+            )
+    write(results.values)
+    report = summarise(results.values, cells, args)
+    print(json.dumps(report["summary"], indent=1))
+    print(
+        f"[study] done in {(time.time() - start) / 60:.0f} min; wrote {results.path} and the .md/.png beside it"
+    )
     return 0
 
 
