@@ -299,7 +299,7 @@ def test_with_overrides_parses_by_field_type():
         ("model.bn_group_layout=ring", "model.bn_group_layout='ring' is not one of 'consecutive', 'torus2d'"),
         (
             "model.bn_group_rule=half",
-            "model.bn_group_rule='half' is not one of 'examples128', 'reference_tpu'",
+            "model.bn_group_rule='half' is not one of 'examples128', 'reference_lars', 'reference_tpu'",
         ),
         ("schedule.kind=cosine", "schedule.kind='cosine' is not one of 'polynomial', 'exponential'"),
         ("augment.policy=mixup", "augment.policy='mixup' is not one of 'none', 'autoaugment', 'randaugment'"),

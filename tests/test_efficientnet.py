@@ -18,7 +18,7 @@ B_VARIANT_PARAMS = [
 ]
 CONV_TYPES = (keras.layers.Conv2D, keras.layers.DepthwiseConv2D)
 
-# REFERENCE.md section 4: (variant, width, depth, resolution, dropout).
+# docs/recipe.md, "The network": (variant, width, depth, resolution, dropout).
 REFERENCE_TABLE = [
     ("b0", 1.0, 1.0, 224, 0.2),
     ("b1", 1.0, 1.1, 240, 0.2),

@@ -1,4 +1,4 @@
-"""Grouped synchronised batch normalisation (REFERENCE.md section 5).
+"""Grouped synchronised batch normalisation (docs/recipe.md, "Distributed batch normalisation").
 
 In training mode the statistics of a batch-norm layer are those of the union of the batches of a *group* of
 replicas: group size 1 is per-replica batch norm, group size = all replicas is global (sync) batch norm. From

@@ -141,8 +141,9 @@ class ModelConfig(_Section):
       bn_epsilon: batch-norm epsilon.
       bn_group_size: replicas per batch-norm group; None derives it by ``bn_group_rule``.
       bn_group_rule: how an unset group size is derived: 'examples128' (about 128 examples per group, the
-        reference LARS runs) or 'reference_tpu' (1 up to 8 replicas, else max(8, replicas / 8), as
-        tensorflow/tpu's TpuBatchNormalization did for the paper's RMSProp rows).
+        reference LARS runs), 'reference_lars' (the reference LARS runs exactly: all replicas up to 8, else about
+        128 examples) or 'reference_tpu' (1 up to 8 replicas, else max(8, replicas / 8), as tensorflow/tpu's
+        TpuBatchNormalization did for the paper's RMSProp rows).
       bn_group_layout: how replicas form groups: 'consecutive' ids or 'torus2d' tiles of the TPU torus.
       bn_virtual_batch: examples per batch-norm group within a replica ("ghost" batch norm); None = the
         replica's batch. Keeps the reference's ~128 examples per group on few replicas with large batches
@@ -197,6 +198,8 @@ class OptimizerConfig(_Section):
       lars_nesterov: Nesterov momentum in LARS.
       lars_l2_in_loss: exact reproduction of the reference: under LARS, add the L2 term to the loss as well,
         so weight decay is applied twice (once in the loss gradient, once inside LARS). Off by default.
+      l2_includes_biases: exact reproduction of the reference: the L2 loss term sums over biases too (every
+        variable but batch norm's); off, it leaves biases out, as LARS' own decay does. On in the paper presets.
       rmsprop_rho: RMSProp mean-square decay ("decay" in TF1).
       rmsprop_epsilon: RMSProp epsilon.
       rmsprop_form: 'keras' (``keras.optimizers.RMSprop``) or 'tf1', the reference's
@@ -215,6 +218,7 @@ class OptimizerConfig(_Section):
     lars_epsilon: float = 0.0
     lars_nesterov: bool = False
     lars_l2_in_loss: bool = False
+    l2_includes_biases: bool = False
     rmsprop_rho: float = 0.9
     rmsprop_epsilon: float = 1e-3
     rmsprop_form: str = "keras"
@@ -313,6 +317,9 @@ class DataConfig(_Section):
         machine, 1 for a single CPU.
       min_crop_area: smallest random training crop as a fraction of the image (0.08 in the recipe).
       random_flip: random left-right flips in training.
+      clip_resized: clip the bicubic resize to [0, 255] (bicubic overshoots at sharp edges); off is the
+        reference's unclipped resize (exact reproduction, on in the paper presets), in training, evaluation
+        and the exported serving signatures alike.
       eval_crop_padding: pixels P of the evaluation centre crop, which keeps S / (S + P) of the short side;
         None derives P from the 0.875 crop of today's reference (32 at 224, 65 at 456); 32 is the paper-era
         constant (0.934 of the short side at 456).
@@ -328,6 +335,7 @@ class DataConfig(_Section):
     replicas_per_host: int = 8
     min_crop_area: float = 0.08
     random_flip: bool = True
+    clip_resized: bool = True
     eval_crop_padding: int | None = None
     label_offset: int = 0
 

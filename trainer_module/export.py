@@ -21,15 +21,18 @@ CLASSES = "classes"
 
 
 class _ServingModule(tf.Module):
-    def __init__(self, model: keras.Model, image_size: int, crop_padding: int | None):
+    def __init__(self, model: keras.Model, image_size: int, crop_padding: int | None, clip_resized: bool):
         super().__init__()
         self.model = model
         self._image_size = image_size
         self._crop_padding = crop_padding
+        self._clip_resized = clip_resized
 
     def _predict(self, jpegs):
         images = tf.map_fn(
-            lambda jpeg: input_pipeline.preprocess_for_eval(jpeg, self._image_size, self._crop_padding),
+            lambda jpeg: input_pipeline.preprocess_for_eval(
+                jpeg, self._image_size, self._crop_padding, self._clip_resized
+            ),
             jpegs,
             fn_output_signature=tf.TensorSpec([self._image_size, self._image_size, 3], tf.float32),
         )
@@ -50,14 +53,18 @@ class _ServingModule(tf.Module):
 
 
 def export_saved_model(
-    model: keras.Model, image_size: int, export_dir: str, crop_padding: int | None = None
+    model: keras.Model,
+    image_size: int,
+    export_dir: str,
+    crop_padding: int | None = None,
+    clip_resized: bool = True,
 ) -> str:
     """Writes the SavedModel with both signatures to ``export_dir`` and returns the path.
 
     ``crop_padding`` is the run's evaluation crop (``TrainingPlan.eval_crop_padding_pixels``), so the served
-    model sees images prepared exactly as in the in-loop evaluation.
+    model sees images prepared exactly as in the in-loop evaluation; so is ``clip_resized`` (``data.clip_resized``).
     """
-    module = _ServingModule(model, image_size, crop_padding)
+    module = _ServingModule(model, image_size, crop_padding, clip_resized)
     # A fresh directory: nothing of an earlier export (another run of the same model dir) may mix in.
     if tf.io.gfile.exists(export_dir):
         tf.io.gfile.rmtree(export_dir)

@@ -1,4 +1,4 @@
-"""Per-host tf.data input pipelines for training and in-loop evaluation (REFERENCE.md sections 6-8).
+"""Per-host tf.data input pipelines for training and in-loop evaluation (docs/recipe.md, "The data and the input pipeline").
 
 Both builders are written to run inside ``strategy.distribute_datasets_from_function``::
 
@@ -151,10 +151,13 @@ def decode_crop(image_bytes: tf.Tensor, window: tf.Tensor, fused: bool = True) -
     return tf.image.crop_to_bounding_box(image, window[0], window[1], window[2], window[3])
 
 
-def resize(image: tf.Tensor, image_size: int) -> tf.Tensor:
-    """Bicubic resize to float32 [S, S, 3], clipped to [0, 255] (bicubic overshoots at sharp edges)."""
+def resize(image: tf.Tensor, image_size: int, clip: bool = True) -> tf.Tensor:
+    """Bicubic resize to float32 [S, S, 3], clipped to [0, 255] (bicubic overshoots at sharp edges) unless
+    ``clip`` is off (the reference's resize, ``data.clip_resized=false``)."""
     resized = tf.image.resize(image, [image_size, image_size], method=tf.image.ResizeMethod.BICUBIC)
-    return tf.ensure_shape(tf.clip_by_value(resized, 0.0, 255.0), [image_size, image_size, 3])
+    if clip:
+        resized = tf.clip_by_value(resized, 0.0, 255.0)
+    return tf.ensure_shape(resized, [image_size, image_size, 3])
 
 
 def preprocess_for_train(
@@ -165,6 +168,7 @@ def preprocess_for_train(
     min_crop_area: float = CROP_AREA_RANGE[0],
     random_flip: bool = True,
     augmentation: AugmentConfig | None = None,
+    clip: bool = True,
 ) -> tf.Tensor:
     """Random crop, bicubic resize, random left-right flip, then the augmentation policy, of one JPEG;
     float32 [S, S, 3] in [0, 255]. The order is the reference's: AutoAugment / RandAugment see the flipped crop.
@@ -178,9 +182,10 @@ def preprocess_for_train(
         objects, like the demo's digits, need gentler crops).
       random_flip: flip left-right with probability 1/2 (not for data whose classes are not mirror-invariant).
       augmentation: the ``augment`` section (policy 'autoaugment', 'randaugment' or 'none'); None is 'none'.
+      clip: see ``resize``.
     """
     window = train_crop_window(tf.image.extract_jpeg_shape(image_bytes), image_size, seeds[0], min_crop_area)
-    image = resize(decode_crop(image_bytes, window, fused), image_size)
+    image = resize(decode_crop(image_bytes, window, fused), image_size, clip)
     if random_flip:
         image = tf.image.stateless_random_flip_left_right(image, seed=seeds[1])
     if augmentation is None or augmentation.policy == "none":
@@ -191,11 +196,12 @@ def preprocess_for_train(
 
 
 def preprocess_for_eval(
-    image_bytes: tf.Tensor, image_size: int, crop_padding: int | None = None
+    image_bytes: tf.Tensor, image_size: int, crop_padding: int | None = None, clip: bool = True
 ) -> tf.Tensor:
-    """Centre crop (see ``center_crop_window``) and bicubic resize of one JPEG; float32 [S, S, 3] in [0, 255]."""
+    """Centre crop (see ``center_crop_window``) and bicubic resize of one JPEG; float32 [S, S, 3] in [0, 255]
+    (``clip``: see ``resize``)."""
     window = center_crop_window(tf.image.extract_jpeg_shape(image_bytes), image_size, crop_padding)
-    return resize(decode_crop(image_bytes, window), image_size)
+    return resize(decode_crop(image_bytes, window), image_size, clip)
 
 
 LABEL_CHECK_MARK = "label check failed"
@@ -588,6 +594,7 @@ def build_train_dataset(
     min_crop_area: float = CROP_AREA_RANGE[0],
     random_flip: bool = True,
     augmentation: AugmentConfig | None = None,
+    clip_resized: bool = True,
     label_offset: int = 0,
     num_classes: int = 1000,
     synsets: Sequence[str] | None = None,
@@ -614,6 +621,7 @@ def build_train_dataset(
       skip_records: records of the stream already consumed (a resumed run); with a seed, the stream then
         continues exactly where it stopped. They are skipped before decoding, so skipping is cheap.
       min_crop_area, random_flip, augmentation: see ``preprocess_for_train``.
+      clip_resized: see ``resize``.
       label_offset, num_classes, synsets: see ``LabelChecker``.
     """
     ctx = _context(input_context)
@@ -649,6 +657,7 @@ def build_train_dataset(
             min_crop_area,
             random_flip,
             augmentation,
+            clip_resized,
         )
         return image, check_label(example[schema.LABEL], example[schema.SYNSET], path)
 
@@ -667,6 +676,7 @@ def build_eval_dataset(
     with_filenames: bool = False,
     cycle_length: int = 8,
     crop_padding: int | None = None,
+    clip_resized: bool = True,
     label_offset: int = 0,
     num_classes: int = 1000,
     synsets: Sequence[str] | None = None,
@@ -687,6 +697,7 @@ def build_eval_dataset(
       with_filenames: add ``"filenames"`` (string [batch]; empty for padding), for checking coverage.
       cycle_length: files read in parallel.
       crop_padding: see ``center_crop_window``.
+      clip_resized: see ``resize``.
       label_offset, num_classes, synsets: see ``LabelChecker``.
       plan: ``eval_plan`` of the same arguments when the caller has it already (it counts every shard).
     """
@@ -698,7 +709,9 @@ def build_eval_dataset(
     def preprocess(record, path):
         example = parse_example(record, with_filenames)
         element = {
-            IMAGES: preprocess_for_eval(example[schema.IMAGE_ENCODED], image_size, crop_padding),
+            IMAGES: preprocess_for_eval(
+                example[schema.IMAGE_ENCODED], image_size, crop_padding, clip_resized
+            ),
             LABELS: check_label(example[schema.LABEL], example[schema.SYNSET], path),
             MASK: tf.constant(1.0, tf.float32),
         }

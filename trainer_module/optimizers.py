@@ -27,6 +27,8 @@ if TYPE_CHECKING:
 # 'batch_?norm' catches Keras' default 'batch_normalization' and other norm layers; gamma/beta as the leaf
 # name catch normalisation scales and offsets under any layer name; 'bias' catches every bias.
 DEFAULT_EXCLUDE = (r"bn/", r"batch_?norm", r"(^|/)(gamma|beta)$", r"bias")
+# The batch-norm patterns alone: what the reference's L2 term leaves out (it decays biases).
+BATCH_NORM_PATTERNS = DEFAULT_EXCLUDE[:3]
 
 OPTIMIZERS = Registry("optimizer.name")
 

@@ -27,7 +27,7 @@ from trainer_module.config import (
     TrainerConfig,
 )
 
-# Settings shared by every row of the paper (REFERENCE.md sections 1-3).
+# Settings shared by every row of the paper (docs/recipe.md).
 PAPER_EPOCHS = 350
 PAPER_WEIGHT_DECAY = 1e-5
 PAPER_LABEL_SMOOTHING = 0.1
@@ -38,7 +38,7 @@ RMSPROP_WARMUP_EPOCHS = 5.0
 PAPER_EVAL_CROP_PADDING = 32
 PAPER_AUGMENTATION = "autoaugment"
 
-# The scikit-learn digits rendered as ImageNet-style JPEGs (1,797 images split 1,437 / 360).
+# The scikit-learn digits rendered as ImageNet-style JPEGs (1,797 images split 1,438 / 359).
 DEMO_TRAIN_EXAMPLES = 1438
 DEMO_EVAL_EXAMPLES = 359
 
@@ -84,7 +84,7 @@ TABLE2_ROWS = (
 
 # Single-host recipes derived by the same rules, so a user can start on one 8-core TPU slice or one 8-GPU
 # machine: the EfficientNet reference's own B0 default (batch 2048, RMSProp, 350 epochs), gated at the B0
-# top-1 of the EfficientNet paper (REFERENCE.md section 4).
+# top-1 of the EfficientNet paper (docs/recipe.md).
 SINGLE_HOST_ROWS = (_rmsprop_row("b0", 8, 2048, 0.763),)
 
 
@@ -92,10 +92,12 @@ def paper_preset(row: Table2Row) -> TrainerConfig:
     """The config of one Table 2 row: ImageNet, 350 epochs, bfloat16 on TPU, EMA 0.9999, AutoAugment.
 
     LARS rows decay polynomially to 0.1 with weight decay inside LARS and, as in the reference, an L2 term in
-    the loss too; their batch-norm groups hold about 128 examples (4 replicas at 32 examples per core).
-    RMSProp rows run TF1's RMSProp (``rmsprop_form='tf1'``: the accumulator starts at 1), decay by 0.97 every
-    2.4 epochs with weight decay as an L2 loss term, and group batch norm by the reference's slice rule.
-    Evaluation uses the paper-era crop.
+    the loss too; their batch-norm groups hold about 128 examples (4 replicas at 32 examples per core), or
+    every replica on a slice of 8 or fewer (``reference_lars``). RMSProp rows run TF1's RMSProp
+    (``rmsprop_form='tf1'``: the accumulator starts at 1), decay by 0.97 every 2.4 epochs with weight decay as
+    an L2 loss term, and group batch norm by the reference's slice rule. Evaluation uses the paper-era crop.
+    Two more exact-reproduction switches are on: the L2 term sums over biases too, and the bicubic resize is
+    not clipped to [0, 255].
     """
     lars = row.optimizer == "lars"
     return TrainerConfig(
@@ -103,7 +105,7 @@ def paper_preset(row: Table2Row) -> TrainerConfig:
         model=ModelConfig(
             variant=row.variant,
             precision="bfloat16",
-            bn_group_rule="examples128" if lars else "reference_tpu",
+            bn_group_rule="reference_lars" if lars else "reference_tpu",
         ),
         optimizer=OptimizerConfig(
             name=row.optimizer,
@@ -111,6 +113,7 @@ def paper_preset(row: Table2Row) -> TrainerConfig:
             label_smoothing=PAPER_LABEL_SMOOTHING,
             ema_decay=PAPER_EMA_DECAY,
             lars_l2_in_loss=lars,
+            l2_includes_biases=True,
             rmsprop_form="tf1",  # tf.compat.v1.train.RMSPropOptimizer; read by the RMSProp rows only
         ),
         schedule=ScheduleConfig(
@@ -123,6 +126,7 @@ def paper_preset(row: Table2Row) -> TrainerConfig:
             global_batch_size=row.global_batch_size,
             num_cores=row.cores,
             eval_crop_padding=PAPER_EVAL_CROP_PADDING,
+            clip_resized=False,
         ),
         loop=LoopConfig(train_epochs=PAPER_EPOCHS, target_top1=row.target_top1, strategy="tpu"),
     )

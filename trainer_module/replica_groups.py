@@ -19,7 +19,7 @@ Assumptions of the torus layout (TPU v3):
   one chip and groups of 4 cover a chip pair, which makes them identical to the consecutive layout.
 
 The tensorflow/tpu reference code additionally renumbers replicas along a ring over the whole slice; here the
-ids are the row-major ones above, which is what ``REFERENCE.md`` section 5 states (2048 cores, groups of 8:
+ids are the row-major ones above, which is what docs/recipe.md ("Distributed batch normalisation") states (2048 cores, groups of 8:
 group 0 is ``[0, 1, 2, 3, 66, 67, 64, 65]``).
 
 How many replicas form a group is a rule too (``GROUP_SIZE_RULES``, used when the config leaves the size
@@ -30,7 +30,7 @@ tensorflow/tpu's ``TpuBatchNormalization`` derived from the slice alone (the pap
 from trainer_module.registry import Registry
 
 CORES_PER_CHIP = 2
-# The reference LARS runs size batch-norm groups to hold about this many examples (REFERENCE.md section 5).
+# The reference LARS runs size batch-norm groups to hold about this many examples (docs/recipe.md).
 EXAMPLES_PER_BN_GROUP = 128
 
 LAYOUTS = Registry("model.bn_group_layout")
@@ -41,6 +41,15 @@ GROUP_SIZE_RULES = Registry("model.bn_group_rule")
 def examples_per_group_rule(num_replicas: int, per_replica_batch: int) -> int:
     """max(1, 128 // per-replica batch) replicas, capped at the replica count."""
     return min(max(1, EXAMPLES_PER_BN_GROUP // per_replica_batch), num_replicas)
+
+
+@GROUP_SIZE_RULES.register("reference_lars")
+def reference_lars_rule(num_replicas: int, per_replica_batch: int) -> int:
+    """All replicas up to 8 (a slice of one host normalises over its whole batch), else ``examples128``: what
+    the reference LARS runs did, whose large slices always took the second branch."""
+    if num_replicas <= 8:
+        return num_replicas
+    return examples_per_group_rule(num_replicas, per_replica_batch)
 
 
 @GROUP_SIZE_RULES.register("reference_tpu")

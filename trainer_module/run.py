@@ -79,12 +79,22 @@ def run(
     with trainer.evaluation_weights():  # export the averaged weights, as evaluated
         if train.is_chief(strategy):
             export.export_saved_model(
-                trainer.model, plan.input_size, paths.resolved_export_dir, plan.eval_crop_padding_pixels
+                trainer.model,
+                plan.input_size,
+                paths.resolved_export_dir,
+                plan.eval_crop_padding_pixels,
+                config.data.clip_resized,
             )
         else:
             # Every worker takes part in saving under MultiWorkerMirroredStrategy; only the chief's copy is kept.
             scratch = tempfile.mkdtemp(prefix="export-worker-")
-            export.export_saved_model(trainer.model, plan.input_size, scratch, plan.eval_crop_padding_pixels)
+            export.export_saved_model(
+                trainer.model,
+                plan.input_size,
+                scratch,
+                plan.eval_crop_padding_pixels,
+                config.data.clip_resized,
+            )
             shutil.rmtree(scratch, ignore_errors=True)
     if train.is_chief(strategy):
         logger.info("report: %s", report.write_report(paths.model_dir))

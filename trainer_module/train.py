@@ -88,9 +88,12 @@ def build_model(config: TrainerConfig) -> keras.Model:
     )
 
 
-def _l2_variables(model: keras.Model) -> list:
-    """Weights that carry the L2 term when the optimizer does not decay them itself (not BN, not biases)."""
-    return [v for v in model.trainable_variables if not optimizers.is_excluded(v.path)]
+def l2_variables(model: keras.Model, includes_biases: bool = False) -> list:
+    """Weights that carry the L2 term when the optimizer does not decay them itself: not batch norm's, and not
+    biases unless ``includes_biases`` (``optimizer.l2_includes_biases``, the reference's sum over every
+    variable whose name lacks 'batch_normalization')."""
+    patterns = optimizers.BATCH_NORM_PATTERNS if includes_biases else optimizers.DEFAULT_EXCLUDE
+    return [v for v in model.trainable_variables if not optimizers.is_excluded(v.path, patterns)]
 
 
 def seed_everything(seed: int) -> None:
@@ -156,7 +159,7 @@ class Trainer:
             )
             # Seconds already spent in the train-and-eval loop by earlier attempts of this run.
             self.elapsed = tf.Variable(0.0, dtype=tf.float64, trainable=False, name="elapsed_seconds")
-        self._l2_vars = _l2_variables(self.model)
+        self._l2_vars = l2_variables(self.model, config.optimizer.l2_includes_biases)
         # Traced once: a new tf.function per evaluation would retrace the swap every time.
         self._swap_averages = tf.function(self.average.swap) if self.average is not None else None
         tracked = {"weight_average": self.average} if self.average is not None else {}
@@ -351,6 +354,7 @@ class RunInputs:
                 min_crop_area=config.data.min_crop_area,
                 random_flip=config.data.random_flip,
                 augmentation=config.augment,
+                clip_resized=config.data.clip_resized,
                 label_offset=config.data.label_offset,
                 num_classes=config.model.num_classes,
                 synsets=synsets,
@@ -367,6 +371,7 @@ class RunInputs:
                 plan.eval_global_batch_size,
                 plan.input_size,
                 crop_padding=plan.eval_crop_padding_pixels,
+                clip_resized=config.data.clip_resized,
                 label_offset=config.data.label_offset,
                 num_classes=config.model.num_classes,
                 synsets=synsets,
