@@ -28,17 +28,44 @@ def failure_report(manifest: Manifest, limit: int = 50) -> str:
     return "\n".join(lines)
 
 
+# What a run over its failure budget leaves instead of manifest.json: the failures, under a name no reader of
+# finished output looks for (its shards are deleted).
+FAILED_MANIFEST_NAME = "manifest.failed.json"
+# Inputs named on the console line of a run over its failure budget (all are in the failed manifest).
+NAMED_FAILURES = 3
+
+
+def failed_manifest_path(config: ShardingConfig) -> str:
+    return storage.join(config.output_dir, FAILED_MANIFEST_NAME)
+
+
 def check_failure_budget(manifest: Manifest, max_failures: int, manifest_path: str) -> None:
+    """Raises when more inputs failed than ``max_failures``: the first line names the first few inputs and their
+    reasons, the lines after it list up to 50."""
     if len(manifest.failures) > max_failures:
+        first = "; ".join(f"{f.source}: {f.reason}" for f in manifest.failures[:NAMED_FAILURES])
+        more = len(manifest.failures) - NAMED_FAILURES
         raise FailureBudgetExceeded(
-            f"{len(manifest.failures)} inputs could not be used (more than --max-failures={max_failures}); "
-            f"they are listed in {manifest_path}:\n{failure_report(manifest)}"
+            f"{len(manifest.failures)} inputs could not be used (more than --max-failures={max_failures}): "
+            f"{first}{f' and {more} more' if more > 0 else ''}; all are listed in {manifest_path}\n"
+            f"{failure_report(manifest)}"
         )
+
+
+def discard_failed_output(config: ShardingConfig) -> str:
+    """Deletes the shards of a run over its failure budget and renames its manifest to
+    ``FAILED_MANIFEST_NAME``, so no later step takes the output for a finished one; returns that path."""
+    failed = failed_manifest_path(config)
+    storage.write_text(failed, storage.read_text(config.manifest_path))
+    storage.remove([config.manifest_path])
+    for split in schema.SPLITS:
+        storage.remove(storage.glob(storage.join(config.split_dir(split), f"{split}-*-of-*")))
+    return failed
 
 
 def prepare_output_dir(config: ShardingConfig) -> None:
     """Refuses to mix with an earlier run's output (shards, manifest, spill files), or clears it on ``overwrite``."""
-    stale = [config.manifest_path] if storage.exists(config.manifest_path) else []
+    stale = [p for p in (config.manifest_path, failed_manifest_path(config)) if storage.exists(p)]
     for split in schema.SPLITS:
         stale += storage.glob(storage.join(config.split_dir(split), f"{split}-*-of-*"))
     spill = storage.list_tree(config.temp_dir)
@@ -126,5 +153,6 @@ def run(
         beam_pipeline = direct.pipeline_from_args(beam_args or [])
     result = run_pipeline(beam_pipeline, config)
     manifest = Manifest.read(config.manifest_path)
-    check_failure_budget(manifest, config.max_failures, config.manifest_path)
+    if len(manifest.failures) > config.max_failures:
+        check_failure_budget(manifest, config.max_failures, discard_failed_output(config))
     return RunResult(manifest, query_counters(result))

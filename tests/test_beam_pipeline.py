@@ -239,9 +239,12 @@ def test_failure_budget_exceeded_exits_non_zero_naming_the_inputs(quirky_archive
     assert err.count("\n") == 1 and "more than --max-failures=2" in err
     log = (tmp_path.parent / f"{tmp_path.name}.beam_preprocess.log").read_text()
     assert "n99999999.tar" in log and "empty file" in log
-    # The manifest still lists every failure for inspection.
-    with open(tmp_path / "manifest.json") as f:
+    # The failed run's manifest still lists every failure for inspection, under a name no reader takes for a
+    # finished run's, and its shards are gone.
+    assert not (tmp_path / "manifest.json").exists()
+    with open(tmp_path / "manifest.failed.json") as f:
         assert len(json.load(f)["failures"]) == 6
+    assert not list(tmp_path.rglob("*-of-*"))
 
 
 def test_existing_output_is_not_mixed_without_overwrite(clean_archives, tmp_path, capsys):

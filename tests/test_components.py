@@ -208,7 +208,10 @@ def test_failure_budget(quirky_archives, tmp_path, budget_covers_failures):
         _run_executor(config, uri, str(tmp_path / "tmp"))
     message = str(raised.value)
     assert f"{len(quirky_archives.bad)} inputs could not be used" in message
-    assert os.path.join(uri, "manifest.json") in message
+    assert os.path.join(uri, "manifest.failed.json") in message
+    # Nothing that looks like a finished output stays: no manifest.json, no shards.
+    assert not os.path.exists(os.path.join(uri, "manifest.json"))
+    assert not [f for _, _, files in os.walk(uri) for f in files if "-of-" in f]
     missing = [name for name in quirky_archives.bad if name not in message]
     assert not missing, f"failures not named in the error: {missing}\n{message}"
 

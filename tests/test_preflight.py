@@ -4,6 +4,7 @@ and a problem is one ``error:`` line naming the flag (exit status 2), never a tr
 The commands run as real subprocesses, as a person runs them.
 """
 
+import json
 import os
 import subprocess
 import sys
@@ -124,9 +125,19 @@ def test_sharding_over_its_failure_budget_is_one_line(quirky_archives, tmp_path)
     result = _run("beam_preprocess", "--train-archive", quirky_archives.train_archive, "--output-dir", out)
     assert result.returncode == 1
     line = _one_error_line(result)
-    assert "inputs could not be used (more than --max-failures=0)" in line and "manifest.json" in line
-    # The inputs that failed are listed in the manifest and in the log file.
+    assert "inputs could not be used (more than --max-failures=0)" in line
+    # The first inputs that failed are named on that line, with their reasons; all are in the failed manifest.
+    with open(out / "manifest.failed.json") as f:
+        failures = json.load(f)["failures"]
+    for failure in failures[:3]:
+        assert f"{failure['source']}: {failure['reason']}" in line
+    assert f"and {len(failures) - 3} more; all are listed in {out / 'manifest.failed.json'}" in line
     assert "n99999999.tar" in (tmp_path / "shards.beam_preprocess.log").read_text()
+    # No output a later step could take for a finished run: no manifest.json and no shards.
+    assert sorted(p.name for p in out.rglob("*") if p.is_file()) == ["manifest.failed.json"]
+    # The next run over the same directory is told to --overwrite, and then runs.
+    again = _run("beam_preprocess", "--train-archive", quirky_archives.train_archive, "--output-dir", out)
+    assert again.returncode == 2 and "manifest.failed.json" in _one_error_line(again)
 
 
 @pytest.mark.slow
