@@ -34,7 +34,9 @@ setup(
     version="0.1.0",
     description="Large-batch EfficientNet on ImageNet as a TFX / Kubeflow pipeline",
     python_requires=">=3.10",
-    packages=find_packages(include=["beam_preprocess*", "components*", "pipeline*", "trainer_module*"]),
+    packages=find_packages(
+        include=["beam_preprocess*", "components*", "effnet_common*", "pipeline*", "trainer_module*"]
+    ),
     install_requires=INSTALL_REQUIRES,
     # gcp-storage-emulator: a GCS JSON-API server the tests run beam_preprocess against (tests/gcs_emulator.py);
     # pytest-xdist: the suite runs on two workers (scripts/test.sh).

@@ -8,6 +8,7 @@ Options not listed here are Beam pipeline options and go to the runner unchanged
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
@@ -27,11 +28,16 @@ if __name__ == "__main__" and lean_imports.runs_on_direct_runner(sys.argv[1:]):
     # connectors sharding does not use (about 2 s of every start).
     lean_imports.install()
 
-from beam_preprocess import classes, console, schema, sources, spill, storage  # noqa: E402
+from beam_preprocess import classes, sources, spill  # noqa: E402
 from beam_preprocess.config import ShardingConfig  # noqa: E402
 from beam_preprocess.run import FailureBudgetExceeded, OutputExistsError, leftovers_message, run  # noqa: E402
+from effnet_common import console, schema, storage  # noqa: E402
 
 LOG_NAME = "beam_preprocess.log"
+
+
+# The options' defaults are the config's own (one home for each).
+DEFAULTS = {field.name: field.default for field in dataclasses.fields(ShardingConfig)}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -53,11 +59,30 @@ def build_parser() -> argparse.ArgumentParser:
     out.add_argument(
         "--output-dir", required=True, help="shards go to OUTPUT_DIR/<split>/, plus manifest.json"
     )
-    out.add_argument("--num-hosts", type=int, default=1, help="shard counts become a multiple of this")
-    out.add_argument("--train-shards", type=int, default=0, help="training shards (default: from --shard-mb)")
-    out.add_argument("--val-shards", type=int, default=0, help="validation shards (default: from --shard-mb)")
-    out.add_argument("--shard-mb", type=float, default=128.0, help="target shard size in MiB (default 128)")
-    out.add_argument("--seed", type=int, default=0, help="seed of the training split's shuffle")
+    out.add_argument(
+        "--num-hosts", type=int, default=DEFAULTS["num_hosts"], help="shard counts become a multiple of this"
+    )
+    out.add_argument(
+        "--train-shards",
+        type=int,
+        default=DEFAULTS["train_shards"],
+        help="training shards (default: from --shard-mb)",
+    )
+    out.add_argument(
+        "--val-shards",
+        type=int,
+        default=DEFAULTS["val_shards"],
+        help="validation shards (default: from --shard-mb)",
+    )
+    out.add_argument(
+        "--shard-mb",
+        type=float,
+        default=DEFAULTS["shard_mb"],
+        help="target shard size in MiB (default %(default)s)",
+    )
+    out.add_argument(
+        "--seed", type=int, default=DEFAULTS["seed"], help="seed of the training split's shuffle"
+    )
     out.add_argument("--overwrite", action="store_true", help="replace the shards of an earlier run")
     labels = parser.add_argument_group("labels")
     labels.add_argument(
@@ -76,16 +101,19 @@ def build_parser() -> argparse.ArgumentParser:
     checks.add_argument(
         "--max-failures",
         type=int,
-        default=0,
+        default=DEFAULTS["max_failures"],
         help="unusable inputs tolerated before exiting non-zero (default 0)",
     )
     checks.add_argument(
-        "--members-per-unit", type=int, default=1000, help="validation images one worker reads at a time"
+        "--members-per-unit",
+        type=int,
+        default=DEFAULTS["members_per_unit"],
+        help="validation images one worker reads at a time",
     )
     parser.add_argument(
         "--check-threads",
         type=int,
-        default=0,
+        default=DEFAULTS["check_threads"],
         help="threads each worker process decodes images on (default 0: one per core)",
     )
     parser.add_argument(

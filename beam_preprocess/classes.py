@@ -7,7 +7,7 @@
   10-way classifier, instead of a 1000-way one whose label smoothing spreads 99% of its mass over classes
   that never occur.
 - ``file``: the synsets listed in ``classes_file``, one wnid a line in label order (blank lines and lines
-  starting with '#' are skipped), read through Beam's file systems (``beam_preprocess.storage``).
+  starting with '#' are skipped), read through Beam's file systems (``effnet_common.storage``).
 
 An image whose synset is not one of the classes (a validation image of a synset the training input lacks, or
 any image outside a class file's list) is a failure with that reason, never dropped without a word. The
@@ -24,9 +24,9 @@ import functools
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
-from beam_preprocess import schema, storage
-from beam_preprocess.manifest import LabelConvention
-from trainer_module.registry import Registry
+from effnet_common import schema, storage
+from effnet_common.manifest import LabelConvention
+from effnet_common.registry import Registry
 
 if TYPE_CHECKING:
     from beam_preprocess.config import ShardingConfig

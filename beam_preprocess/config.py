@@ -6,7 +6,8 @@ import dataclasses
 import json
 
 from beam_preprocess import classes as class_lists
-from beam_preprocess import schema, sources, storage
+from beam_preprocess import sources
+from effnet_common import schema, storage
 
 
 @dataclasses.dataclass(frozen=True)

@@ -15,7 +15,8 @@ import warnings
 
 from PIL import Image
 
-from beam_preprocess import schema, tfrecord
+from beam_preprocess import tfrecord
+from effnet_common import schema
 
 # Re-encoding quality for the few fixed images; tensorflow-datasets and the tensorflow/tpu converter use 100.
 FIXED_JPEG_QUALITY = 100
@@ -90,7 +91,7 @@ def check_and_fix(data: bytes) -> CheckedImage:
 
 
 def build_example(image: CheckedImage, filename: str, synset: str, label: int | None = None) -> bytes:
-    """The serialized tf.train.Example of the reference schema (keys in ``beam_preprocess.schema``).
+    """The serialized tf.train.Example of the reference schema (keys in ``effnet_common.schema``).
 
     ``label``: the stored label (``beam_preprocess.classes``); None is the synset's ImageNet label.
     """

@@ -29,7 +29,7 @@ import itertools
 import random
 import typing
 
-from beam_preprocess import schema
+from effnet_common import schema
 
 
 class UnitSpill(typing.NamedTuple):

@@ -34,10 +34,11 @@ import time
 import apache_beam as beam
 from apache_beam.metrics import Metrics
 
-from beam_preprocess import images, layout, schema, sources, spill, storage, threads
+from beam_preprocess import images, layout, sources, spill, threads
 from beam_preprocess.classes import CLASS_LISTS, ClassList, imagenet_classes
 from beam_preprocess.config import ShardingConfig
-from beam_preprocess.manifest import Failure, Manifest, Shard, SplitManifest
+from effnet_common import schema, storage
+from effnet_common.manifest import Failure, Manifest, Shard, SplitManifest
 
 NAMESPACE = "beam_preprocess"
 

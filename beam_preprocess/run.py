@@ -7,9 +7,10 @@ import logging
 
 import apache_beam as beam
 
-from beam_preprocess import direct, pipeline, schema, storage
+from beam_preprocess import direct, pipeline
 from beam_preprocess.config import ShardingConfig
-from beam_preprocess.manifest import Manifest
+from effnet_common import schema, storage
+from effnet_common.manifest import Manifest
 
 
 class FailureBudgetExceeded(RuntimeError):

@@ -26,7 +26,7 @@ import tarfile
 import numpy as np
 from PIL import Image
 
-from beam_preprocess import schema, storage
+from effnet_common import schema, storage
 
 TRAIN_ARCHIVE = "ILSVRC2012_img_train.tar"
 VAL_ARCHIVE = "ILSVRC2012_img_val.tar"

@@ -20,7 +20,8 @@ import posixpath
 import tarfile
 from collections.abc import Iterator
 
-from beam_preprocess import schema, storage, tfrecord
+from beam_preprocess import tfrecord
+from effnet_common import schema, storage
 
 KIND_TRAIN_ARCHIVE = "train_archive"  # ILSVRC2012_img_train.tar: 1000 inner <wnid>.tar
 KIND_VAL_ARCHIVE = "val_archive"  # ILSVRC2012_img_val.tar: flat, labels from the shipped list

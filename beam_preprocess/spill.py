@@ -30,7 +30,8 @@ import struct
 import threading
 from collections.abc import Iterator
 
-from beam_preprocess import layout, storage, tfrecord, threads
+from beam_preprocess import layout, tfrecord, threads
+from effnet_common import storage
 
 ENTRY_HEADER = struct.Struct("<BQIIII")  # in_source, image_at, image_len, pre_len, post_len, masked crc
 

@@ -34,8 +34,9 @@ sys.path.insert(0, os.path.join(REPO_ROOT, "tests"))
 
 from gcs_emulator import GcsEmulator  # noqa: E402
 
-from beam_preprocess import layout, pipeline, sample_data, sources, storage  # noqa: E402
+from beam_preprocess import layout, pipeline, sample_data, sources  # noqa: E402
 from beam_preprocess.config import ShardingConfig  # noqa: E402
+from effnet_common import storage  # noqa: E402
 
 
 def upload(local_path: str, url: str) -> str:

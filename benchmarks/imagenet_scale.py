@@ -36,8 +36,9 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from preprocess import MIB, TreeMemorySampler, child_env  # noqa: E402
 
-from beam_preprocess import sample_data, schema  # noqa: E402
-from beam_preprocess.manifest import Manifest  # noqa: E402
+from beam_preprocess import sample_data  # noqa: E402
+from effnet_common import schema  # noqa: E402
+from effnet_common.manifest import Manifest  # noqa: E402
 
 NUM_HOSTS = 128
 TRAIN_SHARDS, VAL_SHARDS = 1024, 128

@@ -39,9 +39,10 @@ sys.path.insert(0, REPO_ROOT)  # run as a script: the packages are importable fr
 
 import tensorflow as tf  # noqa: E402
 
-from beam_preprocess import sample_data, schema  # noqa: E402
+from beam_preprocess import sample_data  # noqa: E402
 from beam_preprocess.config import ShardingConfig  # noqa: E402
 from beam_preprocess.run import run  # noqa: E402
+from effnet_common import schema  # noqa: E402
 from trainer_module import input_pipeline  # noqa: E402
 from trainer_module.config import AugmentConfig  # noqa: E402
 
@@ -98,7 +99,9 @@ def time_pipelines(files: str, image_size: int, batch_size: int, seconds: float,
     """Best-of-``rounds`` images/s of every variant, timed alternately."""
     iterators = {}
     for name, arguments in VARIANTS.items():
-        dataset = input_pipeline.build_train_dataset(files, None, batch_size, image_size, **arguments)
+        dataset = input_pipeline.build_train_dataset(
+            files, None, input_pipeline.TrainInputs(batch_size, image_size, **arguments)
+        )
         iterators[name] = iter(dataset)
         for _ in range(3):  # warm-up: thread pools, autotuning, the shuffle buffer's first fill
             next(iterators[name])

@@ -56,7 +56,8 @@ from PIL import Image
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
-from beam_preprocess import sample_data, schema  # noqa: E402
+from beam_preprocess import sample_data  # noqa: E402
+from effnet_common import schema  # noqa: E402
 
 FASHION_DIR = "/usr/share/datasets/fashion-mnist"
 FASHION_PACKAGE = "dataset-fashion-mnist"

@@ -51,7 +51,7 @@ REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO_ROOT)  # run as a script: the package is importable from the checkout
 
 from beam_preprocess import sample_data  # noqa: E402
-from beam_preprocess.manifest import MANIFEST_NAME, Manifest  # noqa: E402
+from effnet_common.manifest import MANIFEST_NAME, Manifest  # noqa: E402
 
 VAL_FRACTION = 0.2
 MAX_VAL_PER_SYNSET = 50  # the official validation list has 50 images per synset

@@ -36,16 +36,16 @@ from tfx.orchestration import data_types
 from tfx.proto import example_gen_pb2
 from tfx.types import artifact_utils, component_spec
 
-from beam_preprocess import run, schema
+from beam_preprocess import run
 from beam_preprocess.config import ShardingConfig
-from beam_preprocess.manifest import Manifest
+from components import parameters
+from effnet_common import schema
+from effnet_common.manifest import Manifest
 
 SHARDING_CONFIG_KEY = "sharding_config"
 # Execution parameters that replace the config's field of the same name when given: the inputs and the
 # shard layout, so that a compiled pipeline can bind them to runtime parameters (set at submission).
-INPUT_PARAMETERS = {"train_archive": str, "val_archive": str, "train_dir": str, "val_dir": str}
-LAYOUT_PARAMETERS = {"train_shards": int, "val_shards": int}
-OVERRIDE_PARAMETERS = {**INPUT_PARAMETERS, **LAYOUT_PARAMETERS}
+OVERRIDE_PARAMETERS = parameters.SHARDING_PARAMETERS
 EXAMPLES_KEY = "examples"
 # TFX's artifact layout: Examples readers look for <uri>/Split-<name>/.
 SPLIT_DIR_TEMPLATE = "Split-{split}"
@@ -145,7 +145,7 @@ class ImageNetShardGen(tfx.types.BaseBeamComponent):
     """ImageNet archives / directories / tensorflow-datasets -> per-host TFRecord shards as ``Examples``.
 
     Output ``examples``: ``Split-train/`` and ``Split-validation/`` of uncompressed TFRecord shards of
-    ``tf.train.Example`` (keys in ``beam_preprocess.schema``) plus ``manifest.json`` at the root.
+    ``tf.train.Example`` (keys in ``effnet_common.schema``) plus ``manifest.json`` at the root.
     Beam options come from the pipeline's ``beam_pipeline_args`` or ``with_beam_pipeline_args``; on Dataflow
     they must ship this project to the workers (``--setup_file ./setup.py``), which also stops TFX from
     packaging its own installation for them.

@@ -35,15 +35,12 @@ from tfx.types import component_spec, standard_component_specs
 from tfx.utils import json_utils, name_utils
 
 from components import vertex_training
+from components.parameters import TARGET_TOP1_KEY, TOP1_METRIC, TRAIN_EPOCHS_KEY
 
-TRAIN_EPOCHS_KEY = "train_epochs"
-TARGET_TOP1_KEY = "target_top1"
 BASELINE_SCOPE_KEY = "baseline_scope"
 # The blessing's custom property (artifact metadata on Vertex) naming the pipeline that blessed it.
 BASELINE_SCOPE_PROPERTY = "effnet_baseline_scope"
 BLESSING_KEY = "blessing"
-# The metric the top-1 gate is a threshold of (pipeline_def.eval_config).
-TOP1_METRIC = "SparseCategoricalAccuracy"
 
 
 def trainer_custom_config(custom_config_json: str, train_epochs: Any, target_top1: Any) -> str:

@@ -26,7 +26,7 @@ import dataclasses
 import math
 import re
 
-from trainer_module.registry import Registry
+from effnet_common.registry import Registry
 
 ACCELERATORS = Registry("--accelerator")
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 import re
 
-from trainer_module.registry import Registry
+from effnet_common.registry import Registry
 
 DEFAULT_REGION = "us-central1"
 # A Vertex network: projects/{project number}/global/networks/{name} (VPC peering with Vertex AI).

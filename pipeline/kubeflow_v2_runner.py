@@ -33,6 +33,7 @@ import warnings
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 warnings.filterwarnings("ignore", category=FutureWarning)
 
+from components import parameters  # noqa: E402
 from pipeline.accelerators import AcceleratorMismatch  # noqa: E402
 from pipeline.cloud import (  # noqa: E402
     DEFAULT_REGION,
@@ -43,18 +44,10 @@ from pipeline.cloud import (  # noqa: E402
     DataflowWorkers,
 )
 
-# The runtime parameters of a compiled pipeline and their types (names as the Vertex run form shows them).
-RUNTIME_PARAMETERS = {
-    "train_archive": str,
-    "val_archive": str,
-    "train_dir": str,
-    "val_dir": str,
-    "train_shards": int,
-    "val_shards": int,
-    "train_epochs": int,
-    "target_top1": float,
-}
-INPUT_KEYS = ("train_archive", "val_archive", "train_dir", "val_dir")
+# The runtime parameters of a compiled pipeline and their types (names as the Vertex run form shows them): the
+# sharding step's inputs and layout, the Trainer's and Evaluator's run values, each declared by its component.
+RUNTIME_PARAMETERS = {**parameters.SHARDING_PARAMETERS, **parameters.RUN_PARAMETERS}
+INPUT_KEYS = tuple(parameters.INPUT_PARAMETERS)
 # The PipelineSpec 2.1 type of each Python type above.
 PARAMETER_TYPES = {str: "STRING", int: "NUMBER_INTEGER", float: "NUMBER_DOUBLE"}
 
@@ -162,7 +155,7 @@ def plan_pipeline(
         "train_shards": preset.train_shards,
         "val_shards": preset.val_shards,
         "train_epochs": config.loop.train_epochs,
-        "target_top1": preset.target_top1 if config.loop.target_top1 is None else config.loop.target_top1,
+        "target_top1": preset.run_target(config),
         **params,
     }
     sharding = dataclasses.replace(
@@ -225,44 +218,44 @@ def build_pipeline(
     name = pipeline_name(compiled.preset.name)
     labels = settings.labels(name, compiled.preset.name)
     return pipeline_def.create_pipeline(
-        pipeline_name=name,
-        pipeline_root=root,
-        sharding=compiled.sharding,
-        trainer_config=compiled.trainer_config,
-        target_top1=compiled.defaults["target_top1"],
-        serving_model_dir=f"{root}/serving_model/{name}",
-        metadata_connection_config=None,  # Vertex / Kubeflow bring their own metadata store
-        beam_pipeline_args=settings.dataflow_args(labels),
-        trainer_class=runtime_gate.VertexTrainer,
-        trainer_custom_config=settings.vertex_training_config(compiled.trainer_config, name, labels),
-        enable_cache=settings.enable_cache,
-        runtime=runtime,
-        extra_pusher=vertex_push.component(settings, name, labels) if vertex_push else None,
-        step_beam_args={
-            pipeline_def.SHARDING_STEP: settings.sharding_workers.args(),
-            pipeline_def.EVALUATOR_STEP: settings.evaluator_workers.args(),
-        },
-        compare_with_latest_blessed=not for_kubeflow,
-        **_tuner_arguments(compiled, settings, name, labels),
+        pipeline_def.PipelineSettings(
+            name=name,
+            root=root,
+            sharding=compiled.sharding,
+            trainer_config=compiled.trainer_config,
+            target_top1=compiled.defaults["target_top1"],
+            serving_model_dir=f"{root}/serving_model/{name}",
+            metadata_connection_config=None,  # Vertex / Kubeflow bring their own metadata store
+            beam_pipeline_args=tuple(settings.dataflow_args(labels)),
+            step_beam_args={
+                pipeline_def.SHARDING_STEP: settings.sharding_workers.args(),
+                pipeline_def.EVALUATOR_STEP: settings.evaluator_workers.args(),
+            },
+            enable_cache=settings.enable_cache,
+            runtime=runtime,
+            trainer=pipeline_def.TrainerStep(
+                runtime_gate.VertexTrainer,
+                settings.vertex_training_config(compiled.trainer_config, name, labels),
+            ),
+            tuning=_tuning_step(compiled, settings, name, labels),
+            extra_pusher=vertex_push.component(settings, name, labels) if vertex_push else None,
+            compare_with_latest_blessed=not for_kubeflow,
+        )
     )
 
 
-def _tuner_arguments(compiled: Compiled, settings: CloudSettings, name: str, labels: dict) -> dict:
-    """``create_pipeline``'s tuning arguments: TFX's Vertex Tuner, trials in parallel on the accelerator."""
+def _tuning_step(compiled: Compiled, settings: CloudSettings, name: str, labels: dict):
+    """The Tuner step on Vertex: TFX's Vertex Tuner, trials in parallel on the accelerator (None: no tuning)."""
     tuning = compiled.tuning
     if tuning is None:
-        return {}
+        return None
     from components import runtime_gate
+    from pipeline import pipeline_def
 
     config = settings.vertex_tuning_config(
         compiled.trainer_config, name, labels, tuning.parallel_trials, tuning.epochs
     )
-    return {
-        "tuning": tuning.settings,
-        "tuner_class": runtime_gate.VertexTuner,
-        "tuner_custom_config": config,
-        "parallel_trials": tuning.parallel_trials,
-    }
+    return pipeline_def.TuningStep(tuning.settings, runtime_gate.VertexTuner, config, tuning.parallel_trials)
 
 
 def scope_baseline_query(spec: dict, name: str) -> int:
@@ -456,7 +449,7 @@ def _settings(args) -> CloudSettings:
 def _print_plan(args) -> None:
     """The trainer's plan on the accelerator and the run's estimate (hours, accelerator-hours, timeout)."""
     from pipeline import accelerators, presets
-    from trainer_module.__main__ import plan_report
+    from trainer_module.dry_run import plan_report
 
     machine = accelerators.get(args.accelerator, args.machines)
     if args.region and not args.skip_region_check:

@@ -24,7 +24,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("PYTHONWARNINGS", "ignore::FutureWarning")
 warnings.filterwarnings("ignore", category=FutureWarning)
 
-from beam_preprocess import console  # noqa: E402
+from effnet_common import console  # noqa: E402
 
 NOT_BLESSED_EXIT = 3
 # A trial's schedule when tuning on this machine: a few epochs, so that the demo's search takes minutes.
@@ -44,7 +44,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--pipeline-root", default="outputs/pipeline", help="artifacts, metadata and pushed models"
     )
     parser.add_argument("--preset", default="demo", choices=sorted(presets.PIPELINE_PRESETS))
-    parser.add_argument("--target-top1", type=float, default=None, help="override the preset's top-1 gate")
+    parser.add_argument(
+        "--target-top1",
+        type=float,
+        default=None,
+        help="override the preset's target top-1: the trainer stops once it is reached and the Evaluator blesses "
+        "only a model that reaches it (the same as --param target_top1 on Vertex)",
+    )
     parser.add_argument("--train-archive", default="")
     parser.add_argument("--val-archive", default="")
     parser.add_argument("--train-dir", default="")
@@ -198,7 +204,7 @@ def preflight(args, preset):
     Raises:
       console.UsageError: naming the flag and the problem.
     """
-    from beam_preprocess import storage
+    from effnet_common import storage
     from trainer_module.config import with_overrides
 
     try:
@@ -207,6 +213,10 @@ def preflight(args, preset):
         raise console.UsageError("", "", console.one_line(e)) from None  # the message names the override
     if args.target_top1 is not None and not 0.0 <= args.target_top1 <= 1.0:
         raise console.UsageError("--target-top1", args.target_top1, "must lie in [0, 1]")
+    # As on Vertex: the target stops the training once reached and gates the blessing.
+    trainer_config = with_overrides(
+        trainer_config, [f"loop.target_top1={preset.run_target(trainer_config, args.target_top1)}"]
+    )
     if args.beam_workers < 1:
         raise console.UsageError("--beam-workers", args.beam_workers, "must be at least 1")
     if args.max_failures < 0:
@@ -245,8 +255,8 @@ def run(args, session: console.Session) -> int:
     from pipeline import presets
 
     preset = presets.get(args.preset)
-    target = preset.target_top1 if args.target_top1 is None else args.target_top1
     sharding, trainer_config = preflight(args, preset)
+    target = trainer_config.loop.target_top1  # the run's one target: the trainer's stop and the gate
     root = os.path.abspath(args.pipeline_root)
     session.keep_log(os.path.join(root, LOG_DIR, console.log_name("local_runner")))
     from tfx import v1 as tfx
@@ -266,18 +276,21 @@ def run(args, session: console.Session) -> int:
     if os.path.exists(SETUP_FILE):
         # Without a setup file, TFX's Beam executor packages TFX itself (a 50 MB sdist) on every run.
         beam_args.append(f"--setup_file={SETUP_FILE}")
+    search = tuning_settings(args)
     pipeline = pipeline_def.create_pipeline(
-        pipeline_name=name,
-        pipeline_root=os.path.join(root, "artifacts"),
-        sharding=sharding,
-        trainer_config=trainer_config,
-        target_top1=target,
-        serving_model_dir=serving_dir,
-        metadata_connection_config=tfx.orchestration.metadata.sqlite_metadata_connection_config(
-            metadata_path
-        ),
-        beam_pipeline_args=beam_args,
-        tuning=tuning_settings(args),
+        pipeline_def.PipelineSettings(
+            name=name,
+            root=os.path.join(root, "artifacts"),
+            sharding=sharding,
+            trainer_config=trainer_config,
+            target_top1=target,
+            serving_model_dir=serving_dir,
+            metadata_connection_config=tfx.orchestration.metadata.sqlite_metadata_connection_config(
+                metadata_path
+            ),
+            beam_pipeline_args=tuple(beam_args),
+            tuning=pipeline_def.TuningStep(search) if search is not None else None,
+        )
     )
     steps = StepLines(len(pipeline.components))
     logging.getLogger().addHandler(steps)

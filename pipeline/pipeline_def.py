@@ -6,22 +6,23 @@ Vertex; the runners only choose where it runs (metadata store, Beam runner optio
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import tensorflow_model_analysis as tfma
 from tfx import v1 as tfx
 
-from beam_preprocess import schema
 from beam_preprocess.config import ShardingConfig
-from components import runtime_gate
+from components import parameters, runtime_gate
 from components.imagenet_shards import ImageNetShardGen
+from effnet_common import schema
 from trainer_module import export, tfx_trainer
 from trainer_module.config import TrainerConfig
 
 RUN_FN = "trainer_module.tfx_trainer.run_fn"
 TUNER_FN = "trainer_module.tfx_trainer.tuner_fn"
 TUNER_STEP = "Tuner"
-TOP1 = "sparse_categorical_accuracy"
+TOP1 = parameters.TOP1_KEY
 TOP5 = "top5_accuracy"
 SHARDING_STEP = "ImageNetShardGen"
 EVALUATOR_STEP = "Evaluator"
@@ -46,7 +47,7 @@ def eval_config(target_top1: float) -> tfma.EvalConfig:
             tfma.MetricsSpec(
                 metrics=[
                     tfma.MetricConfig(
-                        class_name="SparseCategoricalAccuracy",
+                        class_name=parameters.TOP1_METRIC,
                         threshold=tfma.MetricThreshold(
                             value_threshold=tfma.GenericValueThreshold(lower_bound={"value": target_top1}),
                             change_threshold=tfma.GenericChangeThreshold(
@@ -64,77 +65,105 @@ def eval_config(target_top1: float) -> tfma.EvalConfig:
     )
 
 
-def create_pipeline(
-    pipeline_name: str,
-    pipeline_root: str,
-    sharding: ShardingConfig,
-    trainer_config: TrainerConfig,
-    target_top1: float,
-    serving_model_dir: str,
-    metadata_connection_config=None,
-    beam_pipeline_args: list[str] | None = None,
-    trainer_class=runtime_gate.Trainer,
-    trainer_custom_config: dict | None = None,
-    enable_cache: bool = True,
-    runtime: dict | None = None,
-    extra_pusher=None,
-    step_beam_args: dict[str, list[str]] | None = None,
-    compare_with_latest_blessed: bool = True,
-    tuning: dict | None = None,
-    tuner_class=None,
-    tuner_custom_config: dict | None = None,
-    parallel_trials: int = 1,
-) -> tfx.dsl.Pipeline:
-    """The whole pipeline.
+@dataclasses.dataclass(frozen=True)
+class TrainerStep:
+    """The Trainer component and its extra ``custom_config`` entries (``runtime_gate.Trainer`` here; the Vertex
+    runner passes ``runtime_gate.VertexTrainer`` and the Vertex job spec, region...)."""
 
-    Args:
-      pipeline_name / pipeline_root: TFX's; the root holds every artifact (gs:// on Vertex).
+    component_class: type = runtime_gate.Trainer
+    custom_config: dict | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class TuningStep:
+    """A Tuner step before the Trainer: it searches hyperparameters, each trial a run of the trainer on the
+    shards (``trainer_module.tfx_trainer.tuner_fn``), and the Trainer trains with the best values it found.
+
+    Attributes:
+      search: the search's settings (``tfx_trainer.TUNING_KEY``).
+      component_class: the Tuner component: None is TFX's; the Vertex runner passes TFX's Vertex Tuner, whose
+        trials run in parallel on the accelerator's machines.
+      custom_config: extra ``custom_config`` entries of that Tuner.
+      parallel_trials: trials at a time (the Vertex Tuner's ``TuneArgs``).
+    """
+
+    search: dict
+    component_class: type | None = None
+    custom_config: dict | None = None
+    parallel_trials: int = 1
+
+
+@dataclasses.dataclass(frozen=True)
+class PipelineSettings:
+    """Everything a pipeline is built from.
+
+    Attributes:
+      name / root: TFX's pipeline name and root; the root holds every artifact (gs:// on Vertex).
       sharding: inputs and shard layout; its ``output_dir`` is replaced by the Examples artifact's URI.
       trainer_config: the Trainer's config, passed as JSON through ``custom_config``.
-      target_top1: validation top-1 needed for blessing (and so for pushing).
+      target_top1: validation top-1 needed for blessing (and so for pushing); the trainer stops once it is
+        reached (``runtime`` may bind it to a parameter set at submission).
       serving_model_dir: where the Pusher copies a blessed model.
       metadata_connection_config: the local SQLite store; None on Kubeflow / Vertex, which bring their own.
-      beam_pipeline_args: options of the sharding component's Beam pipeline (DirectRunner or Dataflow).
-      trainer_class: the Trainer component (``runtime_gate.Trainer`` here; the Vertex runner passes
-        ``runtime_gate.VertexTrainer`` to train in a Vertex AI custom job).
-      trainer_custom_config: extra ``custom_config`` entries for that Trainer (Vertex job spec, region...).
-      enable_cache: reuse a step's outputs when its inputs and parameters are unchanged.
-      runtime: values a compiled pipeline takes at submission, by name, each a ``RuntimeParameter`` (or a
-        plain value): ``target_top1`` (the trainer's stop and the Evaluator's gate), ``train_epochs``, and
-        the sharding step's inputs and layout (``imagenet_shards.OVERRIDE_PARAMETERS``).
-      extra_pusher: a second Pusher beside the one into ``serving_model_dir``, built by a function of (model
-        channel, blessing channel): the Vertex runner's push to the Vertex AI Model Registry and an endpoint.
+      beam_pipeline_args: options of every Beam step (DirectRunner or Dataflow).
       step_beam_args: Beam options of one Beam step, by component id (``SHARDING_STEP``, ``EVALUATOR_STEP``),
         added to ``beam_pipeline_args``: each step's own Dataflow workers.
-      tuning: when given, a Tuner step searches hyperparameters first, each trial a run of the trainer on
-        the shards (``trainer_module.tfx_trainer.tuner_fn``; the search's settings, ``TUNING_KEY``), and the
-        Trainer trains with the best values it found.
-      tuner_class / tuner_custom_config / parallel_trials: the Tuner component (TFX's; the Vertex runner
-        passes TFX's Vertex Tuner, whose trials run in parallel on the accelerator's machines), its extra
-        ``custom_config`` entries and its parallel trials.
+      enable_cache: reuse a step's outputs when its inputs and parameters are unchanged.
+      runtime: values a compiled pipeline takes at submission, by name, each a ``RuntimeParameter`` (or a
+        plain value): ``target_top1``, ``train_epochs``, and the sharding step's inputs and layout
+        (``components.parameters``).
+      trainer: the Trainer step (``TrainerStep``).
+      tuning: a Tuner step first (``TuningStep``), or None.
+      extra_pusher: a second Pusher beside the one into ``serving_model_dir``, built by a function of (model
+        channel, blessing channel): the Vertex runner's push to the Vertex AI Model Registry and an endpoint.
       compare_with_latest_blessed: look up the latest blessed model (a TFX resolver node) as the Evaluator's
         baseline, so a model worse than it is not blessed. Open-source Kubeflow Pipelines runs no resolver
         node: without one the gate is the target top-1 alone.
+    """
+
+    name: str
+    root: str
+    sharding: ShardingConfig
+    trainer_config: TrainerConfig
+    target_top1: float
+    serving_model_dir: str
+    metadata_connection_config: object = None
+    beam_pipeline_args: tuple[str, ...] = ()
+    step_beam_args: dict | None = None
+    enable_cache: bool = True
+    runtime: dict | None = None
+    trainer: TrainerStep = TrainerStep()
+    tuning: TuningStep | None = None
+    extra_pusher: object = None
+    compare_with_latest_blessed: bool = True
+
+
+def create_pipeline(settings: PipelineSettings) -> tfx.dsl.Pipeline:
+    """The whole pipeline: shards -> (Tuner) -> Trainer -> (latest blessed model) -> Evaluator -> Pusher(s).
 
     The Evaluator's baseline (the latest blessed model) is scoped to this pipeline: its blessings carry the
     pipeline's name (``runtime_gate.BASELINE_SCOPE_PROPERTY``), so a model blessed by another preset's
     pipeline is never the baseline; the local metadata store scopes the resolver by pipeline too.
     """
-    runtime = dict(runtime or {})
+    pipeline_name, pipeline_root, trainer_config = settings.name, settings.root, settings.trainer_config
+    tuning, step_beam_args = settings.tuning, settings.step_beam_args
+    runtime = dict(settings.runtime or {})
     gate = runtime.pop(runtime_gate.TARGET_TOP1_KEY, None)
     epochs = runtime.pop(runtime_gate.TRAIN_EPOCHS_KEY, None)
     step_args = step_beam_args or {}
-    shards = ImageNetShardGen(sharding_config=sharding.to_json(), **runtime).with_id(SHARDING_STEP)
+    shards = ImageNetShardGen(sharding_config=settings.sharding.to_json(), **runtime).with_id(SHARDING_STEP)
     if step_args.get(SHARDING_STEP):
         shards.with_beam_pipeline_args(step_args[SHARDING_STEP])
     tuners = []
     if tuning is not None:
         # TFX's own Tuner runs one search in its executor and refuses TuneArgs; the Vertex Tuner takes them.
         parallel = (
-            {"tune_args": tfx.proto.TuneArgs(num_parallel_trials=parallel_trials)} if tuner_class else {}
+            {"tune_args": tfx.proto.TuneArgs(num_parallel_trials=tuning.parallel_trials)}
+            if tuning.component_class
+            else {}
         )
         tuners.append(
-            (tuner_class or tfx.components.Tuner)(
+            (tuning.component_class or tfx.components.Tuner)(
                 tuner_fn=TUNER_FN,
                 examples=shards.outputs["examples"],
                 train_args=tfx.proto.TrainArgs(splits=[schema.TRAIN]),
@@ -142,13 +171,16 @@ def create_pipeline(
                 **parallel,
                 custom_config={
                     tfx_trainer.CONFIG_KEY: trainer_config.to_json(),
-                    tfx_trainer.TUNING_KEY: tuning,
-                    **(tuner_custom_config or {}),
+                    tfx_trainer.TUNING_KEY: tuning.search,
+                    **(tuning.custom_config or {}),
                 },
             ).with_id(TUNER_STEP)
         )
-    custom_config = {tfx_trainer.CONFIG_KEY: trainer_config.to_json(), **(trainer_custom_config or {})}
-    trainer = trainer_class(
+    custom_config = {
+        tfx_trainer.CONFIG_KEY: trainer_config.to_json(),
+        **(settings.trainer.custom_config or {}),
+    }
+    trainer = settings.trainer.component_class(
         examples=shards.outputs["examples"],
         run_fn=RUN_FN,
         train_args=tfx.proto.TrainArgs(splits=[schema.TRAIN]),
@@ -159,7 +191,7 @@ def create_pipeline(
         hyperparameters=tuners[0].outputs["best_hyperparameters"] if tuners else None,
     ).with_id("Trainer")
     baseline = []
-    if compare_with_latest_blessed:
+    if settings.compare_with_latest_blessed:
         baseline.append(
             tfx.dsl.Resolver(
                 strategy_class=tfx.dsl.experimental.LatestBlessedModelStrategy,
@@ -171,7 +203,7 @@ def create_pipeline(
         examples=shards.outputs["examples"],
         model=trainer.outputs["model"],
         baseline_model=baseline[0].outputs["model"] if baseline else None,
-        eval_config=eval_config(target_top1),
+        eval_config=eval_config(settings.target_top1),
         example_splits=[schema.VALIDATION],
         target_top1=gate,
         baseline_scope=pipeline_name,
@@ -183,17 +215,17 @@ def create_pipeline(
             model=trainer.outputs["model"],
             model_blessing=evaluator.outputs["blessing"],
             push_destination=tfx.proto.PushDestination(
-                filesystem=tfx.proto.PushDestination.Filesystem(base_directory=serving_model_dir)
+                filesystem=tfx.proto.PushDestination.Filesystem(base_directory=settings.serving_model_dir)
             ),
         )
     ]
-    if extra_pusher is not None:
-        pushers.append(extra_pusher(trainer.outputs["model"], evaluator.outputs["blessing"]))
+    if settings.extra_pusher is not None:
+        pushers.append(settings.extra_pusher(trainer.outputs["model"], evaluator.outputs["blessing"]))
     return tfx.dsl.Pipeline(
         pipeline_name=pipeline_name,
         pipeline_root=pipeline_root,
         components=[shards, *tuners, trainer, *baseline, evaluator, *pushers],
-        enable_cache=enable_cache,
-        metadata_connection_config=metadata_connection_config,
-        beam_pipeline_args=beam_pipeline_args or [],
+        enable_cache=settings.enable_cache,
+        metadata_connection_config=settings.metadata_connection_config,
+        beam_pipeline_args=list(settings.beam_pipeline_args),
     )

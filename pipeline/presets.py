@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 
 from beam_preprocess.config import ShardingConfig
+from effnet_common.registry import Registry
 from trainer_module import presets as trainer_presets
 
 # A pipeline's ShardingConfig needs an output_dir; the sharding component replaces this placeholder with its
@@ -37,6 +38,16 @@ class PipelinePreset:
 
     def trainer_config(self):
         return trainer_presets.get_preset(self.name)
+
+    def run_target(self, trainer_config, given: float | None = None) -> float:
+        """The run's target top-1, in both runners: ``given`` (``--target-top1``, ``--param target_top1``),
+        else the trainer config's ``loop.target_top1`` (a ``--set`` override), else the preset's. The one
+        target stops the training once reached and gates the blessing."""
+        if given is not None:
+            return given
+        return (
+            self.target_top1 if trainer_config.loop.target_top1 is None else trainer_config.loop.target_top1
+        )
 
     def sharding_config(self, max_failures: int = 0, **inputs: str) -> ShardingConfig:
         """The sharding step's config for this preset: the shard layout of its hosts, reading ``inputs``
@@ -68,7 +79,7 @@ def _paper(name: str) -> PipelinePreset:
     )
 
 
-def _build() -> dict[str, PipelinePreset]:
+def _build() -> Registry:
     demo_target = trainer_presets.get_preset("demo").loop.target_top1
     table = {
         # The embedded digits, sharded as if for 2 hosts; the target the demo reaches on this machine.
@@ -79,7 +90,10 @@ def _build() -> dict[str, PipelinePreset]:
     for name in trainer_presets.preset_names():
         if name not in table:
             table[name] = _paper(name)
-    return table
+    registry = Registry("--preset")
+    for name, preset in table.items():
+        registry.register(name)(lambda preset=preset: preset)
+    return registry
 
 
 PIPELINE_PRESETS = _build()
@@ -88,4 +102,4 @@ PIPELINE_PRESETS = _build()
 def get(name: str) -> PipelinePreset:
     if name not in PIPELINE_PRESETS:
         raise ValueError(f"unknown pipeline preset {name!r}; known: {', '.join(PIPELINE_PRESETS)}")
-    return PIPELINE_PRESETS[name]
+    return PIPELINE_PRESETS.build(name)

@@ -101,7 +101,7 @@ def gcs_bucket():
     """
     from gcs_emulator import GcsEmulator
 
-    from beam_preprocess import storage
+    from effnet_common import storage
 
     emulator = GcsEmulator()
     previous = os.environ.get("STORAGE_EMULATOR_HOST")

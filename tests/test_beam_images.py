@@ -7,7 +7,8 @@ import pytest
 import tensorflow as tf
 from PIL import Image
 
-from beam_preprocess import images, schema
+from beam_preprocess import images
+from effnet_common import schema
 
 
 def _photo(mode="RGB", size=(40, 30)):

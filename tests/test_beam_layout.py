@@ -5,7 +5,8 @@ import random
 
 import pytest
 
-from beam_preprocess import layout, pipeline, schema
+from beam_preprocess import layout, pipeline
+from effnet_common import schema
 
 
 def _train_names(index: int, count: int, seed: int = 0) -> list[str]:

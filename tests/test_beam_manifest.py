@@ -6,8 +6,8 @@ import sys
 
 import pytest
 
-from beam_preprocess import manifest as manifest_lib
-from beam_preprocess.manifest import Failure, LabelConvention, Manifest, ManifestError, Shard, SplitManifest
+from effnet_common import manifest as manifest_lib
+from effnet_common.manifest import Failure, LabelConvention, Manifest, ManifestError, Shard, SplitManifest
 
 # What beam_preprocess wrote before the Manifest module (version 1 without label_offset / num_classes),
 # one local-relative and one absolute gs:// shard path.
@@ -135,7 +135,7 @@ def test_write_and_read_through_beam_file_systems(tmp_path):
 
 def test_importing_the_manifest_module_imports_neither_tensorflow_nor_beam():
     code = (
-        "import sys; import beam_preprocess.manifest; "
+        "import sys; import effnet_common.manifest; "
         "print(sorted(m for m in ('tensorflow', 'apache_beam') if m in sys.modules))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60)

@@ -13,8 +13,9 @@ from apache_beam.testing.test_pipeline import TestPipeline
 from apache_beam.testing.util import assert_that, equal_to
 
 from beam_preprocess import __main__ as cli
-from beam_preprocess import layout, pipeline, schema, sources, spill, tfrecord
-from beam_preprocess.manifest import Manifest
+from beam_preprocess import layout, pipeline, sources, spill, tfrecord
+from effnet_common import schema
+from effnet_common.manifest import Manifest
 
 
 def _records(path):

@@ -5,7 +5,8 @@ import tarfile
 
 import pytest
 
-from beam_preprocess import schema, sources
+from beam_preprocess import sources
+from effnet_common import schema
 
 
 def _read_all(spec, members_per_unit=1000):

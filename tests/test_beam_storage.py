@@ -2,7 +2,7 @@
 
 import pytest
 
-from beam_preprocess import storage
+from effnet_common import storage
 
 
 def test_a_failed_write_leaves_neither_the_file_nor_a_temporary(tmp_path):

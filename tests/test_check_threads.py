@@ -7,9 +7,10 @@ import time
 
 import pytest
 
-from beam_preprocess import schema, threads
+from beam_preprocess import threads
 from beam_preprocess.config import ShardingConfig
 from beam_preprocess.run import run as shard
+from effnet_common import schema
 
 
 @pytest.mark.parametrize("count", [1, 3])

@@ -7,9 +7,10 @@ import pytest
 import tensorflow as tf
 
 from beam_preprocess import __main__ as cli
-from beam_preprocess import classes, sample_data, schema
+from beam_preprocess import classes, sample_data
 from beam_preprocess.config import ShardingConfig
-from beam_preprocess.manifest import LabelConvention, Manifest, ManifestError
+from effnet_common import schema
+from effnet_common.manifest import LabelConvention, Manifest, ManifestError
 from trainer_module import input_pipeline, presets, run
 
 DIGIT_SYNSETS = sample_data.default_synsets(10)
@@ -86,7 +87,7 @@ def test_images_outside_the_classes_count_against_the_failure_budget(clean_archi
     args = ["--train-archive", clean_archives.train_archive, "--val-archive", clean_archives.val_archive]
     args += ["--output-dir", tmp_path / "out", "--classes-file", class_file]
     assert cli.main([str(a) for a in args]) != 0
-    with open(tmp_path / "out" / "manifest.json") as f:
+    with open(tmp_path / "out" / "manifest.failed.json") as f:
         reasons = [failure["reason"] for failure in json.load(f)["failures"]]
     assert reasons and all("is not one of the 5 classes" in reason for reason in reasons)
 
@@ -146,7 +147,7 @@ def test_trainer_sizes_its_head_from_the_manifest(found_run):
 
 def _eval_labels(pattern, synsets, num_classes):
     dataset = input_pipeline.build_eval_dataset(
-        pattern, None, 64, 32, num_classes=num_classes, synsets=synsets
+        pattern, None, input_pipeline.EvalInputs(64, 32, num_classes=num_classes, synsets=synsets)
     )
     return [int(x) for batch in dataset for x, m in zip(batch["labels"], batch["mask"], strict=True) if m > 0]
 

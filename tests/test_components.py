@@ -22,12 +22,13 @@ from tfx.types import artifact_utils
 from tfx.utils import io_utils, proto_utils
 from tfx_bsl.tfxio import dataset_options, dataset_util
 
-from beam_preprocess import schema, tfrecord
+from beam_preprocess import tfrecord
 from beam_preprocess.config import ShardingConfig
-from beam_preprocess.manifest import LabelConvention, Manifest, SplitManifest
 from beam_preprocess.run import FailureBudgetExceeded
 from components import imagenet_shards
 from components.imagenet_shards import ImageNetShardGen
+from effnet_common import schema
+from effnet_common.manifest import LabelConvention, Manifest, SplitManifest
 from trainer_module import input_pipeline
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

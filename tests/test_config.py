@@ -1,6 +1,10 @@
 """Trainer config: derived values, presets against the paper's Table 2, JSON round trip, overrides, errors."""
 
+import ast
 import dataclasses
+import pathlib
+import subprocess
+import sys
 
 import pytest
 
@@ -443,3 +447,80 @@ def test_default_config_is_valid_and_derives_from_the_variant():
     b7 = with_overrides(config, ["model.variant=b7"])
     assert (b7.plan.input_size, b7.plan.classifier_dropout) == (600, 0.5)
     assert b7.plan.eval_crop_padding_pixels == 86  # round(600 / 0.875 - 600)
+
+
+# ---- the config is a leaf -------------------------------------------------------------------------------
+
+
+def test_importing_the_config_loads_no_tensorflow_keras_or_beam():
+    code = (
+        "import sys; import trainer_module.config, trainer_module.choices; "
+        "print(sorted(m for m in ('tensorflow', 'keras', 'apache_beam') if m in sys.modules))"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert result.stdout.strip() == "[]"
+
+
+def test_every_declared_choice_has_its_builder_and_nothing_else_registers():
+    import importlib
+
+    from trainer_module import choices
+
+    for module in choices.BUILDER_MODULES:
+        importlib.import_module(module)
+    assert {r.setting: r.unbuilt() for r in choices.ALL if r.unbuilt()} == {}
+    with pytest.raises(ValueError, match="optimizer.name: 'adam' is not declared"):
+        choices.OPTIMIZERS.register("adam")(lambda: None)
+
+
+def _module_imports(path: pathlib.Path) -> set[str]:
+    """The project modules a module imports at load time (module level, TYPE_CHECKING blocks aside)."""
+    tree = ast.parse(path.read_text())
+    found = set()
+    for node in tree.body:
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            continue
+        for inner in ast.walk(node) if not isinstance(node, ast.FunctionDef | ast.ClassDef) else ():
+            if isinstance(inner, ast.ImportFrom) and inner.module and inner.level == 0:
+                names = [inner.module] + [f"{inner.module}.{a.name}" for a in inner.names]
+                found.update(n for n in names if n.split(".")[0] in PROJECT_PACKAGES)
+            elif isinstance(inner, ast.Import):
+                found.update(a.name for a in inner.names if a.name.split(".")[0] in PROJECT_PACKAGES)
+    return found
+
+
+PROJECT_PACKAGES = ("trainer_module", "effnet_common", "beam_preprocess", "pipeline", "components")
+
+
+def test_no_import_circle_among_the_project_modules_and_the_trainer_takes_nothing_from_beam_preprocess():
+    root = pathlib.Path(__file__).resolve().parent.parent
+    modules = {}
+    for package in PROJECT_PACKAGES:
+        for path in (root / package).rglob("*.py"):
+            name = ".".join(path.relative_to(root).with_suffix("").parts).removesuffix(".__init__")
+            modules[name] = path
+    graph = {
+        name: {m for m in _module_imports(path) if m in modules and m != name}
+        for name, path in modules.items()
+    }
+    assert not [
+        (name, m)
+        for name in graph
+        if name.startswith("trainer_module")
+        for m in graph[name]
+        if m.startswith("beam_preprocess")
+    ]
+    state: dict[str, int] = {}
+
+    def visit(name, stack):
+        state[name] = 1
+        for other in graph[name]:
+            if state.get(other) == 1:
+                raise AssertionError("import circle: " + " -> ".join([*stack[stack.index(other) :], other]))
+            if other not in state:
+                visit(other, [*stack, other])
+        state[name] = 2
+
+    for name in sorted(graph):
+        if name not in state:
+            visit(name, [name])

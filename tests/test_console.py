@@ -20,7 +20,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 SESSION = """
 import logging, os, shutil, sys, warnings
-from beam_preprocess import console
+from effnet_common import console
 
 log, mode = sys.argv[1], sys.argv[2]
 upload = (lambda local, path: shutil.copy(local, sys.argv[3])) if mode == "remote" else None

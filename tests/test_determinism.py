@@ -6,9 +6,9 @@ import pytest
 import tensorflow as tf
 from tensorflow.python.framework import config as tf_framework_config
 
-from beam_preprocess import schema
 from beam_preprocess.config import ShardingConfig
 from beam_preprocess.run import run as shard
+from effnet_common import schema
 from trainer_module import presets, run, strategies, train
 from trainer_module.config import with_overrides
 from trainer_module.recorder import read_run_log

@@ -316,7 +316,10 @@ def test_norm_layer_must_honour_its_name():
     "kwargs, message",
     [
         (dict(variant="b8"), r"Unknown EfficientNet variant 'b8'.*'b0'.*'b7'.*'tiny'"),
-        (dict(variant="tiny", precision="float16"), r"Unknown precision 'float16'.*'bfloat16'.*'float32'"),
+        (
+            dict(variant="tiny", precision="float16"),
+            r"model.precision='float16' is not one of 'float32', 'bfloat16'",
+        ),
         (dict(variant="tiny", dropout_rate=1.0), "dropout_rate"),
         (dict(variant="tiny", drop_connect_rate=-0.1), "drop_connect_rate"),
         (dict(variant="tiny", input_size=0), "input_size"),

@@ -9,10 +9,11 @@ import pytest
 from tfx import v1 as tfx
 
 from beam_preprocess import __main__ as cli
-from beam_preprocess import layout, pipeline, sample_data, schema, sources, storage, tfrecord
+from beam_preprocess import layout, pipeline, sample_data, sources, tfrecord
 from beam_preprocess.config import ShardingConfig
-from beam_preprocess.manifest import Manifest
 from components import imagenet_shards
+from effnet_common import schema, storage
+from effnet_common.manifest import Manifest
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

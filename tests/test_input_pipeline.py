@@ -10,9 +10,10 @@ import pytest
 import tensorflow as tf
 from PIL import Image
 
-from beam_preprocess import sample_data, schema
+from beam_preprocess import sample_data
 from beam_preprocess.config import ShardingConfig
 from beam_preprocess.run import run
+from effnet_common import schema
 from trainer_module import input_pipeline as ip
 
 IMAGE_SIZE = 32
@@ -137,7 +138,7 @@ def test_train_crop_falls_back_to_the_eval_crop_when_sampling_fails(mode):
 
 
 def test_train_batches_have_the_documented_shapes_dtypes_and_ranges(shards, clean_archives):
-    dataset = ip.build_train_dataset(_train_files(shards), None, 16, IMAGE_SIZE)
+    dataset = ip.build_train_dataset(_train_files(shards), None, ip.TrainInputs(16, IMAGE_SIZE))
     assert dataset.element_spec == (
         tf.TensorSpec([16, IMAGE_SIZE, IMAGE_SIZE, 3], tf.float32),
         tf.TensorSpec([16], tf.int32),
@@ -151,7 +152,7 @@ def test_train_batches_have_the_documented_shapes_dtypes_and_ranges(shards, clea
 
 def test_seeded_train_dataset_is_reproducible_and_the_seed_matters(shards):
     def first_batches(seed):
-        dataset = ip.build_train_dataset(_train_files(shards), None, 8, IMAGE_SIZE, seed=seed)
+        dataset = ip.build_train_dataset(_train_files(shards), None, ip.TrainInputs(8, IMAGE_SIZE, seed=seed))
         assert dataset.options().deterministic
         return [(x.numpy(), y.numpy()) for x, y in dataset.take(2)]
 
@@ -160,7 +161,7 @@ def test_seeded_train_dataset_is_reproducible_and_the_seed_matters(shards):
         np.testing.assert_array_equal(x1, x2)
         np.testing.assert_array_equal(y1, y2)
     assert not np.array_equal(first[0][0], other[0][0])
-    unseeded = ip.build_train_dataset(_train_files(shards), None, 8, IMAGE_SIZE)
+    unseeded = ip.build_train_dataset(_train_files(shards), None, ip.TrainInputs(8, IMAGE_SIZE))
     assert not unseeded.options().deterministic  # speed by default
 
 
@@ -170,10 +171,10 @@ def test_train_per_replica_batch_and_hosts_get_disjoint_files(shards):
     host_files = [ip.pipeline_files(files, 2, i) for i in range(2)]
     assert set(host_files[0]).isdisjoint(host_files[1]) and sorted(sum(host_files, [])) == files
     ctx = tf.distribute.InputContext(num_input_pipelines=2, input_pipeline_id=1, num_replicas_in_sync=4)
-    dataset = ip.build_train_dataset(_train_files(shards), ctx, 32, IMAGE_SIZE)
+    dataset = ip.build_train_dataset(_train_files(shards), ctx, ip.TrainInputs(32, IMAGE_SIZE))
     assert dataset.element_spec[0].shape == [8, IMAGE_SIZE, IMAGE_SIZE, 3]
     with pytest.raises(ValueError, match="global_batch_size` 30 is not divisible"):
-        ip.build_train_dataset(_train_files(shards), ctx, 30, IMAGE_SIZE)
+        ip.build_train_dataset(_train_files(shards), ctx, ip.TrainInputs(30, IMAGE_SIZE))
 
 
 # ---------------------------------------------------------------------------------------------- eval
@@ -192,7 +193,7 @@ def test_eval_under_mirrored_strategy_counts_every_validation_image_exactly_once
     assert (plan.steps, plan.num_examples, plan.num_padding) == (9, 100, 8)
     distributed = strategy.distribute_datasets_from_function(
         lambda ctx: ip.build_eval_dataset(
-            _val_files(shards), ctx, global_batch, IMAGE_SIZE, with_filenames=True
+            _val_files(shards), ctx, ip.EvalInputs(global_batch, IMAGE_SIZE, with_filenames=True)
         )
     )
     steps, mask_total, seen = 0, 0.0, []
@@ -221,7 +222,7 @@ def test_two_input_pipelines_read_disjoint_files_cover_all_and_yield_equal_batch
     for pipeline_id in range(2):
         ctx = tf.distribute.InputContext(2, pipeline_id, replicas)
         dataset = ip.build_eval_dataset(
-            _val_files(shards), ctx, global_batch, IMAGE_SIZE, with_filenames=True
+            _val_files(shards), ctx, ip.EvalInputs(global_batch, IMAGE_SIZE, with_filenames=True)
         )
         assert int(dataset.cardinality()) == plan.steps * plan.replicas_per_pipeline
         elements = list(dataset.as_numpy_iterator())
@@ -250,15 +251,15 @@ def test_eval_dataset_is_deterministic(shards):
         return next(iter(dataset))[ip.IMAGES].numpy()
 
     np.testing.assert_array_equal(
-        first(ip.build_eval_dataset(_val_files(shards), None, 4, IMAGE_SIZE)),
-        first(ip.build_eval_dataset(_val_files(shards), None, 4, IMAGE_SIZE)),
+        first(ip.build_eval_dataset(_val_files(shards), None, ip.EvalInputs(4, IMAGE_SIZE))),
+        first(ip.build_eval_dataset(_val_files(shards), None, ip.EvalInputs(4, IMAGE_SIZE))),
     )
 
 
 def test_too_few_files_for_the_input_pipelines_is_named(shards):
     ctx = tf.distribute.InputContext(num_input_pipelines=4, input_pipeline_id=3, num_replicas_in_sync=4)
     with pytest.raises(ValueError, match="input pipeline 3 of 4 gets no file: only 3 files"):
-        ip.build_eval_dataset(_val_files(shards), ctx, 8, IMAGE_SIZE)
+        ip.build_eval_dataset(_val_files(shards), ctx, ip.EvalInputs(8, IMAGE_SIZE))
     with pytest.raises(ValueError, match="num_replicas_in_sync=6 is not a multiple of num_input_pipelines=4"):
         ip.eval_plan(_val_files(shards), 12, tf.distribute.InputContext(4, 0, 6))
 
@@ -316,7 +317,7 @@ def one_based_shards(shards, tmp_path_factory):
 
 
 def _eval_labels(files, **kwargs):
-    dataset = ip.build_eval_dataset(files, None, 8, IMAGE_SIZE, **kwargs)
+    dataset = ip.build_eval_dataset(files, None, ip.EvalInputs(8, IMAGE_SIZE, **kwargs))
     return [int(x) for batch in dataset for x, m in zip(batch[ip.LABELS], batch[ip.MASK], strict=False) if m]
 
 
@@ -333,7 +334,7 @@ def test_a_wrong_label_offset_stops_at_the_first_record_naming_its_shard(one_bas
     assert "validation-00000-of-00003" in message and "set data.label_offset=1" in message
     assert "\n" not in message
     # Training reads through the same check.
-    train = ip.build_train_dataset(one_based_shards, None, 4, IMAGE_SIZE, seed=1)
+    train = ip.build_train_dataset(one_based_shards, None, ip.TrainInputs(4, IMAGE_SIZE, seed=1))
     with pytest.raises(tf.errors.InvalidArgumentError, match=ip.LABEL_CHECK_MARK):
         next(iter(train))
 

@@ -401,7 +401,7 @@ def test_tf1_rmsprop_rejects_bad_hyperparameters(kwargs, message):
 
 
 def test_rmsprop_rejects_unknown_form():
-    with pytest.raises(ValueError, match="RMSProp form 'tf2' is not one of 'keras', 'tf1'"):
+    with pytest.raises(ValueError, match="optimizer.rmsprop_form='tf2' is not one of 'keras', 'tf1'"):
         rmsprop(0.1, form="tf2")
 
 

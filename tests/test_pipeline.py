@@ -109,7 +109,7 @@ def test_console_is_a_short_account_and_the_library_logs_go_to_a_file(blessed_ru
 
 
 @pytest.mark.slow
-def test_unreachable_target_reuses_cached_steps_blesses_nothing_and_pushes_nothing(blessed_run):
+def test_unreachable_target_stops_nothing_early_blesses_nothing_and_pushes_nothing(blessed_run):
     root, _ = blessed_run
     # --verbose: the same short account on stdout, the libraries' logs live on stderr instead of in a file.
     result = _run_cli("--pipeline-root", root, *SHORT, "--target-top1", "0.999", "--verbose")
@@ -121,14 +121,15 @@ def test_unreachable_target_reuses_cached_steps_blesses_nothing_and_pushes_nothi
     assert outcome["blessed"] is False and outcome["pushed"] is False and 0.0 < outcome["top1"] < 0.999
     assert len(os.listdir(root / SERVING)) == 1  # only the first run's model
     store = _store(root)
-    cached = metadata_store_pb2.Execution.CACHED
-    for component in ("ImageNetShardGen", "Trainer"):
-        states = [e.last_known_state for e in _executions(store, component)]
-        assert states[-1] == cached, component
-        assert re.search(rf"^\[\d/\d\] {component}: CACHED", out, re.M), component
-    assert [e.last_known_state for e in _executions(store, "Evaluator")][
-        -1
-    ] == metadata_store_pb2.Execution.COMPLETE
+    cached, complete = metadata_store_pb2.Execution.CACHED, metadata_store_pb2.Execution.COMPLETE
+    assert [e.last_known_state for e in _executions(store, "ImageNetShardGen")][-1] == cached
+    assert re.search(r"^\[\d/\d\] ImageNetShardGen: CACHED", out, re.M)
+    # The target is the trainer's stop as well as the gate (as on Vertex): the Trainer runs again with it.
+    for component in ("Trainer", "Evaluator"):
+        assert [e.last_known_state for e in _executions(store, component)][-1] == complete, component
+    model_run = max(store.get_artifacts_by_type("ModelRun"), key=lambda a: a.id)
+    with open(pathlib.Path(model_run.uri) / "config.json") as f:
+        assert json.load(f)["config"]["loop"]["target_top1"] == 0.999
     assert "Going to run a new execution" in result.stderr and "apache_beam" in result.stderr
     assert "full log: " not in out and len(os.listdir(root / "logs")) == 1  # the first run's log only
 

@@ -4,7 +4,8 @@ import random
 
 import pytest
 
-from beam_preprocess import layout, spill, storage, tfrecord
+from beam_preprocess import layout, spill, tfrecord
+from effnet_common import storage
 
 
 def _source_file(tmp_path, images: list[bytes]) -> tuple[str, list[int]]:

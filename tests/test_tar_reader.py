@@ -5,7 +5,8 @@ import tarfile
 
 import pytest
 
-from beam_preprocess import sources, storage
+from beam_preprocess import sources
+from effnet_common import storage
 
 SYNSET = "n01440764"
 

@@ -259,7 +259,9 @@ def test_weight_average_at_the_papers_decay_evaluates_close_to_the_raw_weights_a
         files = [digit_shards["eval"]]
         plan = input_pipeline.eval_plan(files, 32)
         dataset = strategy.distribute_datasets_from_function(
-            lambda ctx: input_pipeline.build_eval_dataset(files, ctx, 32, config.plan.input_size)
+            lambda ctx: input_pipeline.build_eval_dataset(
+                files, ctx, input_pipeline.EvalInputs(32, config.plan.input_size)
+            )
         )
         return train._evaluate(trainer, dataset, plan, config)
 

@@ -378,8 +378,8 @@ def test_tfx_tuner_and_trainer_executors_run_tuner_fn_and_run_fn(digits, tmp_pat
     from tfx.types import standard_artifacts
     from tfx.utils import proto_utils
 
-    from beam_preprocess.manifest import Manifest
     from components.imagenet_shards import describe_artifact
+    from effnet_common.manifest import Manifest
 
     examples = standard_artifacts.Examples()
     examples.uri = digits["uri"]

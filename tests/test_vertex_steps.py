@@ -31,9 +31,9 @@ import kfp_launcher
 import pytest
 import tensorflow_model_analysis as tfma
 
-from beam_preprocess import schema
-from beam_preprocess.manifest import Manifest
 from components import runtime_gate
+from effnet_common import schema
+from effnet_common.manifest import Manifest
 from pipeline import kubeflow_v2_runner
 
 PROJECT, REGION = "effnet-test-project", "us-central1"
@@ -229,7 +229,7 @@ def test_sharding_step_reads_and_writes_gcs(gcs_bucket, clean_archives, tmp_path
     Only this step runs on gs:// here: the Trainer, TFMA and the Pusher go through TensorFlow's own gs://, which
     cannot reach the emulator. Beam's GCS client finds it through STORAGE_EMULATOR_HOST, given to the container.
     """
-    from beam_preprocess import storage
+    from effnet_common import storage
 
     emulator, bucket = gcs_bucket
     archives = []

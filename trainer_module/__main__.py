@@ -28,7 +28,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 warnings.filterwarnings("ignore", category=FutureWarning)
 
 # TensorFlow (imported by the presets) prints on import: it is imported inside the console session.
-from beam_preprocess import console  # noqa: E402
+from effnet_common import console  # noqa: E402
 
 LOG_DIR = "logs"
 
@@ -83,20 +83,6 @@ def _step_list(text: str) -> list[int]:
     if any(step < 0 for step in steps):
         raise argparse.ArgumentTypeError(f"steps must be >= 0, got {text!r}")
     return steps
-
-
-def plan_report(config, lr_steps: list[int]) -> dict:
-    """The dry run's JSON: the resolved config, its plan and the learning rate at the given steps."""
-    from trainer_module import schedules
-
-    plan = config.plan
-    schedule = schedules.build_schedule(config.schedule, plan.peak_learning_rate, plan.schedule_steps)
-    return {
-        "preset": config.name,
-        "config": json.loads(config.to_json()),
-        "derived": plan.to_dict(),
-        "learning_rate": {str(step): float(schedule(step)) for step in lr_steps},
-    }
 
 
 def report_main(argv: list[str]) -> int:
@@ -334,6 +320,8 @@ def main(argv: list[str] | None = None) -> int:
         except console.UsageError as e:
             return console.fail(e)
         if args.plan:
+            from trainer_module.dry_run import plan_report
+
             print(json.dumps(plan_report(config, args.lr_steps), indent=2))
             return 0
         from trainer_module import files, input_pipeline, run, train

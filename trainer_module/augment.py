@@ -68,7 +68,7 @@ from collections.abc import Callable
 
 import tensorflow as tf
 
-from trainer_module.registry import Registry
+from trainer_module.choices import AUGMENT_POLICIES
 
 MAX_LEVEL = 10.0
 REPLACE_VALUE = 128  # grey fill of pixels left empty by affine operations and Cutout
@@ -481,7 +481,7 @@ def randaugment(image: tf.Tensor, seed: tf.Tensor, num_layers: int = 2, magnitud
 
 
 # The ``augment.policy`` names: each bound to f(uint8 image, seed, num_layers, magnitude) -> uint8 image.
-POLICIES = Registry("augment.policy")
+POLICIES = AUGMENT_POLICIES
 
 
 @POLICIES.register("none")

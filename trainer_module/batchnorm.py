@@ -162,7 +162,7 @@ def virtual_batch_norm(x, virtual_batch, scale, offset, epsilon):
     return (outputs, *_replica_average(*sub_batch_average, context))
 
 
-@keras.saving.register_keras_serializable(package="effnet_pipeline")
+@keras.saving.register_keras_serializable(package="trainer_module")
 class GroupedBatchNormalization(keras.layers.BatchNormalization):
     """Keras batch normalisation whose training statistics are shared by a group of replicas.
 

@@ -23,23 +23,76 @@ import types
 import typing
 from collections.abc import Iterable
 
-from trainer_module.augment import POLICIES
-from trainer_module.input_pipeline import eval_crop_padding
-from trainer_module.models.efficientnet import VARIANTS
-from trainer_module.optimizers import OPTIMIZERS, RMSPROP_FORMS
-from trainer_module.replica_groups import GROUP_SIZE_RULES, LAYOUTS
-from trainer_module.schedules import (
-    DEFAULT_END_LEARNING_RATE,
-    POLYNOMIAL_POWER,
+from effnet_common import schema
+from trainer_module import replica_groups  # noqa: F401 (pure: registers the batch-norm group rules)
+from trainer_module.choices import (
+    AUGMENT_POLICIES,
+    BN_GROUP_RULES,
+    BN_LAYOUTS,
+    OPTIMIZERS,
+    PRECISIONS,
+    RMSPROP_FORMS,
     SCHEDULES,
-    ScheduleSteps,
-    scaled_learning_rate,
+    STRATEGIES,
 )
-from trainer_module.strategies import STRATEGIES
+from trainer_module.variants import VARIANTS
 
-PRECISIONS = ("float32", "bfloat16")
-IMAGENET_TRAIN_EXAMPLES = 1_281_167
-IMAGENET_EVAL_EXAMPLES = 50_000
+# Linear scaling rule: learning rates are quoted per 256 examples of global batch.
+REFERENCE_BATCH_SIZE = 256
+# End rate of the EfficientNet reference's polynomial decay (absolute; 1e-4 is the ResNet/MLPerf value).
+DEFAULT_END_LEARNING_RATE = 0.1
+POLYNOMIAL_POWER = 2.0
+
+
+@dataclasses.dataclass(frozen=True)
+class ScheduleSteps:
+    """The step counts a schedule is laid out on.
+
+    Attributes:
+      steps_per_epoch: examples per epoch / global batch, a float (19.549 at batch 65536 on ImageNet).
+      warmup_steps: int(warmup epochs x steps per epoch).
+      total_steps: int(epochs x steps per epoch): 350 epochs at batch 65536 are 6,842 steps.
+    """
+
+    steps_per_epoch: float
+    warmup_steps: int
+    total_steps: int
+
+    @classmethod
+    def of(
+        cls, num_examples: int, global_batch_size: int, warmup_epochs: float, epochs: float
+    ) -> ScheduleSteps:
+        """The reference's arithmetic: float steps per epoch, truncated warmup and total steps."""
+        steps_per_epoch = num_examples / global_batch_size
+        return cls(steps_per_epoch, int(warmup_epochs * steps_per_epoch), int(epochs * steps_per_epoch))
+
+
+def scaled_learning_rate(lr_per_256: float, global_batch_size: int) -> float:
+    """Peak learning rate by the linear scaling rule.
+
+    Args:
+      lr_per_256: learning rate quoted for a global batch of 256 examples.
+      global_batch_size: examples per training step summed over all replicas.
+
+    Returns:
+      ``lr_per_256 * global_batch_size / 256``.
+    """
+    if global_batch_size <= 0:
+        raise ValueError(f"global_batch_size must be positive, got {global_batch_size}")
+    return lr_per_256 * global_batch_size / REFERENCE_BATCH_SIZE
+
+
+# The evaluation centre crop of today's reference: this share of the short side.
+EVAL_CROP_FRACTION = 0.875
+
+
+def eval_crop_padding(image_size: int) -> int:
+    """Pixels added to ``image_size`` to size the evaluation crop: round(S * (1/0.875 - 1)), 32 at 224.
+
+    Today's reference derives the padding from the 0.875 crop; the paper-era code used a constant 32 at every
+    resolution (0.934 of the short side at 456), which ``data.eval_crop_padding=32`` reproduces.
+    """
+    return round(image_size * (1.0 / EVAL_CROP_FRACTION - 1.0))
 
 
 def _check_choice(key: str, value: str, choices: tuple[str, ...]) -> None:
@@ -178,11 +231,11 @@ class ModelConfig(_Section):
             raise ValueError(f"model.bn_epsilon={self.bn_epsilon} must be positive")
         if self.bn_group_size is not None and self.bn_group_size < 1:
             raise ValueError(f"model.bn_group_size={self.bn_group_size} must be >= 1 (or none to derive it)")
-        GROUP_SIZE_RULES.check(self.bn_group_rule)
-        LAYOUTS.check(self.bn_group_layout)
+        BN_GROUP_RULES.check(self.bn_group_rule)
+        BN_LAYOUTS.check(self.bn_group_layout)
         if self.bn_virtual_batch is not None and self.bn_virtual_batch < 1:
             raise ValueError(f"model.bn_virtual_batch={self.bn_virtual_batch} must be >= 1 (or none)")
-        _check_choice("model.precision", self.precision, PRECISIONS)
+        PRECISIONS.check(self.precision)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -237,7 +290,7 @@ class OptimizerConfig(_Section):
         _check_range("optimizer.rmsprop_rho", self.rmsprop_rho, 0.0, 1.0, high_inclusive=False)
         if self.rmsprop_epsilon <= 0.0:
             raise ValueError(f"optimizer.rmsprop_epsilon={self.rmsprop_epsilon} must be positive")
-        _check_choice("optimizer.rmsprop_form", self.rmsprop_form, RMSPROP_FORMS)
+        RMSPROP_FORMS.check(self.rmsprop_form)
         _check_range("optimizer.label_smoothing", self.label_smoothing, 0.0, 1.0, high_inclusive=False)
         _check_range("optimizer.ema_decay", self.ema_decay, 0.0, 1.0, high_inclusive=False)
 
@@ -295,7 +348,7 @@ class AugmentConfig(_Section):
     magnitude: float = 10.0
 
     def _validate(self):
-        POLICIES.check(self.policy)
+        AUGMENT_POLICIES.check(self.policy)
         if self.num_layers < 1:
             raise ValueError(f"augment.num_layers={self.num_layers} must be at least 1")
         _check_range("augment.magnitude", self.magnitude, 0.0, 30.0)
@@ -327,8 +380,8 @@ class DataConfig(_Section):
         shards of tensorflow/tpu's imagenet_to_gcs.py (labels 1..1000).
     """
 
-    num_train_examples: int = IMAGENET_TRAIN_EXAMPLES
-    num_eval_examples: int = IMAGENET_EVAL_EXAMPLES
+    num_train_examples: int = schema.NUM_TRAIN_IMAGES
+    num_eval_examples: int = schema.NUM_VALIDATION_IMAGES
     global_batch_size: int = 4096
     eval_batch_size: int = 0
     num_cores: int = 128
@@ -484,7 +537,7 @@ def _resolve(config: TrainerConfig) -> TrainingPlan:
     input_size = model.image_size or VARIANTS[model.variant].resolution
     eval_batch = data.eval_batch_size or data.global_batch_size
     decays_itself = optimizer.name == "lars" and not optimizer.lars_l2_in_loss
-    bn_group_replicas = model.bn_group_size or GROUP_SIZE_RULES.build(
+    bn_group_replicas = model.bn_group_size or BN_GROUP_RULES.build(
         model.bn_group_rule, replicas, max(per_replica, 1)
     )
     return TrainingPlan(

@@ -13,7 +13,7 @@ from __future__ import annotations
 import keras
 import tensorflow as tf
 
-from beam_preprocess import schema
+from effnet_common import schema
 from trainer_module import input_pipeline
 
 PROBABILITIES = "probabilities"

@@ -3,9 +3,7 @@
 Model directories are local on a laptop and ``gs://`` on Vertex (``ram://`` in tests). Two rules follow:
 
 - every path goes through ``tf.io.gfile``, never ``open`` or ``os.path`` calls that touch the filesystem;
-- a file is written whole. On a local disk it goes to a temporary name first and is renamed over the old
-  one (atomic, so a reader or a killed run never sees half a file); on an object store the object itself is
-  replaced in one upload, which is atomic there, while a rename would be a copy plus a delete.
+- a file is written whole, by the rule every stage follows (``effnet_common.whole``).
 """
 
 from __future__ import annotations
@@ -15,14 +13,14 @@ import posixpath
 
 import tensorflow as tf
 
+from effnet_common import whole
+
 # TensorFlow's in-memory filesystem appends where "w" should truncate (seen with TF 2.16): remove first there.
 # Object stores (gs://, s3://) replace the object, atomically, and need no removal.
 APPENDING_SCHEMES = ("ram://",)
 
 
-def is_local(path: str) -> bool:
-    """Whether ``path`` is on the local filesystem (no ``scheme://`` prefix)."""
-    return "://" not in path
+is_local = whole.is_local
 
 
 def join(directory: str, *names: str) -> str:
@@ -30,21 +28,27 @@ def join(directory: str, *names: str) -> str:
     return posixpath.join(directory, *names)
 
 
-def write_bytes(path: str, data: bytes) -> None:
-    """Writes ``data`` to ``path`` whole (see the module docstring), creating the parent directory."""
+def _create(path: str):
     parent = posixpath.dirname(path)
     if parent:
         tf.io.gfile.makedirs(parent)
-    if not is_local(path):
-        if path.startswith(APPENDING_SCHEMES) and tf.io.gfile.exists(path):
-            tf.io.gfile.remove(path)
-        with tf.io.gfile.GFile(path, "wb") as f:
-            f.write(data)
-        return
-    partial = path + ".partial"
-    with tf.io.gfile.GFile(partial, "wb") as f:
+    if path.startswith(APPENDING_SCHEMES) and tf.io.gfile.exists(path):
+        tf.io.gfile.remove(path)
+    return tf.io.gfile.GFile(path, "wb")
+
+
+_BACKEND = whole.Backend(
+    create=_create,
+    rename=lambda source, target: tf.io.gfile.rename(source, target, overwrite=True),
+    exists=tf.io.gfile.exists,
+    delete=tf.io.gfile.remove,
+)
+
+
+def write_bytes(path: str, data: bytes) -> None:
+    """Writes ``data`` to ``path`` whole (``effnet_common.whole``), creating the parent directory."""
+    with whole.write(path, _BACKEND) as f:
         f.write(data)
-    tf.io.gfile.rename(partial, path, overwrite=True)
 
 
 def write_text(path: str, text: str) -> None:

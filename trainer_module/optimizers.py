@@ -12,15 +12,12 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
 import keras
 import tensorflow as tf
 
-from trainer_module.registry import Registry
-
-if TYPE_CHECKING:
-    from trainer_module.config import OptimizerConfig
+from trainer_module.choices import OPTIMIZERS, RMSPROP_FORMS
+from trainer_module.config import OptimizerConfig
 
 # Regular expressions searched (case-insensitively) in a variable's path, e.g. 'block1a_bn/gamma'.
 # Batch-norm layers are named '*_bn' in the EfficientNet graph ('stem_bn', 'block1a_project_bn', 'top_bn');
@@ -29,8 +26,6 @@ if TYPE_CHECKING:
 DEFAULT_EXCLUDE = (r"bn/", r"batch_?norm", r"(^|/)(gamma|beta)$", r"bias")
 # The batch-norm patterns alone: what the reference's L2 term leaves out (it decays biases).
 BATCH_NORM_PATTERNS = DEFAULT_EXCLUDE[:3]
-
-OPTIMIZERS = Registry("optimizer.name")
 
 
 def is_excluded(variable_path: str, patterns: Sequence[str] = DEFAULT_EXCLUDE) -> bool:
@@ -262,8 +257,14 @@ class TF1RMSProp(keras.optimizers.Optimizer):
         return config
 
 
-# optimizer.rmsprop_form -> the RMSProp it builds.
-RMSPROP_FORMS = ("keras", "tf1")
+@RMSPROP_FORMS.register("tf1")
+def _tf1_rmsprop(learning_rate, **settings):
+    return TF1RMSProp(learning_rate, **settings)
+
+
+@RMSPROP_FORMS.register("keras")
+def _keras_rmsprop(learning_rate, **settings):
+    return keras.optimizers.RMSprop(learning_rate=learning_rate, name="RMSprop", **settings)
 
 
 def rmsprop(
@@ -285,13 +286,7 @@ def rmsprop(
         the reference's ``tf.compat.v1.train.RMSPropOptimizer`` (accumulator starts at 1).
       **kwargs: other optimizer arguments.
     """
-    if form == "tf1":
-        return TF1RMSProp(learning_rate, rho=rho, momentum=momentum, epsilon=epsilon, **kwargs)
-    if form != "keras":
-        raise ValueError(f"RMSProp form {form!r} is not one of {', '.join(map(repr, RMSPROP_FORMS))}")
-    return keras.optimizers.RMSprop(
-        learning_rate=learning_rate, rho=rho, momentum=momentum, epsilon=epsilon, name="RMSprop", **kwargs
-    )
+    return RMSPROP_FORMS.build(form, learning_rate, rho=rho, momentum=momentum, epsilon=epsilon, **kwargs)
 
 
 @OPTIMIZERS.register("lars")

@@ -15,8 +15,8 @@ sized by tensorflow/tpu's rule (16 replicas at 128 cores) rather than by 128 exa
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
 
+from effnet_common.registry import Registry
 from trainer_module.config import (
     AugmentConfig,
     DataConfig,
@@ -198,12 +198,12 @@ def smoke() -> TrainerConfig:
     )
 
 
-def _paper_presets() -> dict[str, Callable[[], TrainerConfig]]:
-    # Bind each row now; a bare lambda in the loop would see only the last row.
-    return {row.name: (lambda row=row: paper_preset(row)) for row in (*TABLE2_ROWS, *SINGLE_HOST_ROWS)}
-
-
-PRESETS: dict[str, Callable[[], TrainerConfig]] = {**_paper_presets(), "demo": demo, "smoke": smoke}
+# The named configs: the Table 2 rows and the single-host row, then the demo and the smoke check.
+PRESETS = Registry("preset")
+for _row in (*TABLE2_ROWS, *SINGLE_HOST_ROWS):
+    PRESETS.register(_row.name)(lambda row=_row: paper_preset(row))  # bind each row now
+PRESETS.register("demo")(demo)
+PRESETS.register("smoke")(smoke)
 
 
 def preset_names() -> list[str]:
@@ -219,4 +219,4 @@ def get_preset(name: str) -> TrainerConfig:
     """
     if name not in PRESETS:
         raise ValueError(f"unknown preset {name!r}; known presets: {', '.join(PRESETS)}")
-    return PRESETS[name]()
+    return PRESETS.build(name)

@@ -16,7 +16,7 @@ import time
 
 import tensorflow as tf
 
-from beam_preprocess import console
+from effnet_common import console
 from trainer_module import files
 
 logger = logging.getLogger("trainer_module")
@@ -30,11 +30,6 @@ CONFIG_FILE = "config.json"
 def read_run_log(path: str) -> list[dict]:
     """The events of a ``run_log.jsonl`` (local path or URL)."""
     return [json.loads(line) for line in files.read_text(path).splitlines() if line.strip()]
-
-
-def format_eta(seconds: float) -> str:
-    seconds = max(0, int(seconds))
-    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m{seconds % 60:02d}s"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -177,7 +172,7 @@ class Recorder:
             self._train_seconds += seconds
             self._trained_images += num_steps * self._batch
         self._seconds_per_step, self._images_per_second = seconds / num_steps, rate
-        eta = format_eta((total_steps - step) * seconds / num_steps)
+        eta = console.duration((total_steps - step) * seconds / num_steps)
         epoch = step / self._steps_per_epoch
         self.event(
             "progress",
@@ -228,7 +223,7 @@ class Recorder:
             result["top5"],
             result["loss"],
             rate,
-            format_eta(remaining),
+            console.duration(remaining),
         )
         with self._summary.as_default(step=step):
             for key in ("top1", "top5", "loss"):

@@ -27,14 +27,14 @@ unset): ``examples128``, about 128 examples per group as in the reference LARS r
 tensorflow/tpu's ``TpuBatchNormalization`` derived from the slice alone (the paper's RMSProp rows).
 """
 
-from trainer_module.registry import Registry
+from trainer_module.choices import BN_GROUP_RULES, BN_LAYOUTS
 
 CORES_PER_CHIP = 2
 # The reference LARS runs size batch-norm groups to hold about this many examples (docs/recipe.md).
 EXAMPLES_PER_BN_GROUP = 128
 
-LAYOUTS = Registry("model.bn_group_layout")
-GROUP_SIZE_RULES = Registry("model.bn_group_rule")
+LAYOUTS = BN_LAYOUTS
+GROUP_SIZE_RULES = BN_GROUP_RULES
 
 
 @GROUP_SIZE_RULES.register("examples128")

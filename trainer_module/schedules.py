@@ -16,62 +16,18 @@ objects registered for serialisation, so an optimizer that holds one survives ``
 
 from __future__ import annotations
 
-import dataclasses
-from typing import TYPE_CHECKING
-
 import keras
 import tensorflow as tf
 
-from trainer_module.registry import Registry
-
-if TYPE_CHECKING:
-    from trainer_module.config import ScheduleConfig
-
-# Linear scaling rule: learning rates are quoted per 256 examples of global batch.
-REFERENCE_BATCH_SIZE = 256
-# End rate of the EfficientNet reference's polynomial decay (absolute; 1e-4 is the ResNet/MLPerf value).
-DEFAULT_END_LEARNING_RATE = 0.1
-POLYNOMIAL_POWER = 2.0
-
-SCHEDULES = Registry("schedule.kind")
-
-
-@dataclasses.dataclass(frozen=True)
-class ScheduleSteps:
-    """The step counts a schedule is laid out on.
-
-    Attributes:
-      steps_per_epoch: examples per epoch / global batch, a float (19.549 at batch 65536 on ImageNet).
-      warmup_steps: int(warmup epochs x steps per epoch).
-      total_steps: int(epochs x steps per epoch): 350 epochs at batch 65536 are 6,842 steps.
-    """
-
-    steps_per_epoch: float
-    warmup_steps: int
-    total_steps: int
-
-    @classmethod
-    def of(
-        cls, num_examples: int, global_batch_size: int, warmup_epochs: float, epochs: float
-    ) -> ScheduleSteps:
-        """The reference's arithmetic: float steps per epoch, truncated warmup and total steps."""
-        steps_per_epoch = num_examples / global_batch_size
-        return cls(steps_per_epoch, int(warmup_epochs * steps_per_epoch), int(epochs * steps_per_epoch))
-
-
-def scaled_learning_rate(lr_per_256: float, global_batch_size: int) -> float:
-    """Peak learning rate by the linear scaling rule.
-
-    Args:
-      lr_per_256: learning rate quoted for a global batch of 256 examples.
-      global_batch_size: examples per training step summed over all replicas.
-
-    Returns:
-      ``lr_per_256 * global_batch_size / 256``.
-    """
-    if global_batch_size <= 0:
-        raise ValueError(f"global_batch_size must be positive, got {global_batch_size}")
-    return lr_per_256 * global_batch_size / REFERENCE_BATCH_SIZE
+from trainer_module.choices import SCHEDULES
+from trainer_module.config import (  # noqa: F401 (the schedule arithmetic's home is the config's plan)
+    DEFAULT_END_LEARNING_RATE,
+    POLYNOMIAL_POWER,
+    REFERENCE_BATCH_SIZE,
+    ScheduleConfig,
+    ScheduleSteps,
+    scaled_learning_rate,
+)
 
 
 def _linear_warmup(step: tf.Tensor, peak: float, warmup_steps: int) -> tf.Tensor:

@@ -7,16 +7,11 @@ from __future__ import annotations
 
 import json
 import os
-from typing import TYPE_CHECKING
 
 import tensorflow as tf
 
-from trainer_module.registry import Registry
-
-if TYPE_CHECKING:
-    from trainer_module.config import TrainerConfig
-
-STRATEGIES = Registry("loop.strategy")
+from trainer_module.choices import STRATEGIES
+from trainer_module.config import TrainerConfig
 
 
 def tpu_to_resolve(config: TrainerConfig) -> str:

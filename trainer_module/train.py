@@ -346,18 +346,7 @@ class RunInputs:
             return input_pipeline.build_train_dataset(
                 train_list,
                 ctx,
-                config.data.global_batch_size,
-                plan.input_size,
-                seed=config.loop.seed,
-                deterministic=config.loop.deterministic,
-                skip_records=consumed,
-                min_crop_area=config.data.min_crop_area,
-                random_flip=config.data.random_flip,
-                augmentation=config.augment,
-                clip_resized=config.data.clip_resized,
-                label_offset=config.data.label_offset,
-                num_classes=config.model.num_classes,
-                synsets=synsets,
+                input_pipeline.TrainInputs.of(config, synsets, skip_records=consumed),
             )
 
         def eval_dataset(ctx):
@@ -368,13 +357,7 @@ class RunInputs:
             return input_pipeline.build_eval_dataset(
                 eval_list,
                 ctx,
-                plan.eval_global_batch_size,
-                plan.input_size,
-                crop_padding=plan.eval_crop_padding_pixels,
-                clip_resized=config.data.clip_resized,
-                label_offset=config.data.label_offset,
-                num_classes=config.model.num_classes,
-                synsets=synsets,
+                input_pipeline.EvalInputs.of(config, synsets),
                 plan=eval_plans[key],
             )
 

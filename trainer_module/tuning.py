@@ -47,11 +47,11 @@ import typing
 import keras_tuner
 from keras_tuner.engine import trial as trial_module
 
-from beam_preprocess import console
+from effnet_common import console
+from effnet_common.registry import Registry
 from trainer_module import files, presets
 from trainer_module.config import SECTION_NAMES, TrainerConfig, _parse_value, with_overrides
 from trainer_module.recorder import HISTORY_FILE, METRICS_FILE, RUN_LOG_FILE, read_run_log
-from trainer_module.registry import Registry
 from trainer_module.train import CHECKPOINT_DIR
 
 OBJECTIVE = "top1"

@@ -13,13 +13,22 @@ from collections.abc import Callable, Sequence
 import keras
 from keras import ops
 
+from trainer_module.choices import PRECISIONS
+
 # Dtype policy of every layer that is not a convolution: normalisation, activations, SE gating, pooling,
 # dropout, the residual add and the dense head all compute (and keep their variables) in float32.
 FLOAT32 = "float32"
 
-# precision option -> Keras dtype policy of the Conv2D and DepthwiseConv2D layers. 'mixed_bfloat16' computes
+# model.precision -> Keras dtype policy of the Conv2D and DepthwiseConv2D layers. 'mixed_bfloat16' computes
 # in bfloat16 while the variables stay float32, as in the paper (bfloat16 convolutions, float32 elsewhere).
-CONV_POLICIES = {"float32": "float32", "bfloat16": "mixed_bfloat16"}
+PRECISIONS.register("float32")(lambda: "float32")
+PRECISIONS.register("bfloat16")(lambda: "mixed_bfloat16")
+
+
+def conv_policy(precision: str) -> str:
+    """The Keras dtype policy of the convolutions at ``precision`` (checked against ``model.precision``)."""
+    return PRECISIONS.build(precision)
+
 
 IMAGENET_MEAN_RGB = (0.485, 0.456, 0.406)
 IMAGENET_STDDEV_RGB = (0.229, 0.224, 0.225)

@@ -9,44 +9,25 @@ from __future__ import annotations
 import dataclasses
 import math
 import numbers
-import types
 
 import keras
 
 from trainer_module.models.blocks import (
-    CONV_POLICIES,
     FLOAT32,
     BlockSpec,
     InputNormalization,
     LayerFactory,
     NormFactory,
+    conv_policy,
     default_norm_factory,
     dense_kernel_initializer,
     mbconv_block,
 )
+from trainer_module.variants import VARIANTS, VariantSpec, variant_spec  # noqa: F401 (the table's home)
 
 FILTER_DIVISOR = 8
 STEM_FILTERS = 32
 HEAD_FILTERS = 1280
-
-
-@dataclasses.dataclass(frozen=True)
-class VariantSpec:
-    """Compound scaling of one variant.
-
-    Attributes:
-        name: 'b0'..'b7' or 'tiny'.
-        width: multiplier of every filter count (then rounded to multiples of 8).
-        depth: multiplier of every stage's repeats (then rounded up).
-        resolution: native input side in pixels.
-        dropout: dropout rate before the dense head.
-    """
-
-    name: str
-    width: float
-    depth: float
-    resolution: int
-    dropout: float
 
 
 @dataclasses.dataclass(frozen=True)
@@ -75,34 +56,6 @@ B0_STAGES = (
     StageSpec(repeats=4, kernel_size=5, strides=2, expand_ratio=6, filters_in=112, filters_out=192),
     StageSpec(repeats=1, kernel_size=3, strides=1, expand_ratio=6, filters_in=192, filters_out=320),
 )
-
-VARIANTS = types.MappingProxyType(
-    {
-        spec.name: spec
-        for spec in (
-            VariantSpec("b0", width=1.0, depth=1.0, resolution=224, dropout=0.2),
-            VariantSpec("b1", width=1.0, depth=1.1, resolution=240, dropout=0.2),
-            VariantSpec("b2", width=1.1, depth=1.2, resolution=260, dropout=0.3),
-            VariantSpec("b3", width=1.2, depth=1.4, resolution=300, dropout=0.3),
-            VariantSpec("b4", width=1.4, depth=1.8, resolution=380, dropout=0.4),
-            VariantSpec("b5", width=1.6, depth=2.2, resolution=456, dropout=0.4),
-            VariantSpec("b6", width=1.8, depth=2.6, resolution=528, dropout=0.5),
-            VariantSpec("b7", width=2.0, depth=3.1, resolution=600, dropout=0.5),
-            # For tests and the CPU digits demo: 10 blocks (residual, SE and drop-connect included) at 32 px.
-            VariantSpec("tiny", width=0.25, depth=0.5, resolution=32, dropout=0.2),
-        )
-    }
-)
-
-
-def variant_spec(variant: str) -> VariantSpec:
-    """The scaling of `variant` ('b0'..'b7' or 'tiny'); ValueError naming the known variants otherwise."""
-    try:
-        return VARIANTS[variant]
-    except (KeyError, TypeError):
-        raise ValueError(
-            f"Unknown EfficientNet variant {variant!r}; known variants: {sorted(VARIANTS)}"
-        ) from None
 
 
 def round_filters(filters: int, width: float, divisor: int = FILTER_DIVISOR) -> int:
@@ -196,8 +149,7 @@ def efficientnet(
         ValueError: unknown variant or precision, or an option out of range.
     """
     spec = variant_spec(variant)
-    if precision not in CONV_POLICIES:
-        raise ValueError(f"Unknown precision {precision!r}; allowed: {sorted(CONV_POLICIES)}")
+    policy = conv_policy(precision)
     input_size = spec.resolution if input_size is None else input_size
     dropout_rate = spec.dropout if dropout_rate is None else dropout_rate
     for option, value in (("num_classes", num_classes), ("input_size", input_size)):
@@ -207,7 +159,7 @@ def efficientnet(
         if not 0.0 <= rate < 1.0:
             raise ValueError(f"{option} must be in [0, 1), got {rate!r}")
     layers = LayerFactory(
-        conv_policy=CONV_POLICIES[precision],
+        conv_policy=policy,
         norm_layer=norm_layer or default_norm_factory(bn_momentum, bn_epsilon),
     )
 

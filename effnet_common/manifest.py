@@ -3,7 +3,7 @@
 One frozen dataclass tree, written by ``beam_preprocess`` and read by the TFX component, the runners and the
 trainer. ``to_json`` / ``from_json`` are pure (no file system, no TensorFlow, no Beam), so the trainer can read
 the text with ``tf.io.gfile`` on any TensorFlow file system (``ram://`` included, which Beam does not know) and
-parse it here; ``read`` / ``write`` go through ``beam_preprocess.storage`` (Beam FileSystems).
+parse it here; ``read`` / ``write`` go through ``effnet_common.storage`` (Beam FileSystems).
 
 Shard paths are written relative to the manifest's directory, so a copied dataset stays readable; in memory
 they are resolved against the directory the manifest was read from (``Manifest.directory``), so
@@ -80,7 +80,7 @@ class LabelConvention:
         """The synsets in label order: the listed ones, or the 1000 ILSVRC2012 synsets."""
         if self.synsets is not None:
             return self.synsets
-        from beam_preprocess import schema  # reads the list tensorflow-datasets ships, only when asked
+        from effnet_common import schema  # reads the list tensorflow-datasets ships, only when asked
 
         return schema.synsets()
 
@@ -219,13 +219,13 @@ class Manifest:
     @classmethod
     def read(cls, path: str) -> Manifest:
         """Reads ``path`` (a manifest.json, on any Beam file system)."""
-        from beam_preprocess import storage
+        from effnet_common import storage
 
         return cls.from_json(storage.read_text(path), directory=storage.dirname(path), source=path)
 
     def write(self, path: str) -> None:
         """Writes manifest.json at ``path`` as one whole object (atomically on local disks)."""
-        from beam_preprocess import storage
+        from effnet_common import storage
 
         storage.write_text(path, self.to_json())
 

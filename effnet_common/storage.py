@@ -2,9 +2,8 @@
 
 Three things Beam's ``FileSystems`` API does not offer are done here per file system, and only here:
 
-- **Whole-object writes.** On a local disk a file is written under a temporary name and renamed (atomic, so a
-  reader never sees half a file). On an object store the object appears whole when its upload completes, and
-  a rename would be a copy plus a delete, so objects are written once under their final name.
+- **Whole-object writes** (``effnet_common.whole``, the rule the trainer's files follow too): on a local disk
+  under a temporary name, then renamed; on an object store in one upload under the final name.
 - **Exact range reads.** ``FileSystems.open`` on ``gs://`` buffers 16 MiB per read miss: reading a 110 KiB
   record from the middle of a spill object would fetch 16 MiB, and reading one inner tar would fetch up to
   16 MiB past its end. ``RangeReader`` and ``open_window`` ask GCS for exactly the bytes wanted, through
@@ -12,13 +11,12 @@ Three things Beam's ``FileSystems`` API does not offer are done here per file sy
 - **Listing one directory level.** Beam lists recursively (its local file system even walks the whole tree
   for ``dir/*``); one level is listed by a delimiter listing on GCS and by ``os.scandir`` on a local disk.
 
-Beam is imported on first use only: the trainer imports ``beam_preprocess.manifest``, which imports this
+Beam is imported on first use only: the trainer imports ``effnet_common.manifest``, which imports this
 module lazily, on hosts where importing Beam would only cost time.
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import functools
 import io
@@ -27,7 +25,7 @@ import posixpath
 import threading
 from collections.abc import Iterable, Iterator
 
-_INPROGRESS = ".inprogress"
+from effnet_common import whole
 
 
 def _filesystems():
@@ -36,11 +34,7 @@ def _filesystems():
     return FileSystems
 
 
-def is_local(path: str) -> bool:
-    """True when ``path`` is on the local file system (no scheme, or ``file://``)."""
-    from apache_beam.io.localfilesystem import LocalFileSystem
-
-    return isinstance(_filesystems().get_filesystem(path), LocalFileSystem)
+is_local = whole.is_local  # no scheme, or file://
 
 
 def is_gcs(path: str) -> bool:
@@ -65,27 +59,23 @@ def open_read(path: str):
     return _filesystems().open(path, compression_type="uncompressed")
 
 
-@contextlib.contextmanager
-def open_write(path: str):
-    """A binary file object whose contents appear at ``path`` whole, and only if the block exits normally.
-
-    Local disk: written to ``path.inprogress`` and renamed over ``path``. Object store: one object upload
-    (objects appear atomically when the upload completes; no rename, which GCS implements as copy + delete).
-    """
+@functools.cache
+def _whole_backend() -> whole.Backend:
     fs = _filesystems()
-    if not is_local(path):
-        with fs.create(path, compression_type="uncompressed") as f:
-            yield f
-        return
-    temporary = path + _INPROGRESS
-    try:
-        with fs.create(temporary, compression_type="uncompressed") as f:  # creates the parent directories
-            yield f
-        fs.rename([temporary], [path])
-    except BaseException:
-        if fs.exists(temporary):
-            fs.delete([temporary])
-        raise
+    return whole.Backend(
+        create=lambda path: fs.create(
+            path, compression_type="uncompressed"
+        ),  # creates the parent directories
+        rename=lambda source, target: fs.rename([source], [target]),
+        exists=fs.exists,
+        delete=lambda path: fs.delete([path]),
+    )
+
+
+def open_write(path: str):
+    """A binary file object whose contents appear at ``path`` whole, and only if the block exits normally
+    (``effnet_common.whole``)."""
+    return whole.write(path, _whole_backend())
 
 
 # Adjacent ranges are fetched in one request, up to this size: one GET for a run of consecutive records.

@@ -71,7 +71,8 @@ def fail(error: BaseException | str, status: int = 2) -> int:
 
 
 def duration(seconds: float) -> str:
-    """12.3s, 4m05s, 2h03m."""
+    """12.3s, 4m05s, 2h03m (a negative time is 0.0s)."""
+    seconds = max(0.0, seconds)
     if seconds < 60:
         return f"{seconds:.1f}s"
     minutes, seconds = divmod(int(seconds), 60)
@@ -109,7 +110,7 @@ def _reason(error: BaseException) -> str:
 def check_file(flag: str, path: str) -> None:
     """``path`` exists, is not empty and its first byte can be read (that byte only: a buffered open of an
     object would fetch megabytes)."""
-    from beam_preprocess import storage
+    from effnet_common import storage
 
     try:
         if not storage.exists(path):
@@ -125,7 +126,7 @@ def check_file(flag: str, path: str) -> None:
 
 def check_directory(flag: str, path: str) -> None:
     """``path`` is a directory holding at least one entry."""
-    from beam_preprocess import storage
+    from effnet_common import storage
 
     try:
         entries = storage.list_dir(path)
@@ -140,7 +141,7 @@ def make_writable_directory(flag: str, path: str) -> None:
     """Creates ``path`` if needed and writes (then deletes) a probe file in it: the output location works."""
     from apache_beam.io.filesystems import FileSystems
 
-    from beam_preprocess import storage
+    from effnet_common import storage
 
     try:
         if not FileSystems.exists(path):
@@ -328,7 +329,7 @@ def _local_path(path: str) -> str | None:
 
 
 def _upload_with_filesystems(local_path: str, path: str) -> None:
-    from beam_preprocess import storage
+    from effnet_common import storage
 
     with open(local_path, "rb") as source, storage.open_write(path) as target:
         shutil.copyfileobj(source, target)

@@ -23,10 +23,14 @@ class Registry:
 
     Args:
       setting: the dotted config key the names are values of (for error messages), e.g. 'schedule.kind'.
+      declared: the accepted names, declared where the config can read them without importing the builders
+        (``trainer_module.choices``); a builder registers under a declared name only. None: the names are
+        those registered.
     """
 
-    def __init__(self, setting: str):
+    def __init__(self, setting: str, declared: tuple[str, ...] | None = None):
         self.setting = setting
+        self.declared = declared
         self._builders: dict[str, Callable] = {}
 
     def register(self, name: str) -> Callable[[Callable], Callable]:
@@ -35,27 +39,38 @@ class Registry:
         def bind(builder: Callable) -> Callable:
             if name in self._builders:
                 raise ValueError(f"{self.setting}: {name!r} is registered twice")
+            if self.declared is not None and name not in self.declared:
+                raise ValueError(f"{self.setting}: {name!r} is not declared (declared: {self.declared})")
             self._builders[name] = builder
             return builder
 
         return bind
 
     def names(self) -> tuple[str, ...]:
-        """The accepted names, in registration order."""
-        return tuple(self._builders)
+        """The accepted names: the declared ones, else those registered, in order."""
+        return self.declared if self.declared is not None else tuple(self._builders)
+
+    def unbuilt(self) -> tuple[str, ...]:
+        """Declared names no builder is registered under (none once the builders' modules are imported)."""
+        return tuple(name for name in self.names() if name not in self._builders)
 
     def __contains__(self, name: object) -> bool:
-        return name in self._builders
+        return name in self.names()
+
+    def __iter__(self):
+        return iter(self.names())
 
     def check(self, name: str) -> None:
         """Raises ValueError naming the setting and the accepted names when ``name`` is not one of them."""
-        if name not in self._builders:
-            accepted = ", ".join(repr(n) for n in self._builders)
+        if name not in self.names():
+            accepted = ", ".join(repr(n) for n in self.names())
             raise ValueError(f"{self.setting}={name!r} is not one of {accepted}")
 
     def get(self, name: str) -> Callable:
         """The builder bound to ``name`` (checked)."""
         self.check(name)
+        if name not in self._builders:
+            raise LookupError(f"{self.setting}={name!r}: its builder's module is not imported")
         return self._builders[name]
 
     def build(self, name: str, *args, **kwargs):
