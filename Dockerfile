@@ -18,6 +18,7 @@ WORKDIR /pipeline
 COPY setup.py constraints.txt constraints-accelerators.txt README.md ./
 COPY beam_preprocess beam_preprocess
 COPY components components
+COPY effnet_common effnet_common
 COPY pipeline pipeline
 COPY trainer_module trainer_module
 
@@ -40,7 +41,7 @@ RUN pip install --ignore-requires-python -c constraints.txt . \
     && python -c "import importlib.metadata as m, tensorflow as tf; \
 assert 'tensorflow' not in {d.metadata['Name'].lower() for d in m.distributions()}, 'CPU tensorflow left'; \
 assert 'tensorflow==' + tf.__version__ in open('constraints.txt').read().split(), tf.__version__" \
-    && python -c "import beam_preprocess, components, pipeline, trainer_module"
+    && python -c "import beam_preprocess, components, effnet_common, pipeline, trainer_module"
 CMD ["python", "-m", "tfx.scripts.run_executor"]
 
 
@@ -50,7 +51,7 @@ FROM source AS trainer-gpu
 RUN pip install --ignore-requires-python -c constraints.txt -c constraints-accelerators.txt . "tensorflow[and-cuda]" \
     && python -c "import tensorflow as tf; \
 assert 'tensorflow==' + tf.__version__ in open('constraints.txt').read().split(), tf.__version__" \
-    && python -c "import beam_preprocess, components, pipeline, trainer_module"
+    && python -c "import beam_preprocess, components, effnet_common, pipeline, trainer_module"
 CMD ["python", "-m", "tfx.scripts.run_executor"]
 
 
@@ -60,6 +61,6 @@ FROM source AS pipeline
 COPY --from=apache/beam_python3.11_sdk:2.59.0 /opt/apache/beam /opt/apache/beam
 # tfx 1.16 declares Requires-Python <3.11 although its compiled dependencies ship 3.11 wheels (see README).
 RUN pip install --ignore-requires-python -c constraints.txt . \
-    && python -c "import beam_preprocess, components, pipeline, trainer_module"
+    && python -c "import beam_preprocess, components, effnet_common, pipeline, trainer_module"
 # Dataflow calls the boot program; TFX on Vertex / Kubeflow overrides the command of each step.
 ENTRYPOINT ["/opt/apache/beam/boot"]

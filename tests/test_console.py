@@ -182,7 +182,7 @@ def test_trainer_prints_one_line_per_evaluation_and_logs_to_the_model_dir(small_
     evaluations = [line for line in lines if line.startswith("epoch ")]
     assert len(evaluations) == 2
     for line in evaluations:
-        assert re.search(r"top-1 [\d.]+ .* [\d.]+ img/s  ETA \dh\d\dm\d\ds$", line), line
+        assert re.search(r"top-1 [\d.]+ .* [\d.]+ img/s  ETA (\d+\.\ds|\d+m\d\ds|\d+h\d\dm)$", line), line
     assert f"TensorBoard: tensorboard --logdir {model_dir / 'tensorboard'}" in lines
     (log,) = (model_dir / "logs").iterdir()
     assert lines[0] == f"full log: {log}"
