@@ -325,6 +325,10 @@ def parse_params(pairs: list[str]) -> dict:
     )
 
 
+# The flags' defaults are the cloud settings' own (one home for each).
+CLOUD_DEFAULTS = {field.name: field.default for field in dataclasses.fields(CloudSettings)}
+
+
 def build_parser() -> argparse.ArgumentParser:
     from pipeline import accelerators
 
@@ -358,21 +362,30 @@ def build_parser() -> argparse.ArgumentParser:
         "--trainer-image", default="", help="the training job's image (trainer-tpu / trainer-gpu)"
     )
     where.add_argument(
-        "--accelerator", default="tpu-v3-8", help="one of: " + ", ".join(accelerators.ACCELERATORS.names())
+        "--accelerator",
+        default=CLOUD_DEFAULTS["accelerator"],
+        help="one of: " + ", ".join(accelerators.ACCELERATORS.names()),
     )
-    where.add_argument("--machines", type=int, default=1, help="machines of --accelerator (GPU machines)")
+    where.add_argument(
+        "--machines",
+        type=int,
+        default=CLOUD_DEFAULTS["machines"],
+        help="machines of --accelerator (GPU machines)",
+    )
     where.add_argument("--service-account", default="", help="for the pipeline, training and Dataflow jobs")
     where.add_argument("--network", default="", help="projects/PROJECT_NUMBER/global/networks/NAME")
     where.add_argument("--subnetwork", default="", help="Dataflow workers' regions/REGION/subnetworks/NAME")
     where.add_argument(
-        "--provisioning", default="standard", help="training machines: " + ", ".join(PROVISIONING.names())
+        "--provisioning",
+        default=CLOUD_DEFAULTS["provisioning"],
+        help="training machines: " + ", ".join(PROVISIONING.names()),
     )
     where.add_argument(
         "--skip-region-check", action="store_true", help="compile for a region the accelerator table lacks"
     )
     where.add_argument("--reservation", default="", help="projects/P/zones/Z/reservations/NAME to train on")
     where.add_argument(
-        "--training-timeout-hours", type=float, default=0.0,
+        "--training-timeout-hours", type=float, default=CLOUD_DEFAULTS["training_timeout_hours"],
         help="the training job's timeout (default: 3x the run's estimate shown by --plan, at least 2 h)",
     )  # fmt: skip
     for step, workers in (("dataflow", SHARDING_WORKERS), ("evaluator", EVALUATOR_WORKERS)):
