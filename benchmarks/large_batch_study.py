@@ -98,6 +98,7 @@ class Recipe:
     warmup_share: float  # of the schedule, the paper's
     space: tuple[str, ...]
     settings: tuple[str, ...] = ()
+    decay_share: float | None = None  # the exponential decay's interval, as a share of the schedule
 
     def fixed(self, epochs: int) -> list[str]:
         settings = [f"optimizer.name={self.optimizer}", f"schedule.kind={self.schedule}"]
@@ -105,7 +106,9 @@ class Recipe:
             f"schedule.lr_per_256={self.lr_per_256}",
             f"schedule.warmup_epochs={self.warmup_share * epochs:g}",
         ]
-        settings += [s.format(epochs=epochs) if "{" in s else s for s in self.settings]
+        settings += self.settings
+        if self.decay_share is not None:
+            settings.append(f"schedule.decay_epochs={self.decay_share * epochs:.6g}")
         return settings
 
     def search_space(self, epochs: int, batch: int) -> list[str]:
@@ -122,7 +125,8 @@ RECIPES = {
         0.016,
         5 / 350,
         ("schedule.lr_per_256=log:0.0016:0.16", "schedule.warmup_epochs=linear:0:{warmup_high}"),
-        ("optimizer.rmsprop_form=tf1", "schedule.decay_epochs={epochs}*2.4/350"),
+        ("optimizer.rmsprop_form=tf1",),
+        decay_share=2.4 / 350,
     ),
     # LARS + polynomial decay. A kernel's step is LR x trust coefficient x |w| / |g|, batch-norm parameters and
     # biases take the LR alone: both are searched, the LR over 0.1-20 per 256 (the paper's 0.236 was tuned for
@@ -289,23 +293,8 @@ def common_overrides(args, data: dict, batch: int) -> list[str]:
     ]
 
 
-def _evaluate_expressions(overrides: list[str]) -> list[str]:
-    """'KEY=a*b/c' arithmetic of the recipes' settings, evaluated (numbers and * / only)."""
-    out = []
-    for override in overrides:
-        key, _, value = override.partition("=")
-        if any(op in value for op in "*/") and all(c in "0123456789.*/e-" for c in value):
-            number = 1.0
-            for part in value.replace("/", "*/").split("*"):
-                number = number / float(part[1:]) if part.startswith("/") else number * float(part)
-            value = f"{number:.6g}"
-        out.append(f"{key}={value}")
-    return out
-
-
 def cell_overrides(cell: Cell, args, data: dict, epochs: int) -> list[str]:
-    overrides = common_overrides(args, data, cell.batch)
-    return _evaluate_expressions(overrides + cell.recipe.fixed(epochs))
+    return common_overrides(args, data, cell.batch) + cell.recipe.fixed(epochs)
 
 
 # ---------------------------------------------------------------------------------------------- runs

@@ -193,7 +193,8 @@ def push(target: PushTarget, artifact_uri: str, push: str) -> Pushed:
     ``push`` id), deploys it on the endpoint at 100% and undeploys the pipeline's other models there."""
     models = aiplatform_v1.ModelServiceClient(client_options=target.client_options)
     endpoints = aiplatform_v1.EndpointServiceClient(client_options=target.client_options)
-    registry = [m for m in _pipeline_models(models, target) if m.display_name == target.pipeline]
+    pipeline_models = _pipeline_models(models, target)
+    registry = [m for m in pipeline_models if m.display_name == target.pipeline]
     parent_model = registry[0] if registry else None
     existing = _version_of_push(models, parent_model, push) if parent_model else None
     if existing is not None:
@@ -229,7 +230,7 @@ def push(target: PushTarget, artifact_uri: str, push: str) -> Pushed:
             update_mask={"paths": ["traffic_split"]},
         )
 
-    ours = {m.name.split("@")[0] for m in _pipeline_models(models, target)} | {model_name}
+    ours = {m.name.split("@")[0] for m in pipeline_models} | {model_name}  # the upload's model, if new
     replaced = [d for d in endpoint.deployed_models if d.model in ours and d.id != current.id]
     for old in replaced:
         endpoints.undeploy_model(

@@ -189,12 +189,6 @@ class EvalInputs:
         )
 
 
-def _values(inputs) -> tuple:
-    """The fields of an inputs object in order, unconverted (``dataclasses.astuple`` would turn the nested
-    augmentation config into a tuple too)."""
-    return tuple(getattr(inputs, field.name) for field in dataclasses.fields(inputs))
-
-
 def _records(files: tf.data.Dataset, cycle_length: int, deterministic: bool | None) -> tf.data.Dataset:
     """``(record, file name)`` of the files in ``files``, read ``cycle_length`` files at a time in parallel.
 
@@ -239,43 +233,40 @@ def build_train_dataset(
         one pipeline feeding one replica.
       inputs: how the stream is read and prepared (``TrainInputs``; ``TrainInputs.of(config)`` for a run).
     """
-    (global_batch_size, image_size, seed, deterministic, shuffle_buffer_size, cycle_length, fused_decode_crop,
-     skip_records, min_crop_area, random_flip, augmentation, clip_resized, label_offset, num_classes,
-     synsets) = _values(inputs)  # fmt: skip
     ctx = _context(input_context)
-    per_replica = ctx.get_per_replica_batch_size(global_batch_size)
-    if shuffle_buffer_size < 1 or cycle_length < 1:
+    per_replica = ctx.get_per_replica_batch_size(inputs.global_batch_size)
+    if inputs.shuffle_buffer_size < 1 or inputs.cycle_length < 1:
         raise ValueError(
-            f"shuffle_buffer_size={shuffle_buffer_size} and cycle_length={cycle_length} must be positive"
+            f"shuffle_buffer_size={inputs.shuffle_buffer_size} and cycle_length={inputs.cycle_length} must be positive"
         )
     files = pipeline_files(list_files(file_patterns), ctx.num_input_pipelines, ctx.input_pipeline_id)
-    file_seed, shuffle_seed, augment_seed = _pipeline_seeds(seed, ctx.input_pipeline_id)
-    ordered = deterministic or seed is not None
+    file_seed, shuffle_seed, augment_seed = _pipeline_seeds(inputs.seed, ctx.input_pipeline_id)
+    ordered = inputs.deterministic or inputs.seed is not None
 
     dataset = tf.data.Dataset.from_tensor_slices(files)
     dataset = dataset.shuffle(len(files), seed=file_seed, reshuffle_each_iteration=True).repeat()
-    dataset = _records(dataset, min(cycle_length, len(files)), ordered)
-    dataset = dataset.shuffle(shuffle_buffer_size, seed=shuffle_seed, reshuffle_each_iteration=True)
+    dataset = _records(dataset, min(inputs.cycle_length, len(files)), ordered)
+    dataset = dataset.shuffle(inputs.shuffle_buffer_size, seed=shuffle_seed, reshuffle_each_iteration=True)
     # One [3, 2] stateless seed per record, attached before the parallel map so that map order is irrelevant.
     augment_seeds = tf.data.Dataset.random(seed=augment_seed).batch(6).map(lambda s: tf.reshape(s, [3, 2]))
     dataset = tf.data.Dataset.zip(dataset, augment_seeds)
-    if skip_records:
-        dataset = dataset.skip(skip_records)
+    if inputs.skip_records:
+        dataset = dataset.skip(inputs.skip_records)
 
-    check_label = LabelChecker(label_offset, num_classes, synsets)
+    check_label = LabelChecker(inputs.label_offset, inputs.num_classes, inputs.synsets)
 
     def preprocess(record_and_path, seeds):
         record, path = record_and_path
         example = parse_example(record)
         image = preprocess_for_train(
             example[schema.IMAGE_ENCODED],
-            image_size,
+            inputs.image_size,
             seeds,
-            fused_decode_crop,
-            min_crop_area,
-            random_flip,
-            augmentation,
-            clip_resized,
+            inputs.fused_decode_crop,
+            inputs.min_crop_area,
+            inputs.random_flip,
+            inputs.augmentation,
+            inputs.clip_resized,
         )
         return image, check_label(example[schema.LABEL], example[schema.SYNSET], path)
 
@@ -305,35 +296,33 @@ def build_eval_dataset(
       inputs: how the pass is read and prepared (``EvalInputs``; ``EvalInputs.of(config)`` for a run).
       plan: ``eval_plan`` of the same arguments when the caller has it already (it counts every shard).
     """
-    (global_batch_size, image_size, with_filenames, cycle_length, crop_padding, clip_resized, label_offset,
-     num_classes, synsets) = _values(inputs)  # fmt: skip
     ctx = _context(input_context)
-    check_label = LabelChecker(label_offset, num_classes, synsets)
-    plan = plan or eval_plan(file_patterns, global_batch_size, ctx)
+    check_label = LabelChecker(inputs.label_offset, inputs.num_classes, inputs.synsets)
+    plan = plan or eval_plan(file_patterns, inputs.global_batch_size, ctx)
     files = pipeline_files(list_files(file_patterns), ctx.num_input_pipelines, ctx.input_pipeline_id)
 
     def preprocess(record, path):
-        example = parse_example(record, with_filenames)
+        example = parse_example(record, inputs.with_filenames)
         element = {
             IMAGES: preprocess_for_eval(
-                example[schema.IMAGE_ENCODED], image_size, crop_padding, clip_resized
+                example[schema.IMAGE_ENCODED], inputs.image_size, inputs.crop_padding, inputs.clip_resized
             ),
             LABELS: check_label(example[schema.LABEL], example[schema.SYNSET], path),
             MASK: tf.constant(1.0, tf.float32),
         }
-        if with_filenames:
+        if inputs.with_filenames:
             element[FILENAMES] = example[schema.FILENAME]
         return element
 
     padding = {
-        IMAGES: tf.zeros([image_size, image_size, 3], tf.float32),
+        IMAGES: tf.zeros([inputs.image_size, inputs.image_size, 3], tf.float32),
         LABELS: tf.constant(PADDING_LABEL, tf.int32),
         MASK: tf.constant(0.0, tf.float32),
     }
-    if with_filenames:
+    if inputs.with_filenames:
         padding[FILENAMES] = tf.constant("")
 
-    dataset = _records(tf.data.Dataset.from_tensor_slices(files), min(cycle_length, len(files)), True)
+    dataset = _records(tf.data.Dataset.from_tensor_slices(files), min(inputs.cycle_length, len(files)), True)
     dataset = dataset.map(preprocess, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
     # take() on the endless padding tail fixes the length (and the cardinality) at exactly one pass.
     dataset = dataset.concatenate(tf.data.Dataset.from_tensors(padding).repeat())
