@@ -148,16 +148,36 @@ RECIPES = {
 
 @dataclasses.dataclass(frozen=True)
 class Cell:
+    """An optimizer at a batch. A transfer row (``tuned_at`` set) is not searched: it trains at ``batch`` with
+    the values the same optimizer's search found at ``tuned_at``, scaled by the linear rule."""
+
     optimizer: str
     batch: int
+    tuned_at: int | None = None
 
     @property
     def name(self) -> str:
-        return f"{self.optimizer}-{self.batch}"
+        base = f"{self.optimizer}-{self.batch}"
+        return base if self.tuned_at is None else f"{base}-from-{self.tuned_at}"
 
     @property
     def recipe(self) -> Recipe:
         return RECIPES[self.optimizer]
+
+    @property
+    def searched(self) -> Cell:
+        """The cell whose search gives this one its values (itself unless a transfer row)."""
+        return self if self.tuned_at is None else Cell(self.optimizer, self.tuned_at)
+
+
+def transferred(values: dict, ratio: float) -> dict:
+    """A search's values carried to a batch ``ratio`` times larger by the linear scaling rule.
+
+    The peak LR is searched per 256 examples and warmup as a share of the schedule, so both carry over as they
+    are, as does LARS' trust coefficient; the polynomial decay's end LR is absolute, so it is scaled with the
+    peak to keep its ratio to it.
+    """
+    return {k: v * ratio if k == "schedule.end_lr" else v for k, v in values.items()}
 
 
 # ---------------------------------------------------------------------------------------------- data
@@ -323,6 +343,12 @@ class Results:
             write(self.values)
 
 
+def say(line: str) -> None:
+    """A line on stdout in one write: searches and runs report from threads side by side."""
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()
+
+
 def _run(command: list[str], log_path: str) -> tuple[int, float, float]:
     """(exit code, wall seconds, CPU seconds of the child and its children) of a command logged to a file."""
     os.makedirs(os.path.dirname(log_path), exist_ok=True)
@@ -347,7 +373,7 @@ def tune(cell: Cell, args, data: dict, results: Results, write) -> dict:
     settings = {"overrides": overrides, "space": space, "max_epochs": args.tune_epochs, "factor": args.factor}
     saved = results.get("searches", cell.name, settings)
     if saved is not None:
-        print(f"[study] {cell.name}: search done before: best {saved['best']['top1']:.4f}", flush=True)
+        say(f"[study] {cell.name}: search done before: best {saved['best']['top1']:.4f}")
         return saved
     tune_dir = os.path.join(args.work_dir, "searches", cell.name)
     command = [sys.executable, "-m", "trainer_module", "tune", "--preset", "demo", "--tune-dir", tune_dir]
@@ -358,7 +384,7 @@ def tune(cell: Cell, args, data: dict, results: Results, write) -> dict:
         command += ["--space", dimension]
     for override in overrides:
         command += ["--set", override]
-    print(f"[study] {cell.name}: searching ({' '.join(space)})", flush=True)
+    say(f"[study] {cell.name}: searching ({' '.join(space)})")
     code, wall, cpu = _run(command, tune_dir + ".log")
     if code:
         raise SystemExit(f"[study] the search of {cell.name} failed (exit {code}); see {tune_dir}.log")
@@ -380,10 +406,9 @@ def tune(cell: Cell, args, data: dict, results: Results, write) -> dict:
         "process_cpu_seconds": cpu,
     }
     results.put("searches", cell.name, entry, write)
-    print(
+    say(
         f"[study] {cell.name}: best held-out top-1 {best['top1']:.4f} of {len(trials)} trials "
-        f"({entry['cpu_seconds'] / 60:.0f} CPU-min): {best_values}",
-        flush=True,
+        f"({entry['cpu_seconds'] / 60:.0f} CPU-min): {best_values}"
     )
     return entry
 
@@ -392,7 +417,10 @@ def final(cell: Cell, seed: int, args, data: dict, search: dict, results: Result
     """Phase 2: one seed of a cell at its tuned values, on the training set, evaluated on the test set."""
     from trainer_module import tuning
 
-    tuned, _ = tuning.hyperparameter_overrides(search["best_values"], args.epochs)
+    values = search["best_values"]
+    if cell.tuned_at is not None:
+        values = transferred(values, cell.batch / cell.tuned_at)
+    tuned, _ = tuning.hyperparameter_overrides(values, args.epochs)
     overrides = cell_overrides(cell, args, data, args.epochs) + [f"loop.train_epochs={args.epochs}"]
     overrides += tuned + [f"loop.seed={seed}"]
     name = f"{cell.name}-seed{seed}"
@@ -413,7 +441,7 @@ def final(cell: Cell, seed: int, args, data: dict, search: dict, results: Result
     ]
     for override in [f"name=study-{cell.name}", *overrides]:
         command += ["--set", override]
-    print(f"[study] {name}: training {args.epochs} epochs", flush=True)
+    say(f"[study] {name}: training {args.epochs} epochs")
     code, wall, cpu = _run(command, model_dir + ".log")
     metrics_path = os.path.join(model_dir, "metrics.json")
     if not os.path.exists(metrics_path):
@@ -427,7 +455,8 @@ def final(cell: Cell, seed: int, args, data: dict, search: dict, results: Result
         "settings": settings,
         "cell": cell.name,
         "seed": seed,
-        "tuned": search["best_values"],
+        "tuned": values,
+        "tuned_at": cell.searched.batch,
         "final_top1": history[-1]["top1"],
         "peak_top1": max(h["top1"] for h in history),
         "steps": metrics["steps"],
@@ -437,7 +466,7 @@ def final(cell: Cell, seed: int, args, data: dict, search: dict, results: Result
         "wall_seconds": wall,
     }
     results.put("runs", name, entry, write)
-    print(f"[study] {name}: top-1 {entry['final_top1']:.4f} ({cpu / 60:.0f} CPU-min)", flush=True)
+    say(f"[study] {name}: top-1 {entry['final_top1']:.4f} ({cpu / 60:.0f} CPU-min)")
     return entry
 
 
@@ -445,20 +474,30 @@ def final(cell: Cell, seed: int, args, data: dict, search: dict, results: Result
 
 
 def summarise(values: dict, cells: list[Cell], args) -> dict:
-    """Per cell: the tuned values, the finals' top-1 mean and spread; the claim's figures on top."""
+    """Per cell: the values it trained with, the finals' top-1 mean and spread; the claim's figures on top.
+
+    The claim is judged on the searched cells (each tuned at its own batch, as the paper did); the transfer
+    rows are reported beside it.
+    """
     rows = []
     for cell in cells:
-        search = values["searches"].get(cell.name)
+        search = values["searches"].get(cell.searched.name)
+        own = search if cell.tuned_at is None else None
         runs = [values["runs"][k] for k in sorted(values["runs"]) if values["runs"][k]["cell"] == cell.name]
         finals = [r["final_top1"] for r in runs]
+        tuned = None
+        if search:
+            ratio = 1 if cell.tuned_at is None else cell.batch / cell.tuned_at
+            tuned = transferred(search["best_values"], ratio)
         rows.append(
             {
                 "cell": cell.name,
                 "optimizer": cell.optimizer,
                 "batch": cell.batch,
-                "tuned": search["best_values"] if search else None,
-                "held_out_top1": search["best"]["top1"] if search else None,
-                "search_cpu_minutes": search["cpu_seconds"] / 60 if search else None,
+                "tuned_at": cell.searched.batch,
+                "tuned": tuned,
+                "held_out_top1": own["best"]["top1"] if own else None,
+                "search_cpu_minutes": own["cpu_seconds"] / 60 if own else None,
                 "seeds": [r["seed"] for r in runs],
                 "final_top1_each": finals,
                 "final_top1_mean": float(np.mean(finals)) if finals else None,
@@ -471,20 +510,24 @@ def summarise(values: dict, cells: list[Cell], args) -> dict:
                 else None,
             }
         )
-    by = {(r["optimizer"], r["batch"]): r for r in rows}
-    small = [
-        by[(o, args.small_batch)] for o in RECIPES if by.get((o, args.small_batch), {}).get("final_top1_mean")
-    ]
-    baseline = max(small, key=lambda r: r["final_top1_mean"]) if small else None
-    lars = by.get(("lars", args.large_batch), {}).get("final_top1_mean")
-    rmsprop = by.get(("rmsprop", args.large_batch), {}).get("final_top1_mean")
+    by = {(r["optimizer"], r["batch"], r["tuned_at"]): r for r in rows}
+
+    def mean(optimizer: str, batch: int, tuned_at: int) -> float | None:
+        return by.get((optimizer, batch, tuned_at), {}).get("final_top1_mean")
+
+    small, large = args.small_batch, args.large_batch
+    baselines = [by[(o, small, small)] for o in RECIPES if mean(o, small, small) is not None]
+    baseline = max(baselines, key=lambda r: r["final_top1_mean"]) if baselines else None
+    lars, rmsprop = mean("lars", large, large), mean("rmsprop", large, large)
     summary = {
         "baseline_top1_mean": baseline["final_top1_mean"] if baseline else None,
         "baseline_cell": baseline["cell"] if baseline else None,
         "lars_large_top1_mean": lars,
         "rmsprop_large_top1_mean": rmsprop,
-        "large_batch": args.large_batch,
-        "small_batch": args.small_batch,
+        "lars_large_transferred_top1_mean": mean("lars", large, small),
+        "rmsprop_large_transferred_top1_mean": mean("rmsprop", large, small),
+        "large_batch": large,
+        "small_batch": small,
         "seeds": sorted({r["seed"] for r in values["runs"].values()}),
         "complete": all(len(r["final_top1_each"]) >= args.seeds for r in rows),
     }
@@ -510,7 +553,15 @@ def markdown(report: dict, args, data_sizes: dict) -> str:
         f"{data_sizes['tune_train']:,} training images evaluated on {data_sizes['tune_eval']:,} held out from "
         f"the training set. Finals: {args.epochs} epochs on {data_sizes['train']:,} images, top-1 on the "
         f"{data_sizes['eval']:,} test images at the end of training (averaged weights), seeds "
-        f"{', '.join(map(str, range(args.seeds)))}.",
+        f"{', '.join(map(str, range(args.seeds)))}."
+        + (
+            f" Rows `-from-{args.small_batch}` are not searched: they train at {args.large_batch} with the "
+            f"batch-{args.small_batch} search's values by the linear rule (LR per 256 and warmup share as "
+            f"they are, end LR x{args.large_batch // args.small_batch}), to tell a weak search at "
+            f"{args.large_batch} from the batch itself."
+            if args.transfer
+            else ""
+        ),
         "",
         "| cell | tuned values (epochs: of the search's schedule) | held-out top-1 (search) | search CPU-min | steps | final top-1 mean ± sd "
         "(each seed) | peak top-1 mean | CPU-min per run |",
@@ -549,6 +600,16 @@ def markdown(report: dict, args, data_sizes: dict) -> str:
                 lines.append(
                     f"- {name} at {args.large_batch}: {s[key]:.4f} ({delta:+.2f} pt); the claim ({claim}) {verdict}."
                 )
+        for key, name in (
+            ("lars_large_transferred_top1_mean", "LARS"),
+            ("rmsprop_large_transferred_top1_mean", "RMSProp"),
+        ):
+            if s.get(key) is not None:
+                delta = (s[key] - s["baseline_top1_mean"]) * 100
+                lines.append(
+                    f"- beside the claim: {name} at {args.large_batch} with the batch-{args.small_batch} "
+                    f"values: {s[key]:.4f} ({delta:+.2f} pt)."
+                )
     if not s["complete"]:
         lines += [
             "",
@@ -571,12 +632,15 @@ def plot(values: dict, path: str) -> None:
         run = values["runs"][name]
         history = run["history"]
         label = run["cell"] if run["cell"] not in colors else None
+        style = "--" if "-from-" in run["cell"] else "-"  # transfer rows dashed
         (line,) = by_epoch.plot(
-            [h["epoch"] for h in history], [h["top1"] for h in history], marker="o", markersize=2,
+            [h["epoch"] for h in history], [h["top1"] for h in history], style, marker="o", markersize=2,
             label=label, color=colors.get(run["cell"]),
         )  # fmt: skip
         colors.setdefault(run["cell"], line.get_color())
-        by_step.plot([h["step"] for h in history], [h["top1"] for h in history], color=colors[run["cell"]])
+        by_step.plot(
+            [h["step"] for h in history], [h["top1"] for h in history], style, color=colors[run["cell"]]
+        )
     by_epoch.set_xlabel("epoch")
     by_step.set_xlabel("optimizer steps")
     by_step.set_xscale("log")
@@ -610,11 +674,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--jobs", type=int, default=2, help="searches or runs side by side (each ~one core)")
     parser.add_argument("--tune-only", action="store_true", help="phase 1 only")
+    parser.add_argument(
+        "--transfer",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="also train each optimizer at the large batch with its small-batch values (no search there)",
+    )
     args = parser.parse_args(argv)
     if args.large_batch % args.small_batch or args.large_batch <= args.small_batch:
         parser.error("--large-batch must be a multiple of --small-batch above it")
 
     cells = [Cell(o, b) for b in (args.small_batch, args.large_batch) for o in RECIPES]
+    transfers = [Cell(o, args.large_batch, args.small_batch) for o in RECIPES] if args.transfer else []
     tune_data, final_data = prepare_data(args.work_dir)
     sizes = {
         "tune_train": tune_data["num_train"],
@@ -626,7 +697,7 @@ def main(argv: list[str] | None = None) -> int:
     results = Results(os.path.join(args.out_dir, RESULTS))
 
     def write(values: dict) -> None:
-        report = summarise(values, cells, args)
+        report = summarise(values, cells + transfers, args)
         everything = {**report, "args": vars(args), "data": sizes, **values}
         with open(results.path + ".tmp", "w") as f:
             json.dump(everything, f, indent=1)
@@ -643,12 +714,15 @@ def main(argv: list[str] | None = None) -> int:
         )
         if not args.tune_only:
             # Seed by seed over the cells, so that an interrupted study has every cell at the same depth.
-            tasks = [(cell, seed) for seed in range(args.seeds) for cell in cells]
+            tasks = [(cell, seed) for seed in range(args.seeds) for cell in cells + transfers]
             list(
-                pool.map(lambda t: final(t[0], t[1], args, final_data, searches[t[0]], results, write), tasks)
+                pool.map(
+                    lambda t: final(t[0], t[1], args, final_data, searches[t[0].searched], results, write),
+                    tasks,
+                )
             )
     write(results.values)
-    report = summarise(results.values, cells, args)
+    report = summarise(results.values, cells + transfers, args)
     print(json.dumps(report["summary"], indent=1))
     print(
         f"[study] done in {(time.time() - start) / 60:.0f} min; wrote {results.path} and the .md/.png beside it"
