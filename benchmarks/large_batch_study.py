@@ -148,16 +148,23 @@ RECIPES = {
 
 @dataclasses.dataclass(frozen=True)
 class Cell:
-    """An optimizer at a batch. A transfer row (``tuned_at`` set) is not searched: it trains at ``batch`` with
-    the values the same optimizer's search found at ``tuned_at``, scaled by the linear rule."""
+    """An optimizer at a batch, and where the values it trains with come from.
+
+    The claim's cells are searched at their own batch. Beside the claim, to tell what a cell's figure owes to
+    its search: a ``paper`` row trains with the recipe's untuned values, a transfer row (``tuned_at`` a
+    batch) with the values of the same optimizer's search at that batch, scaled by the linear rule.
+    """
 
     optimizer: str
     batch: int
     tuned_at: int | None = None
+    paper: bool = False
 
     @property
     def name(self) -> str:
         base = f"{self.optimizer}-{self.batch}"
+        if self.paper:
+            return f"{base}-paper"
         return base if self.tuned_at is None else f"{base}-from-{self.tuned_at}"
 
     @property
@@ -165,9 +172,22 @@ class Cell:
         return RECIPES[self.optimizer]
 
     @property
-    def searched(self) -> Cell:
-        """The cell whose search gives this one its values (itself unless a transfer row)."""
+    def beside_claim(self) -> bool:
+        return self.paper or self.tuned_at is not None
+
+    @property
+    def searched(self) -> Cell | None:
+        """The cell whose search gives this one its values: itself, the transfer's source, None for paper."""
+        if self.paper:
+            return None
         return self if self.tuned_at is None else Cell(self.optimizer, self.tuned_at)
+
+    def values(self, search: dict | None) -> dict:
+        """The searched values this cell trains with ({} for a paper row: the recipe's settings stand)."""
+        if search is None:
+            return {}
+        ratio = 1 if self.tuned_at is None else self.batch / self.tuned_at
+        return transferred(search["best_values"], ratio)
 
 
 def transferred(values: dict, ratio: float) -> dict:
@@ -178,6 +198,19 @@ def transferred(values: dict, ratio: float) -> dict:
     peak to keep its ratio to it.
     """
     return {k: v * ratio if k == "schedule.end_lr" else v for k, v in values.items()}
+
+
+def beside_claim_cells(small: int, large: int) -> list[Cell]:
+    """The rows beside the claim, most telling first: does the large batch do better with the small batch's
+    values, and do the searches beat the paper's untuned values where the untuned study found them strong?"""
+    return [
+        Cell("lars", large, tuned_at=small),
+        Cell("rmsprop", small, paper=True),
+        Cell("lars", large, paper=True),
+        Cell("rmsprop", large, tuned_at=small),
+        Cell("lars", small, paper=True),
+        Cell("rmsprop", large, paper=True),
+    ]
 
 
 # ---------------------------------------------------------------------------------------------- data
@@ -413,13 +446,11 @@ def tune(cell: Cell, args, data: dict, results: Results, write) -> dict:
     return entry
 
 
-def final(cell: Cell, seed: int, args, data: dict, search: dict, results: Results, write) -> dict:
-    """Phase 2: one seed of a cell at its tuned values, on the training set, evaluated on the test set."""
+def final(cell: Cell, seed: int, args, data: dict, search: dict | None, results: Results, write) -> dict:
+    """Phase 2: one seed of a cell at its values, on the training set, evaluated on the test set."""
     from trainer_module import tuning
 
-    values = search["best_values"]
-    if cell.tuned_at is not None:
-        values = transferred(values, cell.batch / cell.tuned_at)
+    values = cell.values(search)
     tuned, _ = tuning.hyperparameter_overrides(values, args.epochs)
     overrides = cell_overrides(cell, args, data, args.epochs) + [f"loop.train_epochs={args.epochs}"]
     overrides += tuned + [f"loop.seed={seed}"]
@@ -456,7 +487,7 @@ def final(cell: Cell, seed: int, args, data: dict, search: dict, results: Result
         "cell": cell.name,
         "seed": seed,
         "tuned": values,
-        "tuned_at": cell.searched.batch,
+        "tuned_at": cell.searched.batch if cell.searched else None,
         "final_top1": history[-1]["top1"],
         "peak_top1": max(h["top1"] for h in history),
         "steps": metrics["steps"],
@@ -476,26 +507,23 @@ def final(cell: Cell, seed: int, args, data: dict, search: dict, results: Result
 def summarise(values: dict, cells: list[Cell], args) -> dict:
     """Per cell: the values it trained with, the finals' top-1 mean and spread; the claim's figures on top.
 
-    The claim is judged on the searched cells (each tuned at its own batch, as the paper did); the transfer
-    rows are reported beside it.
+    The claim is judged on the searched cells (each tuned at its own batch, as the paper did); the rows beside
+    it are reported under ``beside_claim``.
     """
     rows = []
     for cell in cells:
-        search = values["searches"].get(cell.searched.name)
-        own = search if cell.tuned_at is None else None
+        search = values["searches"].get(cell.searched.name) if cell.searched else None
+        own = search if not cell.beside_claim else None
         runs = [values["runs"][k] for k in sorted(values["runs"]) if values["runs"][k]["cell"] == cell.name]
         finals = [r["final_top1"] for r in runs]
-        tuned = None
-        if search:
-            ratio = 1 if cell.tuned_at is None else cell.batch / cell.tuned_at
-            tuned = transferred(search["best_values"], ratio)
         rows.append(
             {
                 "cell": cell.name,
                 "optimizer": cell.optimizer,
                 "batch": cell.batch,
-                "tuned_at": cell.searched.batch,
-                "tuned": tuned,
+                "values_from": "paper" if cell.paper else f"search at {cell.searched.batch}",
+                "beside_claim": cell.beside_claim,
+                "tuned": cell.values(search) if search or cell.paper else None,
                 "held_out_top1": own["best"]["top1"] if own else None,
                 "search_cpu_minutes": own["cpu_seconds"] / 60 if own else None,
                 "seeds": [r["seed"] for r in runs],
@@ -510,26 +538,29 @@ def summarise(values: dict, cells: list[Cell], args) -> dict:
                 else None,
             }
         )
-    by = {(r["optimizer"], r["batch"], r["tuned_at"]): r for r in rows}
+    claim = {(r["optimizer"], r["batch"]): r for r in rows if not r["beside_claim"]}
 
-    def mean(optimizer: str, batch: int, tuned_at: int) -> float | None:
-        return by.get((optimizer, batch, tuned_at), {}).get("final_top1_mean")
+    def mean(optimizer: str, batch: int) -> float | None:
+        return claim.get((optimizer, batch), {}).get("final_top1_mean")
 
     small, large = args.small_batch, args.large_batch
-    baselines = [by[(o, small, small)] for o in RECIPES if mean(o, small, small) is not None]
+    baselines = [claim[(o, small)] for o in RECIPES if mean(o, small) is not None]
     baseline = max(baselines, key=lambda r: r["final_top1_mean"]) if baselines else None
-    lars, rmsprop = mean("lars", large, large), mean("rmsprop", large, large)
+    lars, rmsprop = mean("lars", large), mean("rmsprop", large)
     summary = {
         "baseline_top1_mean": baseline["final_top1_mean"] if baseline else None,
         "baseline_cell": baseline["cell"] if baseline else None,
         "lars_large_top1_mean": lars,
         "rmsprop_large_top1_mean": rmsprop,
-        "lars_large_transferred_top1_mean": mean("lars", large, small),
-        "rmsprop_large_transferred_top1_mean": mean("rmsprop", large, small),
         "large_batch": large,
         "small_batch": small,
         "seeds": sorted({r["seed"] for r in values["runs"].values()}),
-        "complete": all(len(r["final_top1_each"]) >= args.seeds for r in rows),
+        "complete": all(len(r["final_top1_each"]) >= args.seeds for r in claim.values()),
+        "beside_claim": {
+            r["cell"]: r["final_top1_mean"]
+            for r in rows
+            if r["beside_claim"] and r["final_top1_mean"] is not None
+        },
     }
     if baseline and lars is not None:
         summary["lars_within_1pt"] = bool(lars >= baseline["final_top1_mean"] - 0.01)
@@ -555,15 +586,17 @@ def markdown(report: dict, args, data_sizes: dict) -> str:
         f"{data_sizes['eval']:,} test images at the end of training (averaged weights), seeds "
         f"{', '.join(map(str, range(args.seeds)))}."
         + (
-            f" Rows `-from-{args.small_batch}` are not searched: they train at {args.large_batch} with the "
-            f"batch-{args.small_batch} search's values by the linear rule (LR per 256 and warmup share as "
-            f"they are, end LR x{args.large_batch // args.small_batch}), to tell a weak search at "
-            f"{args.large_batch} from the batch itself."
-            if args.transfer
+            f" Beside the claim ({args.extra_seeds} seed(s) each, not searched): `-paper` rows train with the "
+            "recipe's untuned values (RMSProp LR 0.016 per 256, warmup 5/350 of the schedule; LARS LR 0.236 "
+            "per 256, trust coefficient 0.001, warmup 50/350, end LR 0.1); "
+            f"`-from-{args.small_batch}` rows train at {args.large_batch} with the batch-{args.small_batch} "
+            "search's values by the linear rule (LR per 256 and warmup share as they are, end LR "
+            f"x{args.large_batch // args.small_batch})."
+            if args.extra_seeds
             else ""
         ),
         "",
-        "| cell | tuned values (epochs: of the search's schedule) | held-out top-1 (search) | search CPU-min | steps | final top-1 mean ± sd "
+        "| cell | values (epochs: of the search's schedule) | held-out top-1 (search) | search CPU-min | steps | final top-1 mean ± sd "
         "(each seed) | peak top-1 mean | CPU-min per run |",
         "| --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
@@ -575,8 +608,10 @@ def markdown(report: dict, args, data_sizes: dict) -> str:
         )
         each = ", ".join(f"{x:.4f}" for x in r["final_top1_each"])
         spread = f" ± {r['final_top1_std']:.4f}" if r["final_top1_std"] is not None else ""
+        if not tuned:
+            tuned = "the paper's" if r["values_from"] == "paper" else "not tuned yet"
         lines.append(
-            f"| {r['cell']} | {tuned or 'not tuned yet'} | {_fmt(r['held_out_top1'])} "
+            f"| {r['cell']} | {tuned} | {_fmt(r['held_out_top1'])} "
             f"| {_fmt(r['search_cpu_minutes'], '.0f')} | {r['steps'] or '—'} "
             f"| {_fmt(r['final_top1_mean'])}{spread} ({each or 'no run yet'}) | {_fmt(r['peak_top1_mean'])} "
             f"| {_fmt(r['cpu_minutes_per_run'], '.1f')} |"
@@ -600,16 +635,10 @@ def markdown(report: dict, args, data_sizes: dict) -> str:
                 lines.append(
                     f"- {name} at {args.large_batch}: {s[key]:.4f} ({delta:+.2f} pt); the claim ({claim}) {verdict}."
                 )
-        for key, name in (
-            ("lars_large_transferred_top1_mean", "LARS"),
-            ("rmsprop_large_transferred_top1_mean", "RMSProp"),
-        ):
-            if s.get(key) is not None:
-                delta = (s[key] - s["baseline_top1_mean"]) * 100
-                lines.append(
-                    f"- beside the claim: {name} at {args.large_batch} with the batch-{args.small_batch} "
-                    f"values: {s[key]:.4f} ({delta:+.2f} pt)."
-                )
+        for name, top1 in s["beside_claim"].items():
+            lines.append(
+                f"- beside the claim, {name}: {top1:.4f} ({(top1 - s['baseline_top1_mean']) * 100:+.2f} pt)."
+            )
     if not s["complete"]:
         lines += [
             "",
@@ -632,7 +661,7 @@ def plot(values: dict, path: str) -> None:
         run = values["runs"][name]
         history = run["history"]
         label = run["cell"] if run["cell"] not in colors else None
-        style = "--" if "-from-" in run["cell"] else "-"  # transfer rows dashed
+        style = ":" if run["cell"].endswith("-paper") else "--" if "-from-" in run["cell"] else "-"
         (line,) = by_epoch.plot(
             [h["epoch"] for h in history], [h["top1"] for h in history], style, marker="o", markersize=2,
             label=label, color=colors.get(run["cell"]),
@@ -675,17 +704,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--jobs", type=int, default=2, help="searches or runs side by side (each ~one core)")
     parser.add_argument("--tune-only", action="store_true", help="phase 1 only")
     parser.add_argument(
-        "--transfer",
-        action=argparse.BooleanOptionalAction,
-        default=True,
-        help="also train each optimizer at the large batch with its small-batch values (no search there)",
+        "--extra-seeds",
+        type=int,
+        default=1,
+        help="seeds of each row beside the claim (paper values, transfers); 0: none",
     )
     args = parser.parse_args(argv)
     if args.large_batch % args.small_batch or args.large_batch <= args.small_batch:
         parser.error("--large-batch must be a multiple of --small-batch above it")
 
     cells = [Cell(o, b) for b in (args.small_batch, args.large_batch) for o in RECIPES]
-    transfers = [Cell(o, args.large_batch, args.small_batch) for o in RECIPES] if args.transfer else []
+    extras = beside_claim_cells(args.small_batch, args.large_batch) if args.extra_seeds else []
     tune_data, final_data = prepare_data(args.work_dir)
     sizes = {
         "tune_train": tune_data["num_train"],
@@ -697,7 +726,7 @@ def main(argv: list[str] | None = None) -> int:
     results = Results(os.path.join(args.out_dir, RESULTS))
 
     def write(values: dict) -> None:
-        report = summarise(values, cells + transfers, args)
+        report = summarise(values, cells + extras, args)
         everything = {**report, "args": vars(args), "data": sizes, **values}
         with open(results.path + ".tmp", "w") as f:
             json.dump(everything, f, indent=1)
@@ -713,16 +742,19 @@ def main(argv: list[str] | None = None) -> int:
             zip(cells, pool.map(lambda c: tune(c, args, tune_data, results, write), cells), strict=True)
         )
         if not args.tune_only:
-            # Seed by seed over the cells, so that an interrupted study has every cell at the same depth.
-            tasks = [(cell, seed) for seed in range(args.seeds) for cell in cells + transfers]
-            list(
-                pool.map(
-                    lambda t: final(t[0], t[1], args, final_data, searches[t[0].searched], results, write),
-                    tasks,
-                )
-            )
+            # Seed by seed over the cells, so that an interrupted study has every cell at the same depth; the
+            # claim's cells first, then the rows beside it.
+            tasks = [(cell, seed) for seed in range(args.seeds) for cell in cells]
+            tasks += [(cell, seed) for seed in range(args.extra_seeds) for cell in extras]
+
+            def run(task: tuple[Cell, int]) -> dict:
+                cell, seed = task
+                search = searches[cell.searched] if cell.searched else None
+                return final(cell, seed, args, final_data, search, results, write)
+
+            list(pool.map(run, tasks))
     write(results.values)
-    report = summarise(results.values, cells + transfers, args)
+    report = summarise(results.values, cells + extras, args)
     print(json.dumps(report["summary"], indent=1))
     print(
         f"[study] done in {(time.time() - start) / 60:.0f} min; wrote {results.path} and the .md/.png beside it"

@@ -28,10 +28,8 @@ def study():
 
 
 def _args(**changes):
-    values = dict(
-        small_batch=256, large_batch=4096, seeds=2, transfer=True, epochs=20, tune_epochs=4, factor=3
-    )
-    values.update(image_size=16, replicas=2)
+    values = dict(small_batch=256, large_batch=4096, seeds=2, extra_seeds=1, epochs=20, tune_epochs=4)
+    values.update(factor=3, image_size=16, replicas=2)
     values.update(changes)
     return argparse.Namespace(**values)
 
@@ -65,15 +63,19 @@ def test_transfer_keeps_per_256_values_and_scales_the_absolute_end_lr(study):
     assert {k: v for k, v in moved.items() if k != "schedule.end_lr"} == {
         k: v for k, v in values.items() if k != "schedule.end_lr"
     }
-    cell = study.Cell("lars", 4096, 256)
+    cell = study.Cell("lars", 4096, tuned_at=256)
     assert cell.name == "lars-4096-from-256"
     assert cell.searched == study.Cell("lars", 256)
+    assert cell.values({"best_values": values}) == moved
     assert study.Cell("lars", 4096).searched == study.Cell("lars", 4096)
+    assert study.Cell("lars", 4096).values({"best_values": values}) == values
+    paper = study.Cell("lars", 4096, paper=True)
+    assert (paper.name, paper.searched, paper.values(None)) == ("lars-4096-paper", None, {})
 
 
-def test_claim_is_judged_on_searched_cells_and_transfer_rows_reported_beside_it(study):
+def test_claim_is_judged_on_searched_cells_and_other_rows_reported_beside_it(study):
     cells = [study.Cell(o, b) for b in (256, 4096) for o in study.RECIPES]
-    cells += [study.Cell(o, 4096, 256) for o in study.RECIPES]
+    cells += study.beside_claim_cells(256, 4096)
     lars_256 = {"schedule.lr_per_256": 0.24, "optimizer.lars_eeta": 0.007, "schedule.end_lr": 0.01}
     searches = {
         "lars-256": _search(lars_256, 0.77),
@@ -89,6 +91,7 @@ def test_claim_is_judged_on_searched_cells_and_transfer_rows_reported_beside_it(
             ("lars-4096", 0.69, 292),
             ("rmsprop-4096", 0.70, 292),
             ("lars-4096-from-256", 0.815, 292),  # better than the baseline's -1 pt would be
+            ("rmsprop-256-paper", 0.86, 4687),  # better than the baseline: not a claim cell either
         ):
             runs[f"{cell}-seed{seed}"] = _run(cell, seed, top1, steps)
     report = study.summarise({"searches": searches, "runs": runs}, cells, _args())
@@ -98,17 +101,18 @@ def test_claim_is_judged_on_searched_cells_and_transfer_rows_reported_beside_it(
     assert summary["lars_large_top1_mean"] == pytest.approx(0.69)
     assert summary["lars_within_1pt"] is False  # the searched cell decides, not the transfer row
     assert summary["rmsprop_3pt_short"] is True
-    assert summary["lars_large_transferred_top1_mean"] == pytest.approx(0.815)
-    assert summary["rmsprop_large_transferred_top1_mean"] is None
-    assert summary["complete"] is False  # rmsprop-4096-from-256 has no run
+    assert summary["beside_claim"] == pytest.approx({"lars-4096-from-256": 0.815, "rmsprop-256-paper": 0.86})
+    assert summary["complete"] is True  # every claim cell has its 2 seeds; the rows beside it do not count
     rows = {r["cell"]: r for r in report["cells"]}
     assert rows["lars-4096-from-256"]["tuned"]["schedule.end_lr"] == pytest.approx(0.16)
     assert rows["lars-4096-from-256"]["held_out_top1"] is None  # not searched at its batch
+    assert rows["lars-4096-paper"]["tuned"] == {} and rows["lars-4096-paper"]["values_from"] == "paper"
     assert rows["lars-256"]["final_top1_std"] == pytest.approx(0.002 / 2**0.5)
     text = study.markdown(
         report, _args(), {"tune_train": 50000, "tune_eval": 10000, "train": 60000, "eval": 10000}
     )
-    assert "LARS at 4096 with the batch-256 values: 0.8150 (-0.60 pt)" in text
+    assert "beside the claim, lars-4096-from-256: 0.8150 (-0.60 pt)" in text
+    assert "| lars-4096-paper | the paper's |" in text
     assert "the claim (within 1.0 point) does not hold" in text
 
 
