@@ -360,11 +360,15 @@ class Results:
         self.path = path
         self.lock = threading.Lock()
         self.values = {"searches": {}, "runs": {}}
+        self.data_sizes = None  # the splits' sizes the saved results were measured on
+        self.args = {}  # the study's settings they were measured with
         if os.path.exists(path):
             with open(path) as f:
                 saved = json.load(f)
             self.values["searches"] = saved.get("searches", {})
             self.values["runs"] = saved.get("runs", {})
+            self.data_sizes = saved.get("data")
+            self.args = saved.get("args", {})
 
     def get(self, kind: str, name: str, settings: dict) -> dict | None:
         entry = self.values[kind].get(name)
@@ -678,7 +682,10 @@ def plot(values: dict, path: str) -> None:
         axis.set_ylim(0.5, 1.0)
         axis.grid(alpha=0.3)
     by_epoch.legend(fontsize=8)
-    fig.suptitle("Tuned large-batch study: one line per seed, a colour per cell")
+    fig.suptitle(
+        "Large-batch study: a line per seed, a colour per cell "
+        "(solid: searched at its batch; dashed: batch-256 values; dotted: the paper's)"
+    )
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -704,6 +711,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--jobs", type=int, default=2, help="searches or runs side by side (each ~one core)")
     parser.add_argument("--tune-only", action="store_true", help="phase 1 only")
     parser.add_argument(
+        "--report-only",
+        action="store_true",
+        help="rewrite the .md and .png from the saved JSON, train nothing",
+    )
+    parser.add_argument(
         "--extra-seeds",
         type=int,
         default=1,
@@ -713,17 +725,25 @@ def main(argv: list[str] | None = None) -> int:
     if args.large_batch % args.small_batch or args.large_batch <= args.small_batch:
         parser.error("--large-batch must be a multiple of --small-batch above it")
 
+    results = Results(os.path.join(args.out_dir, RESULTS))
+    if args.report_only:
+        if results.data_sizes is None:
+            parser.error(f"--report-only: no results in {results.path}")
+        sizes = results.data_sizes
+        # The report describes the study the results came from: its settings, not this command's defaults.
+        kept = ("work_dir", "out_dir", "report_only", "jobs")
+        vars(args).update({k: v for k, v in results.args.items() if k not in kept})
+    else:
+        tune_data, final_data = prepare_data(args.work_dir)
+        sizes = {
+            "tune_train": tune_data["num_train"],
+            "tune_eval": tune_data["num_eval"],
+            "train": final_data["num_train"],
+            "eval": final_data["num_eval"],
+        }
+    os.makedirs(args.out_dir, exist_ok=True)
     cells = [Cell(o, b) for b in (args.small_batch, args.large_batch) for o in RECIPES]
     extras = beside_claim_cells(args.small_batch, args.large_batch) if args.extra_seeds else []
-    tune_data, final_data = prepare_data(args.work_dir)
-    sizes = {
-        "tune_train": tune_data["num_train"],
-        "tune_eval": tune_data["num_eval"],
-        "train": final_data["num_train"],
-        "eval": final_data["num_eval"],
-    }
-    os.makedirs(args.out_dir, exist_ok=True)
-    results = Results(os.path.join(args.out_dir, RESULTS))
 
     def write(values: dict) -> None:
         report = summarise(values, cells + extras, args)
@@ -736,6 +756,10 @@ def main(argv: list[str] | None = None) -> int:
         if values["runs"]:
             plot(values, os.path.join(args.out_dir, "large_batch_study.png"))
 
+    if args.report_only:
+        write(results.values)
+        say(f"[study] rewrote the report beside {results.path}")
+        return 0
     start = time.time()
     with concurrent.futures.ThreadPoolExecutor(max_workers=args.jobs) as pool:
         searches = dict(

@@ -126,3 +126,24 @@ def test_results_resume_only_runs_with_the_same_settings(study, tmp_path):
     written = []
     results.put("runs", "lars-256-seed1", {**entry, "seed": 1}, written.append)
     assert set(written[-1]["runs"]) == {"lars-256-seed0", "lars-256-seed1"}
+
+
+def test_report_only_rewrites_the_report_from_the_saved_results(study, tmp_path):
+    run = _run("lars-256", 0, 0.82, 4687)
+    run["history"] = [{"epoch": e, "step": 234 * e, "top1": 0.6 + 0.01 * e} for e in (1, 2)]
+    saved = {
+        "args": {**vars(_args()), "extra_seeds": 0, "seeds": 1},
+        "data": {"tune_train": 50000, "tune_eval": 10000, "train": 60000, "eval": 10000},
+        "searches": {"lars-256": _search({"schedule.lr_per_256": 0.24}, 0.77)},
+        "runs": {"lars-256-seed0": run},
+    }
+    (tmp_path / "large_batch_study.json").write_text(json.dumps(saved))
+    assert study.main(["--out-dir", str(tmp_path), "--report-only"]) == 0
+    text = (tmp_path / "large_batch_study.md").read_text()
+    assert "| lars-256 | lr_per_256=0.24 | 0.7700 |" in text
+    assert "-paper" not in text  # the saved study had no rows beside the claim
+    assert (tmp_path / "large_batch_study.png").stat().st_size > 0
+    rewritten = json.loads((tmp_path / "large_batch_study.json").read_text())
+    assert rewritten["runs"] == saved["runs"] and rewritten["summary"]["baseline_cell"] == "lars-256"
+    with pytest.raises(SystemExit):  # nothing saved there: one line from argparse, exit 2
+        study.main(["--out-dir", str(tmp_path / "empty"), "--report-only"])
