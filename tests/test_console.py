@@ -168,6 +168,33 @@ def small_shards(tmp_path_factory):
     return str(root / "shards" / "train" / "train-*"), str(root / "shards" / "validation" / "validation-*")
 
 
+def test_the_config_is_checked_against_the_shards_epoch_not_the_presets(small_shards, tmp_path):
+    # smoke says 16 training examples; the shards' manifest says 150. Batch 64 is a valid run on them (the run
+    # trains on the manifest's epoch), batch 256 is not, and says so before the model directory is made.
+    from trainer_module import __main__ as cli
+
+    train_files, eval_files = small_shards
+    parser = cli.build_parser()
+
+    def preflight(batch: int, model_dir):
+        argv = ["--preset", "smoke", "--train-files", train_files, "--eval-files", eval_files]
+        argv += ["--model-dir", str(model_dir), "--set", f"data.global_batch_size={batch}"]
+        argv += [
+            "--set",
+            "data.num_train_examples=16",
+        ]  # an explicit count loses to the manifest's, as in run
+        return cli.preflight(parser.parse_args(argv), parser)
+
+    config, _ = preflight(64, tmp_path / "ok")
+    assert (config.data.num_train_examples, config.data.num_eval_examples) == (150, 50)
+    assert config.data.global_batch_size == 64
+    with pytest.raises(
+        cli.console.UsageError, match="global_batch_size=256 exceeds data.num_train_examples=150"
+    ):
+        preflight(256, tmp_path / "too-big")
+    assert not (tmp_path / "too-big").exists()
+
+
 def test_trainer_prints_one_line_per_evaluation_and_logs_to_the_model_dir(small_shards, tmp_path):
     train_files, eval_files = small_shards
     model_dir = tmp_path / "model"

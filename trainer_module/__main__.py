@@ -167,6 +167,36 @@ def check_data(train_files: list[str], eval_files: list[str]) -> None:
                 ) from None
 
 
+def shard_size_overrides(train_files: list[str], eval_files: list[str]) -> list[str]:
+    """The shards' example counts as overrides, where their manifests give them (nothing is read end to end).
+
+    The run takes its epoch from the shards' manifest whatever the preset says (``run.with_data_sizes``), so
+    the config is checked against that epoch: batch 4096 of the demo preset on 60,000 sharded images is a
+    valid run, though the demo's own data has 1,438. Shards without a manifest are counted by the run.
+
+    Raises:
+      console.UsageError: a manifest that does not describe the files beside it, naming the flag.
+    """
+    import tensorflow as tf
+
+    from trainer_module import shard_files
+
+    overrides = []
+    for flag, key, patterns in (
+        ("--train-files", "data.num_train_examples", train_files),
+        ("--eval-files", "data.num_eval_examples", eval_files),
+    ):
+        files = shard_files.list_files(patterns)
+        manifests = {shard_files.manifest_path_of(f) for f in files}
+        if not files or not all(tf.io.gfile.exists(m) for m in manifests):
+            continue
+        try:
+            overrides.append(f"{key}={sum(shard_files.record_counts(files))}")
+        except ValueError as e:
+            raise console.UsageError(flag, ",".join(patterns), console.one_line(e)) from None
+    return overrides
+
+
 def make_directory(flag: str, path: str) -> None:
     """Creates the output directory ``path`` (last, so that a failed check before leaves nothing behind)."""
     import tensorflow as tf
@@ -187,15 +217,17 @@ def preflight(args, parser):
     Raises:
       console.UsageError: naming the flag and the problem.
     """
-    config, tuned = tuned_config(args.preset, args.overrides, args.hyperparameters)
     if args.plan:
-        return config, tuned
+        return tuned_config(args.preset, args.overrides, args.hyperparameters)
     if args.lr_steps:
         parser.error("--lr-steps goes with --plan")
     missing = [flag for flag in ("train_files", "eval_files", "model_dir") if not getattr(args, flag)]
     if missing:
+        tuned_config(args.preset, args.overrides, args.hyperparameters)  # a wrong setting first, if any
         parser.error("a training run needs " + ", ".join("--" + m.replace("_", "-") for m in missing))
     check_data(args.train_files, args.eval_files)
+    sizes = shard_size_overrides(args.train_files, args.eval_files)
+    config, tuned = tuned_config(args.preset, args.overrides + sizes, args.hyperparameters)
     make_directory("--model-dir", args.model_dir)
     return config, tuned
 
@@ -248,7 +280,9 @@ def tune_preflight(args):
     """
     from trainer_module import tuning
 
-    tuned_config(args.preset, args.overrides, None)  # the preset and overrides, in one line if wrong
+    check_data(args.train_files, args.eval_files)
+    overrides = args.overrides + shard_size_overrides(args.train_files, args.eval_files)
+    tuned_config(args.preset, overrides, None)  # the preset and overrides, in one line if wrong
     try:
         changes = tuple(tuning.Dimension.parse(text) for text in args.space)
     except ValueError as e:
@@ -257,7 +291,7 @@ def tune_preflight(args):
         preset=args.preset,
         train_files=tuple(args.train_files),
         eval_files=tuple(args.eval_files),
-        overrides=tuple(args.overrides),
+        overrides=tuple(overrides),
         search=args.search,
         max_epochs=args.max_epochs,
         max_trials=args.max_trials,
@@ -270,7 +304,6 @@ def tune_preflight(args):
         search = tuning.with_space(search, changes, args.only)
     except (TypeError, ValueError) as e:
         raise console.UsageError("", "", console.one_line(e)) from None  # the message names the setting
-    check_data(args.train_files, args.eval_files)
     make_directory("--tune-dir", args.tune_dir)
     try:
         tuning.claim_directory(search, args.tune_dir)
