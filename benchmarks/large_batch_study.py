@@ -17,6 +17,10 @@ own pipeline, in two phases:
    with ``--seeds`` seeds (3), and is evaluated on the 10,000 test images in the loop. A cell's figure is the
    top-1 at the end of training (averaged weights, as exported), mean and spread over seeds.
 
+3. **Beside the claim** (``--extra-seeds``, 1 by default, after the claim's cells): rows that are not
+   searched, to tell what a cell's figure owes to its search: the paper's untuned values at both batches, and
+   at the large batch the small batch's tuned values carried by the linear rule.
+
 Data: Fashion-MNIST (Debian's ``dataset-fashion-mnist``, MIT; installed with apt-get if missing) rendered as
 JPEGs under ten real ImageNet synsets, sharded with ``beam_preprocess --classes found`` (labels 0..9, a 10-way
 head). Network: the tiny EfficientNet at 16 px on ``--replicas`` (2) logical CPU replicas, batch norm over
@@ -33,6 +37,7 @@ and says which runs are still missing.
 
     .venv/bin/python benchmarks/large_batch_study.py --work-dir /tmp/study     # everything (many CPU-hours)
     .venv/bin/python benchmarks/large_batch_study.py --tune-only               # phase 1 only
+    .venv/bin/python benchmarks/large_batch_study.py --report-only             # the .md/.png from the JSON
 """
 
 from __future__ import annotations
