@@ -595,7 +595,7 @@ def markdown(report: dict, args, data_sizes: dict) -> str:
         f"{data_sizes['eval']:,} test images at the end of training (averaged weights), seeds "
         f"{', '.join(map(str, range(args.seeds)))}."
         + (
-            f" Beside the claim ({args.extra_seeds} seed(s) each, not searched): `-paper` rows train with the "
+            f" Beside the claim (up to {args.extra_seeds} seed(s) each, not searched): `-paper` rows train with the "
             "recipe's untuned values (RMSProp LR 0.016 per 256, warmup 5/350 of the schedule; LARS LR 0.236 "
             "per 256, trust coefficient 0.001, warmup 50/350, end LR 0.1); "
             f"`-from-{args.small_batch}` rows train at {args.large_batch} with the batch-{args.small_batch} "
@@ -752,7 +752,9 @@ def main(argv: list[str] | None = None) -> int:
 
     def write(values: dict) -> None:
         report = summarise(values, cells + extras, args)
-        everything = {**report, "args": vars(args), "data": sizes, **values}
+        # The settings the results were measured with: a report-only pass keeps those it found.
+        recorded = results.args if args.report_only else vars(args)
+        everything = {**report, "args": recorded, "data": sizes, **values}
         with open(results.path + ".tmp", "w") as f:
             json.dump(everything, f, indent=1)
         os.replace(results.path + ".tmp", results.path)

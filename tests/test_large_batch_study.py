@@ -145,5 +145,6 @@ def test_report_only_rewrites_the_report_from_the_saved_results(study, tmp_path)
     assert (tmp_path / "large_batch_study.png").stat().st_size > 0
     rewritten = json.loads((tmp_path / "large_batch_study.json").read_text())
     assert rewritten["runs"] == saved["runs"] and rewritten["summary"]["baseline_cell"] == "lars-256"
+    assert rewritten["args"] == saved["args"]  # what the study ran with, not this command's flags
     with pytest.raises(SystemExit):  # nothing saved there: one line from argparse, exit 2
         study.main(["--out-dir", str(tmp_path / "empty"), "--report-only"])
