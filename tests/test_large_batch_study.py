@@ -1,16 +1,19 @@
-"""The large-batch study's bookkeeping: transfer rows, the claim's verdict and resuming from its JSON.
+"""The large-batch study's decision rule and bookkeeping, on made-up runs.
 
 The study itself takes CPU-hours (benchmarks/large_batch_study.py); what it concludes from its runs is pure
-Python and is checked here on made-up runs.
+Python and is checked here: the Welch interval, each branch of the verdict, the grid's extension at an edge, the
+runs' settings as the trainer resolves them, steps to target, resuming from the JSON and the report.
 """
 
-import argparse
+import dataclasses
 import importlib.util
 import json
 import os
 import sys
 
+import numpy as np
 import pytest
+from scipy import stats
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -27,124 +30,181 @@ def study():
     sys.modules.pop(spec.name, None)
 
 
-def _args(**changes):
-    values = dict(small_batch=256, large_batch=4096, seeds=2, extra_seeds=1, epochs=20, tune_epochs=4)
-    values.update(factor=3, image_size=16, replicas=2)
-    values.update(changes)
-    return argparse.Namespace(**values)
+def test_welch_interval_matches_scipys_welch_test(study):
+    large, small = [0.861, 0.874, 0.869], [0.882, 0.879, 0.888]
+    delta, low, high = study.welch_interval(large, small, 0.90)
+    expected = stats.ttest_ind(large, small, equal_var=False).confidence_interval(0.90)
+    assert delta == pytest.approx(np.mean(large) - np.mean(small))
+    assert (low, high) == pytest.approx((expected.low, expected.high))
 
 
-def _search(values: dict, top1: float) -> dict:
-    return {"best_values": values, "best": {"top1": top1}, "cpu_seconds": 600.0}
+BASE = [0.880, 0.884, 0.882]
 
 
-def _run(cell: str, seed: int, top1: float, steps: int) -> dict:
+def _verdict(study, large, half=(0.881, 0.882, 0.880), long_run=0.860, inside=True):
+    return study.verdict(study.DESIGN, BASE, list(large), list(half), long_run, inside)
+
+
+def test_a_large_batch_level_with_the_baseline_reproduces(study):
+    result = _verdict(study, [0.878, 0.880, 0.879])
+    assert result["verdict"] == "reproduces"
+    assert result["delta"] == pytest.approx(-0.003)
+    assert result["delta_ci90"][0] >= -0.015
+
+
+def test_a_mean_within_a_point_with_too_wide_an_interval_is_budget_limited(study):
+    result = _verdict(study, [0.905, 0.845, 0.870])  # mean -0.82 pt, lower end far below -1.5 pt
+    assert result["delta"] > -0.01 and result["delta_ci90"][0] < -0.015
+    assert result["verdict"] == "budget-limited"
+
+
+def test_a_clear_shortfall_refutes_only_with_every_condition_met(study):
+    short = [0.850, 0.852, 0.848]
+    assert _verdict(study, short)["verdict"] == "refutes"
+    # The baseline still improving: at half the epochs 1 point lower.
+    assert _verdict(study, short, half=(0.870, 0.871, 0.873))["verdict"] == "budget-limited"
+    # Twice the epochs close the gap to within a point.
+    assert _verdict(study, short, long_run=0.878)["verdict"] == "budget-limited"
+    assert _verdict(study, short, long_run=None)["verdict"] == "budget-limited"
+    # A pick on the edge of its grid.
+    assert _verdict(study, short, inside=False)["verdict"] == "budget-limited"
+
+
+def test_one_seed_forms_no_interval(study):
+    result = study.verdict(study.DESIGN, BASE[:1], [0.88], [], None, True)
+    assert result["verdict"] == "budget-limited" and result["delta_ci90"] is None
+
+
+def test_a_pick_at_an_edge_extends_the_grid_beyond_it(study):
+    design = dataclasses.replace(study.DESIGN, lr_grids=((256, (1.0, 2.0, 4.0)), (4096, (4.0, 8.0))))
+    assert study.grid_state(design, 256, {1.0: 0.87}) == ([1.0, 2.0, 4.0], None)  # points still missing
+    assert study.grid_state(design, 256, {1.0: 0.87, 2.0: 0.88, 4.0: 0.86}) == ([1.0, 2.0, 4.0], 2.0)
+    grid, picked = study.grid_state(design, 256, {1.0: 0.87, 2.0: 0.88, 4.0: 0.89})
+    assert (grid, picked) == ([1.0, 2.0, 4.0, 8.0], None)
+    grid, picked = study.grid_state(design, 256, {1.0: 0.89, 2.0: 0.88, 4.0: 0.86})
+    assert (grid, picked) == ([0.5, 1.0, 2.0, 4.0], None)
+    # A diverged point above the best brackets it.
+    assert study.grid_state(design, 4096, {4.0: 0.86, 8.0: None}) == ([2.0, 4.0, 8.0], None)
+    assert study.grid_state(design, 4096, {2.0: 0.85, 4.0: 0.86, 8.0: None})[1] == 4.0
+
+
+def test_extensions_stop_at_the_designs_limit_and_the_pick_is_then_not_inside(study):
+    design = dataclasses.replace(
+        study.DESIGN, lr_grids=((256, (1.0, 2.0)), (4096, (4.0, 8.0))), max_extensions=1
+    )
+    grid, picked = study.grid_state(design, 256, {1.0: 0.80, 2.0: 0.85, 4.0: 0.86})
+    assert (grid, picked) == ([1.0, 2.0, 4.0], 4.0)
+    assert not study.inside(grid, picked)
+    assert study.inside([1.0, 2.0, 4.0], 2.0)
+
+
+def test_a_runs_settings_give_the_trainer_its_absolute_peak_lr(study):
+    from trainer_module.config import with_overrides
+    from trainer_module.presets import get_preset
+
+    data = {
+        "tune": {"num_train": 50000, "num_eval": 10000},
+        "final": {"num_train": 60000, "num_eval": 10000},
+    }
+    for batch, lr in ((256, 1.5), (4096, 12.0)):
+        run = study.Run("final", batch, lr, study.DESIGN.epochs, seed=2)
+        config = with_overrides(get_preset("demo"), run.overrides(study.DESIGN, data))
+        plan = config.plan
+        assert plan.peak_learning_rate == pytest.approx(lr)
+        assert config.optimizer.name == "lars" and config.loop.seed == 2
+        assert config.model.bn_virtual_batch == 128
+        assert plan.total_steps == int(study.DESIGN.epochs * 60000 / batch)
+        assert plan.warmup_steps == pytest.approx(study.DESIGN.warmup_share * plan.total_steps, abs=1)
+    grid = study.Run("grid", 4096, 8.0, study.DESIGN.epochs, seed=0)
+    assert grid.split == "tune" and grid.name == "grid-4096-lr8"
+
+
+def test_steps_to_target_is_the_first_evaluation_at_or_above_it(study):
+    history = [{"step": 10, "top1": 0.70}, {"step": 20, "top1": 0.85}, {"step": 30, "top1": 0.84}]
+    assert study.steps_to_target(history, 0.85) == 20
+    assert study.steps_to_target(history, 0.90) is None
+
+
+def _entry(study, run, top1, history_top1=None):
+    history = [{"epoch": e, "step": e * 10, "top1": t} for e, t in enumerate(history_top1 or [top1], 1)]
     return {
-        "cell": cell,
-        "seed": seed,
+        "settings": {},
+        "name": run.name,
+        **dataclasses.asdict(run),
         "final_top1": top1,
-        "peak_top1": top1,
-        "steps": steps,
         "diverged": False,
+        "history": history,
+        "steps": history[-1]["step"],
         "cpu_seconds": 60.0,
     }
 
 
-def test_transfer_keeps_per_256_values_and_scales_the_absolute_end_lr(study):
-    values = {
-        "schedule.lr_per_256": 0.24,
-        "schedule.warmup_epochs": 1.15,
-        "optimizer.lars_eeta": 0.007,
-        "schedule.end_lr": 0.0137,
-        "tuning/schedule_epochs": 4,
-    }
-    moved = study.transferred(values, 16)
-    assert moved["schedule.end_lr"] == pytest.approx(0.0137 * 16)
-    assert {k: v for k, v in moved.items() if k != "schedule.end_lr"} == {
-        k: v for k, v in values.items() if k != "schedule.end_lr"
-    }
-    cell = study.Cell("lars", 4096, tuned_at=256)
-    assert cell.name == "lars-4096-from-256"
-    assert cell.searched == study.Cell("lars", 256)
-    assert cell.values({"best_values": values}) == moved
-    assert study.Cell("lars", 4096).searched == study.Cell("lars", 4096)
-    assert study.Cell("lars", 4096).values({"best_values": values}) == values
-    paper = study.Cell("lars", 4096, paper=True)
-    assert (paper.name, paper.searched, paper.values(None)) == ("lars-4096-paper", None, {})
-
-
-def test_claim_is_judged_on_searched_cells_and_other_rows_reported_beside_it(study):
-    cells = [study.Cell(o, b) for b in (256, 4096) for o in study.RECIPES]
-    cells += study.beside_claim_cells(256, 4096)
-    lars_256 = {"schedule.lr_per_256": 0.24, "optimizer.lars_eeta": 0.007, "schedule.end_lr": 0.01}
-    searches = {
-        "lars-256": _search(lars_256, 0.77),
-        "rmsprop-256": _search({"schedule.lr_per_256": 0.005}, 0.75),
-        "lars-4096": _search({"schedule.lr_per_256": 0.1, "schedule.end_lr": 0.06}, 0.29),
-        "rmsprop-4096": _search({"schedule.lr_per_256": 0.008}, 0.44),
-    }
+def _finished_runs(study, large_top1):
+    d = study.DESIGN
     runs = {}
-    for seed in (0, 1):
-        for cell, top1, steps in (
-            ("lars-256", 0.82 + seed * 0.002, 4687),
-            ("rmsprop-256", 0.79, 4687),
-            ("lars-4096", 0.69, 292),
-            ("rmsprop-4096", 0.70, 292),
-            ("lars-4096-from-256", 0.815, 292),  # better than the baseline's -1 pt would be
-            ("rmsprop-256-paper", 0.86, 4687),  # better than the baseline: not a claim cell either
-        ):
-            runs[f"{cell}-seed{seed}"] = _run(cell, seed, top1, steps)
-    report = study.summarise({"searches": searches, "runs": runs}, cells, _args())
-    summary = report["summary"]
-    assert summary["baseline_cell"] == "lars-256"
-    assert summary["baseline_top1_mean"] == pytest.approx(0.821)
-    assert summary["lars_large_top1_mean"] == pytest.approx(0.69)
-    assert summary["lars_within_1pt"] is False  # the searched cell decides, not the transfer row
-    assert summary["rmsprop_3pt_short"] is True
-    assert summary["beside_claim"] == pytest.approx({"lars-4096-from-256": 0.815, "rmsprop-256-paper": 0.86})
-    assert summary["complete"] is True  # every claim cell has its 2 seeds; the rows beside it do not count
-    rows = {r["cell"]: r for r in report["cells"]}
-    assert rows["lars-4096-from-256"]["tuned"]["schedule.end_lr"] == pytest.approx(0.16)
-    assert rows["lars-4096-from-256"]["held_out_top1"] is None  # not searched at its batch
-    assert rows["lars-4096-paper"]["tuned"] == {} and rows["lars-4096-paper"]["values_from"] == "paper"
-    assert rows["lars-256"]["final_top1_std"] == pytest.approx(0.002 / 2**0.5)
-    text = study.markdown(
-        report, _args(), {"tune_train": 50000, "tune_eval": 10000, "train": 60000, "eval": 10000}
-    )
-    assert "beside the claim, lars-4096-from-256: 0.8150 (-0.60 pt)" in text
-    assert "| lars-4096-paper | the paper's |" in text
-    assert "the claim (within 1.0 point) does not hold" in text
+    scores = {256: dict(zip(d.grid(256), (0.86, 0.87, 0.865, 0.85), strict=True)),
+              4096: dict(zip(d.grid(4096), (0.84, 0.86, 0.85, 0.83), strict=True))}  # fmt: skip
+    for batch, points in scores.items():
+        for lr, top1 in points.items():
+            run = study.Run("grid", batch, lr, d.epochs, 0)
+            runs[run.name] = _entry(study, run, top1)
+    picks = {256: d.grid(256)[1], 4096: d.grid(4096)[1]}
+    for run in study.planned_runs(d, picks):
+        top1 = {"final-256": BASE, "final-4096": large_top1, "half-256": [0.881] * 3, "long-4096": [0.86]}[
+            run.name.rsplit("-seed", 1)[0]
+        ][run.seed]
+        runs[run.name] = _entry(study, run, top1, [0.80, 0.851, top1])
+    return runs
 
 
-def test_results_resume_only_runs_with_the_same_settings(study, tmp_path):
-    path = tmp_path / "large_batch_study.json"
-    entry = {"settings": {"overrides": ["a=1"]}, "cell": "lars-256", "seed": 0}
-    path.write_text(json.dumps({"searches": {}, "runs": {"lars-256-seed0": entry}}))
-    results = study.Results(str(path))
-    assert results.get("runs", "lars-256-seed0", {"overrides": ["a=1"]}) == entry
-    assert results.get("runs", "lars-256-seed0", {"overrides": ["a=2"]}) is None
-    written = []
-    results.put("runs", "lars-256-seed1", {**entry, "seed": 1}, written.append)
-    assert set(written[-1]["runs"]) == {"lars-256-seed0", "lars-256-seed1"}
-
-
-def test_report_only_rewrites_the_report_from_the_saved_results(study, tmp_path):
-    run = _run("lars-256", 0, 0.82, 4687)
-    run["history"] = [{"epoch": e, "step": 234 * e, "top1": 0.6 + 0.01 * e} for e in (1, 2)]
-    saved = {
-        "args": {**vars(_args()), "extra_seeds": 0, "seeds": 1},
-        "data": {"tune_train": 50000, "tune_eval": 10000, "train": 60000, "eval": 10000},
-        "searches": {"lars-256": _search({"schedule.lr_per_256": 0.24}, 0.77)},
-        "runs": {"lars-256-seed0": run},
+def test_summary_carries_the_issues_keys_and_the_scripts_verdict(study):
+    runs = _finished_runs(study, [0.878, 0.880, 0.879])
+    report = study.summarise(study.DESIGN, runs, {"test_top1": 0.84, "image_size": 28})
+    s = report["summary"]
+    for key in (
+        "small_batch", "large_batch", "epochs", "seeds", "baseline_top1", "lars_large_top1",
+        "baseline_top1_mean", "lars_large_top1_mean", "delta_ci90", "verdict", "baseline_half_epochs_top1",
+        "simple_reference_top1", "lr_grids",
+    ):  # fmt: skip
+        assert key in s, key
+    assert s["baseline_top1"] == BASE and s["seeds"] == [0, 1, 2]
+    assert s["verdict"] == "reproduces" and s["complete"]
+    assert s["lr_grids"]["lars-256"] == {
+        "grid": list(study.DESIGN.grid(256)),
+        "picked": study.DESIGN.grid(256)[1],
     }
-    (tmp_path / "large_batch_study.json").write_text(json.dumps(saved))
+    assert len(s["delta_ci90"]) == 2 and s["delta_ci90"][0] < s["delta"] < s["delta_ci90"][1]
+    assert s["steps_to_target"]["runs"]["final-4096-seed0"] == 20
+    assert s["simple_reference_top1"] == 0.84
+
+
+def test_resume_takes_runs_with_the_same_settings_only(study, tmp_path):
+    d = study.DESIGN
+    path = tmp_path / study.RESULTS
+    run = study.Run("final", 256, 1.0, d.epochs, 0)
+    entry = {**_entry(study, run, 0.88), "settings": {"overrides": ["a=1"], "split": "final"}}
+    path.write_text(json.dumps({"design": d.to_dict(), "runs": {run.name: entry}}))
+    results = study.Results(str(path))
+    assert results.get(run, {"overrides": ["a=1"], "split": "final"}) == entry
+    assert results.get(run, {"overrides": ["a=2"], "split": "final"}) is None
+    # The 20-epoch study's file (no design) is not resumed from.
+    path.write_text(json.dumps({"runs": {run.name: entry}}))
+    assert study.Results(str(path)).runs == {}
+
+
+def test_report_writes_the_design_before_any_run_and_the_verdict_after(study, tmp_path):
+    (tmp_path / study.REPORT).write_text("# old\n\n## Superseded: the 20-epoch study\n\nkept text\n")
+    assert study.main(["--out-dir", str(tmp_path), "--design-only"]) == 0
+    text = (tmp_path / study.REPORT).read_text()
+    assert text.index("## Design (fixed before the runs)") < text.index("## Results")
+    assert "**refutes** if" in text and "kept text" in text
+    saved = json.loads((tmp_path / study.RESULTS).read_text())
+    assert saved["summary"]["verdict"] == "budget-limited" and saved["runs"] == {}
+
+    saved["runs"] = _finished_runs(study, [0.850, 0.852, 0.848])
+    (tmp_path / study.RESULTS).write_text(json.dumps(saved))
     assert study.main(["--out-dir", str(tmp_path), "--report-only"]) == 0
-    text = (tmp_path / "large_batch_study.md").read_text()
-    assert "| lars-256 | lr_per_256=0.24 | 0.7700 |" in text
-    assert "-paper" not in text  # the saved study had no rows beside the claim
-    assert (tmp_path / "large_batch_study.png").stat().st_size > 0
-    rewritten = json.loads((tmp_path / "large_batch_study.json").read_text())
-    assert rewritten["runs"] == saved["runs"] and rewritten["summary"]["baseline_cell"] == "lars-256"
-    assert rewritten["args"] == saved["args"]  # what the study ran with, not this command's flags
-    with pytest.raises(SystemExit):  # nothing saved there: one line from argparse, exit 2
-        study.main(["--out-dir", str(tmp_path / "empty"), "--report-only"])
+    saved = json.loads((tmp_path / study.RESULTS).read_text())
+    assert saved["summary"]["verdict"] == "refutes"
+    text = (tmp_path / study.REPORT).read_text()
+    assert "- **refutes**" in text and (tmp_path / study.PLOT).exists()
