@@ -493,6 +493,7 @@ class Runner:
         split = self.data[run.split]
         model_dir = os.path.join(self.work_dir, "runs", run.name)
         shutil.rmtree(model_dir, ignore_errors=True)
+        os.makedirs(os.path.dirname(model_dir), exist_ok=True)
         command = [sys.executable, "-m", "trainer_module", "--preset", "demo", "--model-dir", model_dir]
         command += ["--train-files", split["train"], "--eval-files", split["eval"], "--cpu-devices", "1"]
         for override in [f"name=study-{run.name}", *settings["overrides"]]:
