@@ -130,7 +130,7 @@ def _check_machine(spec) -> None:
     if machine in V5E_MACHINES:
         chips, topology = V5E_MACHINES[machine]
         if spec.tpu_topology != topology:
-            # Multi-host v5e topologies (4x4 and up) exist for JAX/PyTorch; this fake runs single hosts only.
+            # Multi-host v5e topologies (4x4 and up, one replica a host) are not modelled by this fake.
             raise Refused(
                 f"{machine} ({chips} chips) needs tpu_topology {topology}, got {spec.tpu_topology!r}"
             )
@@ -167,7 +167,8 @@ def check_custom_job(parent: str, job) -> None:
       ``projects/P/zones/Z/reservations/N`` in the job's region; not on a ``cloud-tpu`` node (Vertex consumes
       reservations of CPU, GPU and TPU VMs; that a v2/v3 node has none is inferred, not stated).
 
-    Not checked, as no current source could be read: which GPUs each region offers for training.
+    Not checked, as no current source could be read: which GPUs each region offers for training. Not
+    modelled: multi-host v5e topologies (refused here; the service runs them, one container per host).
     """
     region = parent.rsplit("/", 1)[-1]
     pools = [pool for pool in job.job_spec.worker_pool_specs if pool.replica_count]
