@@ -10,8 +10,9 @@ of their own, and their executors fold them into what TFX's executors read, so o
   ``loop.target_top1`` of the trainer config in ``custom_config`` (``trainer_module.tfx_trainer.CONFIG_KEY``),
   then TFX's generic executor runs ``run_fn`` as before. ``VertexTrainer`` folds (and so checks) them before
   it creates the Vertex AI custom job that runs that same executor (``components.vertex_training``: the job
-  TFX's Vertex Trainer extension builds, cancelled when the task is stopped), so a value the trainer would
-  refuse fails the step in one line before any accelerator is provisioned.
+  TFX's Vertex Trainer extension builds, with the timeout of the run's own epochs, found again by a retried
+  task, cancelled when the task is stopped), so a value the trainer would refuse fails the step in one line
+  before any accelerator is provisioned.
 - ``Evaluator``: ``target_top1`` becomes the lower bound of the top-1 value threshold of the ``EvalConfig``;
   and ``baseline_scope`` (the pipeline's name, a constant) is written on the blessing it produces
   (``BASELINE_SCOPE_PROPERTY``), so that the latest-blessed-model lookup of a compiled pipeline can ask for
@@ -118,18 +119,44 @@ class TrainerExecutor(trainer_executor.GenericExecutor):
         run_fn(self._GetFnArgs(input_dict, output_dict, properties))
 
 
+def run_timeout(input_dict, exec_properties: dict[str, Any], custom_config: dict) -> int | None:
+    """The training job's timeout for the run this execution trains: the compiled ``TimeoutRule`` applied to its
+    config (the run's epochs folded in) with the epoch of its shards' manifest, as the trainer will train it.
+    None when the pipeline was compiled without a rule."""
+    rule = vertex_training.TimeoutRule.from_config(custom_config)
+    if rule is None:
+        return None
+    from tfx.components.trainer import fn_args_utils
+
+    from trainer_module import run, tfx_trainer
+
+    fn_args = fn_args_utils.get_common_fn_args(input_dict, exec_properties)
+    config = run.with_data_sizes(
+        tfx_trainer.config_from_fn_args(fn_args), fn_args.train_files, fn_args.eval_files
+    )
+    return rule.seconds(config)
+
+
 class VertexTrainerExecutor(base_executor.BaseExecutor):
     """Checks the runtime parameters, then runs ``TrainerExecutor`` in a Vertex AI custom job to its end.
 
-    The job is TFX's (``custom_config`` carries its region, project, worker pools and scheduling); it is
-    cancelled if this task is stopped or fails while it runs (``components.vertex_training``).
+    The job is TFX's (``custom_config`` carries its region, project, worker pools and scheduling), with the
+    timeout of the run this execution trains (``run_timeout``); a retried task follows the job its earlier
+    attempt started, and the job is cancelled if this task is stopped or fails while it runs
+    (``components.vertex_training``).
     """
 
     def Do(self, input_dict, output_dict, exec_properties):  # noqa: N802 - TFX's executor interface
         properties = _with_trainer_parameters(exec_properties)  # a bad value fails here, before any job
         custom_config = json_utils.loads(properties[standard_component_specs.CUSTOM_CONFIG_KEY])
         request = vertex_training.job_request(
-            input_dict, output_dict, properties, custom_config, name_utils.get_full_name(TrainerExecutor)
+            input_dict,
+            output_dict,
+            properties,
+            custom_config,
+            name_utils.get_full_name(TrainerExecutor),
+            task="trainer",
+            timeout_seconds=run_timeout(input_dict, properties, custom_config),
         )
         vertex_training.run_job(request)
 
@@ -154,6 +181,7 @@ class VertexTunerExecutor(base_executor.BaseExecutor):
             custom_config,
             name_utils.get_full_name(vertex_tuner._WorkerExecutor),  # noqa: SLF001 - TFX's worker entry point
             args_key=vertex.experimental.TUNING_ARGS_KEY,
+            task="tuner",
         )
         vertex_training.run_job(request)
 

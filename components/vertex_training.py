@@ -1,20 +1,39 @@
-"""A step's Vertex AI custom job (the Trainer's, the Tuner's): created, followed to its end, and cancelled
-when its task is stopped.
+"""A step's Vertex AI custom job (the Trainer's, the Tuner's): created or found again, followed to its end, and
+cancelled when its task is stopped.
 
 TFX's own Vertex trainer (``tfx.extensions.google_cloud_ai_platform.runner``) creates the CustomJob and polls it
 until it ends, and never cancels it: when Vertex AI Pipelines or Kubeflow cancels the run, or the pipeline fails
 around it, the task's container gets SIGTERM and exits, while the job goes on training on its TPU slice or GPU
 machines, and billing. Here the same job is created (the CustomJob TFX's ``VertexJobClient`` builds from the
 Trainer's ``custom_config``: every worker pool runs TFX's executor with this execution's inputs and outputs) and
-polled, and when the task receives SIGTERM or SIGINT, or anything fails while the job runs, the job is cancelled
-and followed until Vertex reports it ended, within the grace period a stopped pod has; the task then fails with
-one line naming the job.
+polled, and:
+
+- **a retried task re-attaches.** Every job carries the labels of the task that made it (``TASK_LABEL``) and of
+  the outputs it writes (``OUTPUTS_LABEL``, a digest of this execution's output artifact URIs: Vertex AI
+  Pipelines and Kubeflow place a task's outputs under its run's and task's own path, so the digest names the
+  run and the task; it is not a runtime parameter, which would change the task's cache key every run). A task
+  whose earlier attempt was killed (OOM, eviction, SIGKILL) finds that attempt's job by these labels and
+  follows it, when it is still queued or running or has succeeded (its outputs are this attempt's), instead of
+  starting a second job on the same outputs; other such jobs still running are cancelled. (A retry given new
+  output URIs, which no documentation says either way, would start a job of its own.)
+- **a stopped task leaves nothing running.** When the task receives SIGTERM or SIGINT, or anything fails while
+  the job runs, the job is cancelled and followed until Vertex reports it ended, within the grace period a
+  stopped pod has; the task then fails with one line naming the job. A signal that arrives while
+  ``create_custom_job`` is in flight is held until the call returns, so the job it created is known and
+  cancelled; if the call raised, the jobs carrying this execution's labels are looked up and cancelled.
+- **the timeout is the run's.** ``TimeoutRule`` (compiled into ``custom_config`` under ``TIMEOUT_KEY``) sets the
+  job's ``scheduling.timeout`` from the config this execution trains (its epochs, its data, the accelerator),
+  at most the compiled upper bound; the timeout compiled for the default values would kill a run of three
+  times the epochs.
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
+import hashlib
+import json
 import logging
 import signal
 import time
@@ -30,6 +49,12 @@ CANCEL_POLL_SECONDS = 2.0
 SUCCEEDED = "JOB_STATE_SUCCEEDED"
 ENDED = ("JOB_STATE_SUCCEEDED", "JOB_STATE_FAILED", "JOB_STATE_CANCELLED", "JOB_STATE_EXPIRED")
 CONSOLE = "https://console.cloud.google.com/vertex-ai/locations/{region}/training/{job}/cpu?project={project}"
+# The labels that find an execution's job again (label keys and values: lowercase letters, digits, '_', '-').
+TASK_LABEL = "effnet_task"
+OUTPUTS_LABEL = "effnet_outputs"
+# ``custom_config`` key of the Trainer's ``TimeoutRule``.
+TIMEOUT_KEY = "training_timeout"
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
 
 class TaskStopped(RuntimeError):
@@ -37,16 +62,44 @@ class TaskStopped(RuntimeError):
 
 
 class TrainingJobFailed(RuntimeError):
-    """The training job ended in a state other than succeeded; the message is one line."""
+    """The training job ended in a state other than succeeded, or Vertex refused it; the message is one line."""
+
+
+@dataclasses.dataclass(frozen=True)
+class TimeoutRule:
+    """How the training step sets its job's timeout: ``pipeline.accelerators.job_timeout`` of the config it
+    trains on ``machines`` of ``accelerator``, at most ``max_seconds`` (the compiled upper bound)."""
+
+    accelerator: str
+    machines: int
+    max_seconds: int
+
+    def to_config(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_config(cls, custom_config: dict) -> TimeoutRule | None:
+        """The rule compiled into ``custom_config``, or None (a pipeline compiled without one)."""
+        values = custom_config.get(TIMEOUT_KEY)
+        return cls(**values) if values else None
+
+    def seconds(self, trainer_config) -> int:
+        """The timeout of a job training ``trainer_config`` (the same estimate ``--plan`` prints)."""
+        from pipeline import accelerators
+
+        machine = accelerators.get(self.accelerator, self.machines)
+        return accelerators.job_timeout(trainer_config, machine, self.max_seconds)
 
 
 @dataclasses.dataclass(frozen=True)
 class JobRequest:
-    """A CustomJob to create: where (project, region) and what (the ``CustomJob`` as a dict)."""
+    """A CustomJob to create: where (project, region), what (the ``CustomJob`` as a dict), and the labels that
+    find it again (``find_labels``: the task's and its outputs', also among the job's labels)."""
 
     project: str
     region: str
     custom_job: dict
+    find_labels: dict = dataclasses.field(default_factory=dict)
 
     @property
     def parent(self) -> str:
@@ -57,6 +110,12 @@ class JobRequest:
         return f"{self.region}-aiplatform.googleapis.com"
 
 
+def outputs_digest(output_dict: dict) -> str:
+    """A label value naming this execution's outputs: a digest of its output artifacts' URIs, by key."""
+    uris = {key: sorted(artifact.uri for artifact in artifacts) for key, artifacts in output_dict.items()}
+    return hashlib.sha256(json.dumps(uris, sort_keys=True).encode()).hexdigest()[:32]
+
+
 def job_request(
     input_dict: dict,
     output_dict: dict,
@@ -64,12 +123,15 @@ def job_request(
     custom_config: dict,
     executor_class_path: str,
     args_key: str = "",
+    task: str = "trainer",
+    timeout_seconds: int | None = None,
 ) -> JobRequest:
     """The CustomJob whose worker pools run ``executor_class_path`` on this execution, as TFX builds it.
 
     ``custom_config`` holds TFX's Vertex keys: the region, and under ``args_key`` (the Trainer's training args
     by default; the Tuner's tuning args) the job's ``project``, ``job_spec`` (worker pools, ``scheduling``),
-    ``display_name`` and ``labels``.
+    ``display_name`` and ``labels``. The job gets the labels of ``task`` and of this execution's outputs, and,
+    when given, ``timeout_seconds`` as its ``scheduling.timeout``.
     """
     from tfx import v1 as tfx
     from tfx.extensions.google_cloud_ai_platform import training_clients
@@ -82,11 +144,15 @@ def job_request(
         job_args["display_name"] = (
             f"{job_args['display_name']}-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}"
         )
+    if timeout_seconds is not None:
+        job_args.setdefault("job_spec", {}).setdefault("scheduling", {})["timeout"] = f"{timeout_seconds}s"
+    find_labels = {TASK_LABEL: task, OUTPUTS_LABEL: outputs_digest(output_dict)}
+    job_args["labels"] = {**job_args.get("labels", {}), **find_labels}
     builder = training_clients.VertexJobClient(region)
     custom_job = builder.create_training_job(
         input_dict, output_dict, exec_properties, executor_class_path, job_args, None, None
     )
-    return JobRequest(project, region, custom_job)
+    return JobRequest(project, region, custom_job, find_labels)
 
 
 def console_url(job_name: str) -> str:
@@ -96,37 +162,84 @@ def console_url(job_name: str) -> str:
     return CONSOLE.format(region=fields["locations"], job=fields["customJobs"], project=fields["projects"])
 
 
-def _raise_stopped(signum, frame):
-    raise TaskStopped(f"the pipeline task received {signal.Signals(signum).name}")
+class _StopSignals:
+    """SIGTERM / SIGINT while a job runs: raised as ``TaskStopped`` where they arrive, or, inside ``held()``,
+    when the held call has returned (so that the job a create call made is known)."""
+
+    def __init__(self):
+        self.received: int | None = None
+        self._holding = False
+        self._previous: dict = {}
+
+    def _handle(self, signum, frame):
+        self.received = signum
+        if not self._holding:
+            raise self.stopped()
+
+    def stopped(self) -> TaskStopped:
+        return TaskStopped(f"the pipeline task received {signal.Signals(self.received).name}")
+
+    @contextlib.contextmanager
+    def installed(self):
+        self._previous = {sig: signal.signal(sig, self._handle) for sig in STOP_SIGNALS}
+        try:
+            yield self
+        finally:
+            for sig, handler in self._previous.items():
+                signal.signal(sig, handler)
+
+    @contextlib.contextmanager
+    def held(self):
+        self._holding = True
+        try:
+            yield
+        except Exception as error:
+            if self.received is not None:
+                raise self.stopped() from error
+            raise
+        finally:
+            self._holding = False
+        if self.received is not None:
+            raise self.stopped()
+
+    def ignore(self) -> None:
+        """A second signal must not interrupt the cancellation."""
+        for sig in STOP_SIGNALS:
+            signal.signal(sig, signal.SIG_IGN)
 
 
 def run_job(request: JobRequest, poll_seconds: float | None = None):
-    """Creates the job, polls it until it ends and returns it; cancels it if this task is stopped or fails.
+    """Finds the job an earlier attempt of this execution started, or creates it; polls it until it ends and
+    returns it; cancels it if this task is stopped or fails.
 
     Raises:
       TaskStopped: SIGTERM / SIGINT arrived; the job was cancelled (and followed until it ended, or for
         ``CANCEL_WAIT_SECONDS``).
-      TrainingJobFailed: the job ended failed, cancelled (by someone else) or expired.
+      TrainingJobFailed: the job ended failed, cancelled (by someone else) or expired, or Vertex refused it.
     """
     from google.cloud.aiplatform import gapic
 
     client = gapic.JobServiceClient(client_options={"api_endpoint": request.api_endpoint})
-    job = client.create_custom_job(parent=request.parent, custom_job=request.custom_job)
-    logger.info("training job %s created: %s", job.name, console_url(job.name))
     interval = POLL_SECONDS if poll_seconds is None else poll_seconds
-    previous = {sig: signal.signal(sig, _raise_stopped) for sig in (signal.SIGTERM, signal.SIGINT)}
-    try:
-        while job.state.name not in ENDED:
-            time.sleep(interval)
-            job = client.get_custom_job(name=job.name)
-    except BaseException:
-        for sig in previous:  # a second signal must not interrupt the cancellation
-            signal.signal(sig, signal.SIG_IGN)
-        cancel(client, job.name)
-        raise
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
+    job = None
+    stop = _StopSignals()
+    with stop.installed():
+        try:
+            job = earlier_job(client, request)
+            if job is None:
+                with stop.held():
+                    job = _create(client, request)
+                logger.info("training job %s created: %s", job.name, console_url(job.name))
+            while job.state.name not in ENDED:
+                time.sleep(interval)
+                job = client.get_custom_job(name=job.name)
+        except BaseException:
+            stop.ignore()
+            if job is None:
+                cancel_labelled(client, request)
+            else:
+                cancel(client, job.name)
+            raise
     if job.state.name != SUCCEEDED:
         reason = job.error.message or "no error message"
         raise TrainingJobFailed(
@@ -134,6 +247,60 @@ def run_job(request: JobRequest, poll_seconds: float | None = None):
         )
     logger.info("training job %s succeeded", job.name)
     return job
+
+
+def _create(client, request: JobRequest):
+    from google.api_core import exceptions
+
+    try:
+        return client.create_custom_job(parent=request.parent, custom_job=request.custom_job)
+    except (exceptions.InvalidArgument, exceptions.FailedPrecondition) as error:
+        raise TrainingJobFailed(f"Vertex AI refused the training job: {error.message}") from None
+
+
+def labelled_jobs(client, request: JobRequest) -> list:
+    """The jobs carrying ``request``'s labels (the jobs of this execution), newest first."""
+    if not request.find_labels:
+        return []
+    found = client.list_custom_jobs(
+        request={
+            "parent": request.parent,
+            "filter": f"labels.{OUTPUTS_LABEL}={request.find_labels[OUTPUTS_LABEL]}",
+        }
+    )
+    jobs = [job for job in found if all(job.labels.get(k) == v for k, v in request.find_labels.items())]
+    return sorted(jobs, key=lambda job: job.create_time, reverse=True)
+
+
+def earlier_job(client, request: JobRequest):
+    """The job an earlier attempt of this execution started, to be followed instead of a new one: the newest
+    of its jobs that is queued, running or succeeded (None if there is none). Its other jobs still running are
+    cancelled: they write the same outputs."""
+    reused = None
+    for job in labelled_jobs(client, request):
+        state = job.state.name
+        if reused is None and (state == SUCCEEDED or state not in ENDED):
+            reused = job
+            logger.warning(
+                "following training job %s (%s), started by an earlier attempt of this task: %s",
+                job.name, state, console_url(job.name),
+            )  # fmt: skip
+        elif state not in ENDED:
+            cancel(client, job.name)
+    return reused
+
+
+def cancel_labelled(client, request: JobRequest) -> list[str]:
+    """Cancels every job of this execution that has not ended (a create interrupted or failed may have made
+    one); returns their names. Best effort, as ``cancel``."""
+    try:
+        running = [job.name for job in labelled_jobs(client, request) if job.state.name not in ENDED]
+    except Exception as error:  # the task is failing anyway; say what could not be done
+        logger.error("could not look up the training jobs labelled %s: %s", request.find_labels, error)
+        return []
+    for name in running:
+        cancel(client, name)
+    return running
 
 
 def cancel(client, name: str) -> str:

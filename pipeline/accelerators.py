@@ -18,6 +18,10 @@ docs/accelerators-research.md and the README):
   TensorFlow training.
 - GPU machines with 8 GPUs each, one machine (MirroredStrategy) or several (MultiWorkerMirroredStrategy from
   the ``TF_CONFIG`` Vertex sets: pool 0 is the chief, pool 1 the other workers).
+- How the machines can be obtained (``pipeline.cloud.PROVISIONING`` asks these): flex-start only for the GPU
+  types Vertex's Dynamic Workload Scheduler takes (``FLEX_START_GPUS``), never for TPUs or CPU machines; a
+  Compute Engine reservation for every machine but the ``cloud-tpu`` node of TPU v2/v3; Spot for all of
+  them (Vertex refuses Spot only for TPU Pods, which are not offered here).
 """
 
 from __future__ import annotations
@@ -30,18 +34,40 @@ from effnet_common.registry import Registry
 
 ACCELERATORS = Registry("--accelerator")
 
-# Regions with the zones Google documents for each TPU type (Cloud TPU's "TPU regions and zones" page, as of
-# 2025): a Vertex TPU job runs on a TPU VM, so a region without that TPU type cannot host it. GPU machines
-# are not checked here (their table on Vertex's locations page was not available to this project);
-# ``--skip-region-check`` passes a region Google has added since.
+# Regions where Vertex AI custom training offers each TPU type. Vertex's own table ("Vertex AI locations",
+# accelerators for training) is the source where it could be read: it lists TPU v3 for training in us-east1,
+# where Cloud TPU VMs have no v3 zone; Google's v5e training sample on Vertex runs in us-west1. Where Vertex's
+# table could not be read (regions outside the US, and v5e training, which came after the copy read), the
+# regions with the zones Cloud TPU documents for that type stand in (docs/accelerators-research.md, 1.4).
+# GPU machines are not checked: no current Vertex table of training GPUs by region could be read, and a
+# refusal from a stale one would stop runs the service accepts. ``--skip-region-check`` passes a region Google
+# has added since.
 _V5E_REGIONS = ("us-central1", "us-south1", "us-west1", "us-west4", "europe-west4")
 TRAINING_REGIONS: dict[str, tuple[str, ...]] = {
     "tpu-v2-8": ("us-central1", "europe-west4", "asia-east1"),
-    "tpu-v3-8": ("us-central1", "europe-west4"),
+    "tpu-v3-8": ("us-central1", "us-east1", "europe-west4"),
     "tpu-v5litepod-1": _V5E_REGIONS,
     "tpu-v5litepod-4": _V5E_REGIONS,
     "tpu-v5litepod-8": _V5E_REGIONS,
 }
+
+# The GPUs Vertex's flex-start (Dynamic Workload Scheduler) queues a training job for ("Schedule training jobs
+# based on resource availability": L4, A100, H100, H200 and B200), as ``aiplatform_v1.AcceleratorType`` names.
+# TPUs and CPU machines are not among them.
+FLEX_START_GPUS = frozenset(
+    {
+        "NVIDIA_L4",
+        "NVIDIA_TESLA_A100",
+        "NVIDIA_A100_80GB",
+        "NVIDIA_H100_80GB",
+        "NVIDIA_H100_MEGA_80GB",
+        "NVIDIA_H200_141GB",
+        "NVIDIA_B200",
+    }
+)
+# The machine type of TPU v2 / v3 on Vertex: a Cloud TPU node, not a Compute Engine machine, so no Compute
+# Engine reservation can hold it (Vertex consumes reservations of CPU, GPU and TPU VMs only).
+CLOUD_TPU_MACHINE = "cloud-tpu"
 
 # Where a slice Vertex does not offer runs: the same config, on every worker of a TPU VM slice (README).
 TPU_VM_POINTER = (
@@ -146,9 +172,19 @@ class Accelerator:
         offered = TRAINING_REGIONS.get(self.name)
         if offered is not None and region not in offered:
             raise AcceleratorMismatch(
-                f"--region {region}: {self.name} is offered in {', '.join(offered)} (Google's TPU zones; "
-                f"--skip-region-check if it is offered in {region} now)"
+                f"--region {region}: Vertex AI training offers {self.name} in {', '.join(offered)} "
+                f"(--skip-region-check if it is offered in {region} now)"
             )
+
+    @property
+    def offers_flex_start(self) -> bool:
+        """Whether Vertex's flex-start (Dynamic Workload Scheduler) takes this machine: GPUs of some types."""
+        return self.kind == "gpu" and self.accelerator_type in FLEX_START_GPUS
+
+    @property
+    def takes_reservations(self) -> bool:
+        """Whether a Compute Engine reservation can hold this machine (every one but a Cloud TPU v2/v3 node)."""
+        return self.machine_type != CLOUD_TPU_MACHINE
 
     def check(self, preset: str, config) -> None:
         """Refuses a trainer config that does not fit: replicas, the per-replica batch and batch-norm groups.
@@ -201,9 +237,9 @@ def _register_gpu(name: str, machine_type: str, gpu: str, gpus: int, tflops_per_
 # TPU v2 / v3: Vertex counts the 8 cores of the one host (4 chips, 2 cores each).
 # Peak bfloat16 TFLOP/s per chip: TPU v2 45, v3 123, v5e 197 (Google's TPU pages); H100 SXM 989, A100 312
 # (NVIDIA's dense figures).
-_register_tpu("tpu-v2-8", machine_type="cloud-tpu", accelerator_type="TPU_V2", accelerator_count=8,
+_register_tpu("tpu-v2-8", machine_type=CLOUD_TPU_MACHINE, accelerator_type="TPU_V2", accelerator_count=8,
               replicas_per_machine=8, peak_tflops=4 * 45.0, unit="TPU v2 cores")  # fmt: skip
-_register_tpu("tpu-v3-8", machine_type="cloud-tpu", accelerator_type="TPU_V3", accelerator_count=8,
+_register_tpu("tpu-v3-8", machine_type=CLOUD_TPU_MACHINE, accelerator_type="TPU_V3", accelerator_count=8,
               replicas_per_machine=8, peak_tflops=4 * 123.0, unit="TPU v3 cores")  # fmt: skip
 # TPU v5e: one TensorCore per chip; Vertex takes the machine type and topology, no accelerator fields.
 # TensorFlow reaches v5e only through the PJRT plug-in (Vertex's TPU custom-container instructions), i.e.
@@ -346,3 +382,9 @@ def estimate(config, machine: Accelerator) -> Estimate:
 def timeout_for(seconds: float) -> int:
     """A job's timeout for a nominal ``seconds`` of work: ``TIMEOUT_FACTOR`` times it, within Vertex's limits."""
     return min(MAX_TIMEOUT_SECONDS, max(MIN_TIMEOUT_SECONDS, math.ceil(TIMEOUT_FACTOR * seconds)))
+
+
+def job_timeout(config, machine: Accelerator, max_seconds: int) -> int:
+    """The training job's timeout for the run of ``config`` on ``machine``: ``estimate``'s, at most
+    ``max_seconds`` (the compiled upper bound)."""
+    return min(estimate(config, machine).timeout_seconds, max_seconds)

@@ -4,7 +4,8 @@ One frozen object holds the project, region, images, pipeline root, identity and
 the training job and how it is provisioned, and the Dataflow workers of each Beam step. It is checked when it
 is built (each problem one line naming the flag), and it builds what the compiled pipeline carries: the
 Dataflow options of each Beam step, the Vertex custom job of the Trainer (worker pools, scheduling with a
-timeout from the run's estimate, labels, display name) and the labels of the jobs.
+timeout from the run's estimate and the provisioning its machine can have, labels, display name) and the labels
+of the jobs.
 """
 
 from __future__ import annotations
@@ -25,25 +26,35 @@ PIPELINE_LABEL = "effnet-pipeline"
 PRESET_LABEL = "effnet-preset"
 
 # How the training job's machines are obtained (``--provisioning``): each name builds the job's
-# ``scheduling.strategy`` entries. Spot and flex-start machines cost less; Spot ones can be reclaimed (the job
+# ``scheduling`` entries for a machine (``accelerators.Accelerator``) and a flex-start wait, and refuses a
+# machine the service would refuse. Spot and flex-start machines cost less; Spot ones can be reclaimed (the job
 # restarts on new machines and the trainer resumes from its last checkpoint), flex-start ones are queued until
-# capacity frees up.
+# capacity frees up, for at most the wait asked (``max_wait_duration``; 0 waits indefinitely).
 PROVISIONING = Registry("--provisioning")
+# Flex-start's wait for machines when none is given: a day, the service's own default, written into the job.
+# Queued time is not billed, and the sharded data waits for the machines.
+DEFAULT_MAX_WAIT_HOURS = 24.0
 
 
 @PROVISIONING.register("standard")
-def _standard() -> dict:
+def _standard(machine, max_wait_seconds: int) -> dict:
     return {}
 
 
 @PROVISIONING.register("spot")
-def _spot() -> dict:
+def _spot(machine, max_wait_seconds: int) -> dict:
     return {"strategy": "SPOT"}
 
 
 @PROVISIONING.register("flex-start")
-def _flex_start() -> dict:
-    return {"strategy": "FLEX_START"}
+def _flex_start(machine, max_wait_seconds: int) -> dict:
+    if not machine.offers_flex_start:
+        what = {"tpu": "a TPU", "cpu": "a CPU machine"}.get(machine.kind, f"{machine.accelerator_type} GPUs")
+        raise ValueError(
+            f"--provisioning flex-start: Vertex's Dynamic Workload Scheduler takes only L4, A100, H100, H200 "
+            f"and B200 GPUs, and --accelerator {machine.name} is {what}; use --provisioning standard or spot"
+        )
+    return {"strategy": "FLEX_START", "max_wait_duration": f"{max_wait_seconds}s"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -94,9 +105,15 @@ class CloudSettings:
       subnetwork: Dataflow's ``regions/REGION/subnetworks/NAME`` (or a full URL).
       sharding_workers / evaluator_workers: the Dataflow workers of the sharding step and of the Evaluator.
       provisioning: how the training job's machines are obtained (``PROVISIONING``).
+      max_wait_hours: with flex-start, how long the job waits for its machines (None: ``DEFAULT_MAX_WAIT_HOURS``;
+        0 waits indefinitely).
       reservation: ``projects/P/zones/Z/reservations/NAME`` the training machines are taken from ('' = none).
-      training_timeout_hours: the training job's timeout; 0 takes three times the run's estimate (at least 2
-        hours; ``accelerators.estimate``).
+      training_timeout_hours: the upper bound of the training job's timeout (0: Vertex's 7 days). The timeout
+        is three times the estimate of the run that is actually run (at least 2 hours;
+        ``accelerators.job_timeout``), set by the training step from the run's epochs and data.
+      checkpoint_root: gs:// directory where the training job keeps its checkpoints, under a directory of the
+        run's resolved settings, so that a re-run with the same settings resumes ('' = in the run's own
+        artifact: every run starts from zero).
       check_region: refuse a region where the accelerator is not known to be offered.
       enable_cache: let Vertex reuse a step whose inputs, parameters and image are unchanged.
     """
@@ -114,8 +131,10 @@ class CloudSettings:
     sharding_workers: DataflowWorkers = SHARDING_WORKERS
     evaluator_workers: DataflowWorkers = EVALUATOR_WORKERS
     provisioning: str = "standard"
+    max_wait_hours: float | None = None
     reservation: str = ""
     training_timeout_hours: float = 0.0
+    checkpoint_root: str = ""
     check_region: bool = True
     enable_cache: bool = True
 
@@ -144,7 +163,26 @@ class CloudSettings:
             )
         if self.training_timeout_hours < 0:
             raise ValueError(f"--training-timeout-hours {self.training_timeout_hours} must be >= 0")
+        if self.max_wait_hours is not None and self.provisioning != "flex-start":
+            raise ValueError(
+                f"--max-wait-hours is flex-start's wait for machines; --provisioning {self.provisioning} does not wait"
+            )
+        if self.max_wait_hours is not None and self.max_wait_hours < 0:
+            raise ValueError(f"--max-wait-hours {self.max_wait_hours} must be >= 0 (0 waits indefinitely)")
+        if self.checkpoint_root and not self.checkpoint_root.startswith("gs://"):
+            raise ValueError(f"--checkpoint-root {self.checkpoint_root!r} must be a gs:// path")
         machine = self.machine  # an unknown accelerator fails here
+        PROVISIONING.build(self.provisioning, machine, self.max_wait_seconds)  # one it cannot have fails here
+        zone = self.reservation.split("/zones/")[-1].split("/")[0]
+        if self.reservation and zone.rsplit("-", 1)[0] != self.region:
+            raise ValueError(
+                f"--reservation {self.reservation}: zone {zone} is not in --region {self.region}"
+            )
+        if self.reservation and not machine.takes_reservations:
+            raise ValueError(
+                f"--reservation: {machine.name} runs on a Cloud TPU node, which no Compute Engine reservation holds "
+                f"(Vertex takes reservations of CPU, GPU and TPU VMs)"
+            )
         if self.check_region:
             machine.check_region(self.region)
 
@@ -153,6 +191,21 @@ class CloudSettings:
         from pipeline import accelerators
 
         return accelerators.get(self.accelerator, self.machines)
+
+    @property
+    def max_wait_seconds(self) -> int:
+        """Flex-start's ``max_wait_duration`` in seconds (0: indefinitely)."""
+        hours = DEFAULT_MAX_WAIT_HOURS if self.max_wait_hours is None else self.max_wait_hours
+        return round(hours * 3600)
+
+    @property
+    def max_timeout_seconds(self) -> int:
+        """The upper bound of a training job's timeout: ``--training-timeout-hours``, else Vertex's 7 days."""
+        from pipeline import accelerators
+
+        if self.training_timeout_hours:
+            return round(self.training_timeout_hours * 3600)
+        return accelerators.MAX_TIMEOUT_SECONDS
 
     @property
     def training_image(self) -> str:
@@ -189,13 +242,11 @@ class CloudSettings:
         return args
 
     def timeout_seconds(self, hours: float) -> int:
-        """A job's timeout for a nominal ``hours`` of work: ``--training-timeout-hours`` when given, else the
-        run estimate's rule (three times, at least 2 hours, at most Vertex's 7 days)."""
+        """A job's timeout for a nominal ``hours`` of work: the run estimate's rule (three times, at least 2
+        hours, at most Vertex's 7 days), at most ``max_timeout_seconds``."""
         from pipeline import accelerators
 
-        if self.training_timeout_hours:
-            return round(self.training_timeout_hours * 3600)
-        return accelerators.timeout_for(hours * 3600)
+        return min(accelerators.timeout_for(hours * 3600), self.max_timeout_seconds)
 
     def scheduling(self, timeout_seconds: int) -> dict:
         """A job's ``scheduling``: its timeout, restart on a worker's restart (the trainer resumes from its last
@@ -203,7 +254,7 @@ class CloudSettings:
         return {
             "timeout": f"{timeout_seconds}s",
             "restart_job_on_worker_restart": True,
-            **PROVISIONING.build(self.provisioning),
+            **PROVISIONING.build(self.provisioning, self.machine, self.max_wait_seconds),
         }
 
     def _job_args(self, pools: list[dict], timeout_seconds: int, display_name: str, labels: dict) -> dict:
@@ -222,21 +273,31 @@ class CloudSettings:
         return {"project": self.project, "display_name": display_name, "labels": labels, "job_spec": job_spec}
 
     def vertex_training_config(self, trainer_config, pipeline_name: str, labels: dict[str, str]) -> dict:
-        """``custom_config`` entries of the Vertex Trainer: a custom job on the accelerator's worker pools."""
+        """``custom_config`` entries of the Vertex Trainer: a custom job on the accelerator's worker pools, its
+        timeout compiled for the default run and set again by the training step for the run's own values
+        (``components.vertex_training.TimeoutRule``), and where its checkpoints outlive the run (with
+        ``checkpoint_root``)."""
         from tfx import v1 as tfx
 
+        from components import vertex_training
         from pipeline import accelerators
+        from trainer_module import tfx_trainer
 
         vertex = tfx.extensions.google_cloud_ai_platform
         hours = accelerators.estimate(trainer_config, self.machine).hours
         pools = self.machine.worker_pool_specs(self.training_image)
-        return {
+        rule = vertex_training.TimeoutRule(self.accelerator, self.machines, self.max_timeout_seconds)
+        entries = {
             vertex.ENABLE_VERTEX_KEY: True,
             vertex.VERTEX_REGION_KEY: self.region,
             vertex.TRAINING_ARGS_KEY: self._job_args(
                 pools, self.timeout_seconds(hours), f"{pipeline_name}-trainer", labels
             ),
+            vertex_training.TIMEOUT_KEY: rule.to_config(),
         }
+        if self.checkpoint_root:
+            entries[tfx_trainer.CHECKPOINT_ROOT_KEY] = f"{self.checkpoint_root.rstrip('/')}/{pipeline_name}"
+        return entries
 
     def vertex_tuning_config(
         self, trainer_config, pipeline_name: str, labels: dict[str, str], parallel_trials: int, epochs: int

@@ -36,6 +36,7 @@ warnings.filterwarnings("ignore", category=FutureWarning)
 from components import parameters  # noqa: E402
 from pipeline.accelerators import AcceleratorMismatch  # noqa: E402
 from pipeline.cloud import (  # noqa: E402
+    DEFAULT_MAX_WAIT_HOURS,
     DEFAULT_REGION,
     EVALUATOR_WORKERS,
     PROVISIONING,
@@ -381,12 +382,22 @@ def build_parser() -> argparse.ArgumentParser:
         help="training machines: " + ", ".join(PROVISIONING.names()),
     )
     where.add_argument(
+        "--max-wait-hours", type=float, default=CLOUD_DEFAULTS["max_wait_hours"],
+        help=f"flex-start: how long the job waits for machines (default {DEFAULT_MAX_WAIT_HOURS:g}; 0: indefinitely)",
+    )  # fmt: skip
+    where.add_argument(
         "--skip-region-check", action="store_true", help="compile for a region the accelerator table lacks"
     )
     where.add_argument("--reservation", default="", help="projects/P/zones/Z/reservations/NAME to train on")
     where.add_argument(
         "--training-timeout-hours", type=float, default=CLOUD_DEFAULTS["training_timeout_hours"],
-        help="the training job's timeout (default: 3x the run's estimate shown by --plan, at least 2 h)",
+        help="upper bound of the training job's timeout, which is 3x the estimate of the run's own epochs "
+        "(--plan; at least 2 h); default: Vertex's 7 days",
+    )  # fmt: skip
+    where.add_argument(
+        "--checkpoint-root", default="",
+        help="gs:// directory keeping the training checkpoints by the run's settings: a re-run with the same "
+        "settings resumes (default: in the run's own artifacts)",
     )  # fmt: skip
     for step, workers in (("dataflow", SHARDING_WORKERS), ("evaluator", EVALUATOR_WORKERS)):
         what = "the sharding step's" if step == "dataflow" else "the Evaluator's"
@@ -452,8 +463,10 @@ def _settings(args) -> CloudSettings:
             args.evaluator_machine_type, args.evaluator_disk_gb, args.evaluator_max_workers
         ),
         provisioning=args.provisioning,
+        max_wait_hours=args.max_wait_hours,
         reservation=args.reservation,
         training_timeout_hours=args.training_timeout_hours,
+        checkpoint_root=args.checkpoint_root,
         check_region=not args.skip_region_check,
         enable_cache=not args.no_cache,
     )

@@ -10,8 +10,9 @@ polling and the cancellation of the job.
 ``create_custom_job`` does what Vertex does with the request, on this machine:
 
 1. checks it against the API's own ``aiplatform_v1.CustomJob`` message (an unknown field fails, as it would in
-   the service) and records it, as sent, in ``DIR/custom_job-N.json`` (``parent``, ``api_endpoint``,
-   ``custom_job``);
+   the service) and against the service's rules for machines, TPUs, regions and provisioning
+   (``check_custom_job``: a request the service refuses raises ``InvalidArgument``, as the API's 400 does),
+   and records it, as sent, in ``DIR/custom_job-N.json`` (``parent``, ``api_endpoint``, ``custom_job``);
 2. starts every replica of every worker pool: its container ``command`` + ``args`` (``python -m
    tfx.scripts.run_executor ...``) as a subprocess of this interpreter, with the variables Vertex sets on a
    replica: ``CLUSTER_SPEC`` (pools ``workerpool0``, ``workerpool1``...) and ``TF_CONFIG`` (pool 0 is the
@@ -20,7 +21,12 @@ polling and the cancellation of the job.
 3. returns the job ``JOB_STATE_PENDING``. ``get_custom_job`` reports it running while a replica runs, then
    ``JOB_STATE_SUCCEEDED`` when every replica exited 0, or ``JOB_STATE_FAILED`` with the first failure's exit
    code; ``cancel_custom_job`` records ``DIR/custom_job-N.cancel.json``, stops the replicas (SIGTERM) and reports
-   ``JOB_STATE_CANCELLED``.
+   ``JOB_STATE_CANCELLED``; ``list_custom_jobs`` lists the location's jobs, newest last, through the API's
+   filter on labels and state (``labels.KEY=VALUE``, ``labels.KEY:*``, ``state=``/``state!=``, joined by
+   ``AND``; anything else is refused, as the service refuses a filter it cannot parse).
+
+With ``RUN_REPLICAS`` False (tests of what a task sends, in this process), a created job starts no replica and
+succeeds at once.
 
 Polls are made fast (``components.vertex_training.POLL_SECONDS``): the fake answers at once, where Vertex takes
 seconds, so only the test's time changes.
@@ -33,6 +39,7 @@ are recorded as the API's own messages, and the job moves through the states the
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import os
 import runpy
@@ -51,6 +58,173 @@ FAST_POLL_SECONDS = 0.2
 # Jobs created in this process, by resource name (TFX builds a new client for each call).
 _JOBS: dict = {}
 _record_dir = ""
+RUN_REPLICAS = True
+
+# ---- the training service's rules --------------------------------------------------------------------------
+#
+# Sources: Vertex AI "Configure compute resources for custom training" (machine types and their GPUs),
+# "Training with TPU accelerators" (TPU v2/v3 as cloud-tpu with 8 cores, v5e as ct5lp-hightpu-* with a
+# topology and no accelerator fields in Google's samples), "Schedule training jobs based on resource
+# availability" (flex-start), "Use Spot VMs with training", "Use reservations with training", and the
+# ``aiplatform_v1`` protos (``Scheduling``, ``MachineSpec``, ``ReservationAffinity``).
+
+# GPU machine families and the accelerator each carries; the count is the machine name's ``-Ng`` suffix.
+GPU_MACHINES = {
+    "a2-highgpu": "NVIDIA_TESLA_A100",
+    "a2-megagpu": "NVIDIA_TESLA_A100",
+    "a2-ultragpu": "NVIDIA_A100_80GB",
+    "a3-highgpu": "NVIDIA_H100_80GB",
+    "a3-megagpu": "NVIDIA_H100_MEGA_80GB",
+    "a3-ultragpu": "NVIDIA_H200_141GB",
+    "a4-highgpu": "NVIDIA_B200",
+}
+# N1 machines take these GPUs attached, 1, 2, 4 or 8 of them.
+N1_GPUS = ("NVIDIA_TESLA_T4", "NVIDIA_TESLA_V100", "NVIDIA_TESLA_P100", "NVIDIA_TESLA_P4")
+CPU_FAMILIES = ("n1-standard", "n1-highmem", "n1-highcpu", "n2-standard", "n2-highmem", "e2-standard")
+# TPU v5e VMs: chips per VM and the single-host topology of each.
+V5E_MACHINES = {
+    "ct5lp-hightpu-1t": (1, "1x1"),
+    "ct5lp-hightpu-4t": (4, "2x2"),
+    "ct5lp-hightpu-8t": (8, "2x4"),
+}
+# Regions where Vertex training offers each TPU type: Vertex's locations table for training (read for US
+# regions: TPU v2 and v3 in us-central1, v3 also in us-east1) and Google's v5e training sample (us-west1);
+# outside the US and for the other v5e regions, the regions of Cloud TPU's zones for the type (not confirmed
+# for Vertex training).
+TPU_REGIONS = {
+    "TPU_V2": ("us-central1", "europe-west4", "asia-east1"),
+    "TPU_V3": ("us-central1", "us-east1", "europe-west4"),
+    "TPU_V5_LITEPOD": ("us-central1", "us-south1", "us-west1", "us-west4", "europe-west4"),
+}
+FLEX_START_GPUS = (
+    "NVIDIA_L4", "NVIDIA_TESLA_A100", "NVIDIA_A100_80GB", "NVIDIA_H100_80GB", "NVIDIA_H100_MEGA_80GB",
+    "NVIDIA_H200_141GB", "NVIDIA_B200",
+)  # fmt: skip
+MAX_TIMEOUT_SECONDS = 7 * 24 * 3600
+RESERVATION_KEY = "compute.googleapis.com/reservation-name"
+
+
+class Refused(ValueError):
+    """A request the service refuses (raised as ``InvalidArgument`` by the fake client)."""
+
+
+def _tpu_type(spec) -> str:
+    """The machine's TPU type ('TPU_V2', 'TPU_V3', 'TPU_V5_LITEPOD'), or '' for a VM without TPUs."""
+    if spec.machine_type == "cloud-tpu":
+        return spec.accelerator_type.name
+    return "TPU_V5_LITEPOD" if spec.machine_type in V5E_MACHINES else ""
+
+
+def _check_machine(spec) -> None:
+    """One pool's ``MachineSpec``: a machine type training offers, with the accelerators that machine has."""
+    machine, accelerator, count = spec.machine_type, spec.accelerator_type.name, spec.accelerator_count
+    if accelerator != "ACCELERATOR_TYPE_UNSPECIFIED" and not count:
+        raise Refused(f"accelerator_type {accelerator} and accelerator_count should be given together")
+    if machine == "cloud-tpu":
+        # Only 8-core (one host) v2/v3 machines are documented; a larger count is not confirmed either way.
+        if accelerator not in ("TPU_V2", "TPU_V3") or count != 8:
+            raise Refused(
+                f"cloud-tpu takes TPU_V2 or TPU_V3 with accelerator_count 8, not {accelerator} x {count}"
+            )
+        return
+    if machine in V5E_MACHINES:
+        chips, topology = V5E_MACHINES[machine]
+        if spec.tpu_topology != topology:
+            # Multi-host v5e topologies (4x4 and up, one replica a host) are not modelled by this fake.
+            raise Refused(
+                f"{machine} ({chips} chips) needs tpu_topology {topology}, got {spec.tpu_topology!r}"
+            )
+        return
+    family, _, size = machine.rpartition("-")
+    if family in GPU_MACHINES:
+        wanted = int(size.removesuffix("g"))
+        if (accelerator, count) != (GPU_MACHINES[family], wanted):
+            raise Refused(f"{machine} has {wanted} {GPU_MACHINES[family]}, not {count} {accelerator}")
+        return
+    if family.startswith(CPU_FAMILIES):
+        if accelerator == "ACCELERATOR_TYPE_UNSPECIFIED":
+            return
+        if family.startswith("n1-") and accelerator in N1_GPUS and count in (1, 2, 4, 8):
+            return
+        raise Refused(f"{machine} cannot have {count} {accelerator}")
+    raise Refused(f"machine type {machine!r} is not offered for custom training")
+
+
+def check_custom_job(parent: str, job) -> None:
+    """The training service's rules for a ``CustomJob`` created under ``parent`` (``projects/P/locations/R``).
+
+    Raises ``Refused`` naming the rule. Rules:
+
+    - machines: each pool's machine type is one training offers, with the accelerators it has
+      (``_check_machine``); ``accelerator_type`` without ``accelerator_count`` is refused (the API's own error).
+    - TPUs: one worker pool of one replica (the SDK: TPU jobs allow one replica; a v2/v3 machine is one host),
+      in a region of ``TPU_REGIONS``.
+    - flex-start (``Scheduling.Strategy.FLEX_START``): every pool the same machine, its GPUs of
+      ``FLEX_START_GPUS``, a timeout of at most 7 days, no reservation.
+    - Spot: no reservation (a Compute Engine reservation holds standard VMs). Vertex refuses Spot for TPU Pods;
+      no TPU Pod passes the TPU rule above. Spot on TPU v2/v3 could not be confirmed either way: accepted.
+    - reservations (``SPECIFIC_RESERVATION``): the reservation-name key with one
+      ``projects/P/zones/Z/reservations/N`` in the job's region; not on a ``cloud-tpu`` node (Vertex consumes
+      reservations of CPU, GPU and TPU VMs; that a v2/v3 node has none is inferred, not stated).
+
+    Not checked, as no current source could be read: which GPUs each region offers for training. Not
+    modelled: multi-host v5e topologies (refused here; the service runs them, one container per host).
+    """
+    region = parent.rsplit("/", 1)[-1]
+    pools = [pool for pool in job.job_spec.worker_pool_specs if pool.replica_count]
+    if not pools:
+        raise Refused("a custom job needs at least one worker pool with replicas")
+    for pool in pools:
+        _check_machine(pool.machine_spec)
+    tpu = _tpu_type(pools[0].machine_spec)
+    if tpu:
+        if len(pools) > 1 or pools[0].replica_count != 1:
+            raise Refused(f"a {tpu} job runs one replica in one worker pool")
+        if region not in TPU_REGIONS[tpu]:
+            raise Refused(f"{tpu} is not offered for training in {region}")
+    strategy = job.job_spec.scheduling.strategy.name
+    reserved = [pool for pool in pools if pool.machine_spec.reservation_affinity.reservation_affinity_type]
+    if strategy == "FLEX_START":
+        specs = {type(pool.machine_spec).to_json(pool.machine_spec) for pool in pools}
+        if len(specs) > 1:
+            raise Refused("FLEX_START needs the same machine configuration in every worker pool")
+        if pools[0].machine_spec.accelerator_type.name not in FLEX_START_GPUS:
+            raise Refused(
+                f"FLEX_START takes L4, A100, H100, H200 or B200 GPUs, not {pools[0].machine_spec.machine_type}"
+            )
+        timeout = job.job_spec.scheduling.timeout
+        if timeout and timeout.total_seconds() > MAX_TIMEOUT_SECONDS:
+            raise Refused("FLEX_START needs a timeout of at most 7 days")
+    if reserved and strategy in ("FLEX_START", "SPOT"):
+        raise Refused(f"a {strategy} job cannot consume a reservation")
+    for pool in reserved:
+        affinity = pool.machine_spec.reservation_affinity
+        if pool.machine_spec.machine_type == "cloud-tpu":
+            raise Refused("a cloud-tpu machine cannot consume a Compute Engine reservation")
+        if affinity.reservation_affinity_type.name != "SPECIFIC_RESERVATION":
+            continue
+        if affinity.key != RESERVATION_KEY or len(affinity.values) != 1:
+            raise Refused(f"SPECIFIC_RESERVATION needs key {RESERVATION_KEY} and one reservation name")
+        zone = affinity.values[0].split("/zones/")[-1].split("/")[0]
+        if zone.rsplit("-", 1)[0] != region:
+            raise Refused(f"reservation {affinity.values[0]} is not in region {region}")
+
+
+def _matches(job, term: str) -> bool:
+    """One term of the API's list filter: ``labels.KEY=VALUE`` (VALUE quoted or not), ``labels.KEY:*``,
+    ``state=STATE`` or ``state!=STATE``."""
+    if term.startswith("labels."):
+        key, sep, value = term[len("labels.") :].partition("=")
+        if sep:
+            return job.labels.get(key) == value.strip('"')
+        key, sep, value = term[len("labels.") :].partition(":")
+        if sep and value == "*":
+            return key in job.labels
+    for op, equal in (("!=", False), ("=", True)):
+        name, sep, value = term.partition(op)
+        if sep and name == "state":
+            return (job.state.name == value.strip('"')) == equal
+    raise Refused(f"unsupported filter term {term!r}")
 
 
 def wrapper(record_dir: str) -> list[str]:
@@ -141,10 +315,15 @@ class FakeJobServiceClient:
         self.api_endpoint = options.get("api_endpoint") if isinstance(options, dict) else options.api_endpoint
 
     def create_custom_job(self, parent: str, custom_job, **kwargs):
+        from google.api_core import exceptions
         from google.cloud import aiplatform_v1
 
         # The API's own message: an unknown field fails here, as it would in Vertex.
         job = aiplatform_v1.CustomJob(custom_job)
+        try:
+            check_custom_job(parent, job)
+        except Refused as refusal:
+            raise exceptions.InvalidArgument(str(refusal)) from None
         number = len(_JOBS) + 1
         request = custom_job if isinstance(custom_job, dict) else aiplatform_v1.CustomJob.to_dict(job)
         record = {"parent": parent, "api_endpoint": self.api_endpoint, "custom_job": request}
@@ -154,7 +333,7 @@ class FakeJobServiceClient:
         pools = job.job_spec.worker_pool_specs
         environments = replica_environments(request["job_spec"], [pool.replica_count for pool in pools])
         replicas, logs = {}, {}
-        for p, pool in enumerate(pools):
+        for p, pool in enumerate(pools if RUN_REPLICAS else ()):
             argv = [*pool.container_spec.command, *pool.container_spec.args]
             if argv[0] == "python":
                 argv[0] = sys.executable
@@ -167,6 +346,9 @@ class FakeJobServiceClient:
                     )
         job.name = f"{parent}/customJobs/{number}"
         job.state = aiplatform_v1.JobState.JOB_STATE_PENDING
+        job.create_time = datetime.datetime(2026, 1, 1, tzinfo=datetime.timezone.utc) + datetime.timedelta(
+            seconds=number
+        )
         _JOBS[job.name] = _FakeJob(job, number, replicas, logs)
         return aiplatform_v1.CustomJob(job)
 
@@ -174,6 +356,20 @@ class FakeJobServiceClient:
         from google.cloud import aiplatform_v1
 
         return aiplatform_v1.CustomJob(_JOBS[name].refresh())
+
+    def list_custom_jobs(self, request=None, *, parent: str | None = None, **kwargs) -> list:
+        from google.api_core import exceptions
+        from google.cloud import aiplatform_v1
+
+        request = aiplatform_v1.ListCustomJobsRequest(request or {"parent": parent})
+        terms = [term.strip() for term in request.filter.split(" AND ")] if request.filter else []
+        jobs = [fake.refresh() for name, fake in _JOBS.items() if name.startswith(f"{request.parent}/")]
+        try:
+            return [
+                aiplatform_v1.CustomJob(job) for job in jobs if all(_matches(job, term) for term in terms)
+            ]
+        except Refused as refusal:
+            raise exceptions.InvalidArgument(str(refusal)) from None
 
     def cancel_custom_job(self, name: str, **kwargs) -> None:
         fake = _JOBS[name]

@@ -136,8 +136,27 @@ def test_preset_is_checked_against_the_accelerator():
         (["--provisioning", "spot", "--reservation", "projects/p/zones/us-central1-a/reservations/r"],
          "error: --reservation takes reserved machines; --provisioning spot asks for others"),
         (["--reservation", "r1"], "error: --reservation 'r1' must be projects/PROJECT/zones/ZONE/reservations/NAME"),
-        (["--region", "asia-east1"], "error: --region asia-east1: tpu-v3-8 is offered in us-central1, europe-west4"),
-        (["--accelerator", "tpu-v5litepod-8", "--region", "europe-west1"], "tpu-v5litepod-8 is offered in us-central1,"),
+        (["--region", "asia-east1"],
+         "error: --region asia-east1: Vertex AI training offers tpu-v3-8 in us-central1, us-east1, europe-west4"),
+        (["--accelerator", "tpu-v5litepod-8", "--region", "europe-west1"],
+         "Vertex AI training offers tpu-v5litepod-8 in us-central1,"),
+        # Provisioning the service refuses for the machine: flex-start takes only some GPUs, a reservation
+        # holds no Cloud TPU v2/v3 node and lies in the job's region.
+        (["--provisioning", "flex-start"], "error: --provisioning flex-start: Vertex's Dynamic Workload Scheduler "
+         "takes only L4, A100, H100, H200 and B200 GPUs, and --accelerator tpu-v3-8 is a TPU; use --provisioning "
+         "standard or spot"),
+        (["--provisioning", "flex-start", "--accelerator", "tpu-v5litepod-8"], "tpu-v5litepod-8 is a TPU"),
+        (["--provisioning", "flex-start", "--accelerator", "cpu", "--preset", "smoke"], "cpu is a CPU machine"),
+        (["--max-wait-hours", "6"], "error: --max-wait-hours is flex-start's wait for machines; --provisioning "
+         "standard does not wait"),
+        (["--provisioning", "flex-start", "--accelerator", "gpu-h100x8", "--max-wait-hours", "-1"],
+         "error: --max-wait-hours -1.0 must be >= 0"),
+        (["--reservation", "projects/p/zones/us-central1-a/reservations/r"],
+         "error: --reservation: tpu-v3-8 runs on a Cloud TPU node, which no Compute Engine reservation holds"),
+        (["--accelerator", "gpu-h100x8", "--reservation", "projects/p/zones/europe-west4-a/reservations/r"],
+         "error: --reservation projects/p/zones/europe-west4-a/reservations/r: zone europe-west4-a is not in "
+         "--region us-central1"),
+        (["--checkpoint-root", "/tmp/ckpt"], "error: --checkpoint-root '/tmp/ckpt' must be a gs:// path"),
         (["--evaluator-max-workers", "0"], "error: --evaluator-disk-gb must be >= 0 and --evaluator-max-workers"),
         (["--param", "train_shards=1000", "--accelerator", "gpu-a100x8", "--machines", "16", "--set",
           "data.num_cores=128"], "train_shards=1000 must be a multiple of num_hosts=16"),
@@ -440,23 +459,30 @@ def _training_args(job) -> dict:
 
 
 @pytest.mark.parametrize(
-    "extra,scheduling",
+    "extra,accelerator,scheduling",
     [
-        ([], {}),
-        (["--provisioning", "spot"], {"strategy": "SPOT"}),
-        (["--provisioning", "flex-start"], {"strategy": "FLEX_START"}),
-        (["--training-timeout-hours", "5"], {"timeout": "18000s"}),
+        ([], "tpu-v3-8", {}),
+        (["--provisioning", "spot"], "tpu-v3-8", {"strategy": "SPOT"}),
+        # Flex-start on GPUs it takes, with the wait for machines written into the job (a day by default).
+        (["--provisioning", "flex-start"], "gpu-h100x8", {"strategy": "FLEX_START", "max_wait_duration": "86400s"}),
+        (["--provisioning", "flex-start", "--max-wait-hours", "6"], "gpu-a100x8",
+         {"strategy": "FLEX_START", "max_wait_duration": "21600s"}),
+        (["--provisioning", "flex-start", "--max-wait-hours", "0"], "gpu-a100-80gbx8",
+         {"strategy": "FLEX_START", "max_wait_duration": "0s"}),
+        # The flag is an upper bound: below the estimate's timeout (44.5 h here) it is the timeout.
+        (["--training-timeout-hours", "5"], "tpu-v3-8", {"timeout": "18000s"}),
+        (["--training-timeout-hours", "100"], "tpu-v3-8", {}),
     ],
-)
+)  # fmt: skip
 def test_training_job_has_a_timeout_from_the_plan_restarts_and_the_provisioning_asked(
-    tmp_path, extra, scheduling
+    tmp_path, extra, accelerator, scheduling
 ):
     from google.cloud import aiplatform_v1
 
-    code, output = _compile(tmp_path, *extra)
+    code, output = _compile(tmp_path, "--accelerator", accelerator, *extra)
     assert code == 0
     training = _training_args(_job(output))
-    machine = accelerators.get("tpu-v3-8")
+    machine = accelerators.get(accelerator)
     config = TrainerConfig.from_json(_custom_config(_job(output))[tfx_trainer.CONFIG_KEY])
     estimate = accelerators.estimate(config, machine)
     expected = {
@@ -476,8 +502,8 @@ def test_training_job_has_a_timeout_from_the_plan_restarts_and_the_provisioning_
 
 
 def test_training_machines_can_come_from_a_reservation(tmp_path):
-    reservation = "projects/my-project/zones/us-central1-a/reservations/effnet-v3"
-    code, output = _compile(tmp_path, "--reservation", reservation)
+    reservation = "projects/my-project/zones/us-central1-a/reservations/effnet-h100"
+    code, output = _compile(tmp_path, "--accelerator", "gpu-h100x8", "--reservation", reservation)
     assert code == 0
     for pool in _training_args(_job(output))["job_spec"]["worker_pool_specs"]:
         assert pool["machine_spec"]["reservation_affinity"] == {

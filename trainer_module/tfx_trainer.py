@@ -11,10 +11,17 @@ the default space, ``only`` to tune those alone, ``cpu_devices``, ``directory`` 
 restarted execution); each trial runs ``python -m trainer_module``. The Tuner writes the best values, which the
 Trainer hands ``run_fn`` as ``fn_args.hyperparameters``: they override the config (epoch-denominated ones scaled
 to its budget) and the run's config.json and report list them.
+
+``custom_config['checkpoint_root']`` (``CHECKPOINT_ROOT_KEY``, optional) keeps the run's checkpoints outside
+its model directory, which is new for every pipeline run: in ``ROOT/<checkpoint_key>``, a directory named by
+the run's resolved settings and data, so that running the pipeline again with the same settings resumes from
+the last checkpoint (or, for a run that had ended, only exports again), and any other settings start afresh.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 
 from trainer_module import files, run, train
@@ -22,6 +29,10 @@ from trainer_module.config import TrainerConfig
 
 CONFIG_KEY = "trainer_config"
 TUNING_KEY = "tuning"
+CHECKPOINT_ROOT_KEY = "checkpoint_root"
+# Settings that say where a run stops or runs, not what it trains: a run differing only in them continues the
+# same checkpoints (as a truncated run continues with a later ``stop_at_epoch``).
+NOT_IN_CHECKPOINT_KEY = ("loop.target_top1", "loop.stop_at_epoch", "loop.tpu_name")
 
 logger = logging.getLogger("trainer_module")
 
@@ -37,15 +48,31 @@ def config_from_fn_args(fn_args) -> TrainerConfig:
     return TrainerConfig.from_json(custom[CONFIG_KEY])
 
 
+def checkpoint_key(config: TrainerConfig, train_files, eval_files) -> str:
+    """The name of the checkpoint directory of ``config`` trained on these shards: a digest of the settings
+    (but ``NOT_IN_CHECKPOINT_KEY``) and of the shards' manifests (which name the shards relative to their
+    directory, so the same data sharded again by another run gives the same name)."""
+    from trainer_module import input_pipeline
+
+    settings = config.to_dict()
+    for dotted in NOT_IN_CHECKPOINT_KEY:
+        section, name = dotted.split(".")
+        settings[section].pop(name)
+    shards = input_pipeline.list_files([*train_files, *eval_files])
+    manifests = sorted({input_pipeline.manifest_path_of(path) for path in shards})
+    # Shards without a manifest are named by their paths: a run on them resumes only from the same files.
+    data = [
+        input_pipeline.read_manifest(path).to_json() if files.exists(path) else path for path in manifests
+    ]
+    text = json.dumps({"settings": settings, "data": data}, sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()[:24]
+
+
 def run_fn(fn_args) -> None:
     """TFX Trainer entry: trains with in-loop evaluation, writes TensorBoard summaries, checkpoints and
-    metrics.json to ``fn_args.model_run_dir`` and the SavedModel to ``fn_args.serving_model_dir``; the values
-    a Tuner found (``fn_args.hyperparameters``) override the config."""
-    paths = train.RunPaths(
-        model_dir=fn_args.model_run_dir,
-        tensorboard_dir=files.join(fn_args.model_run_dir, "tensorboard"),
-        export_dir=fn_args.serving_model_dir,
-    )
+    metrics.json to ``fn_args.model_run_dir`` (the checkpoints under ``CHECKPOINT_ROOT_KEY`` when the config
+    names one) and the SavedModel to ``fn_args.serving_model_dir``; the values a Tuner found
+    (``fn_args.hyperparameters``) override the config."""
     config, tuned = config_from_fn_args(fn_args), {}
     if fn_args.hyperparameters:
         from trainer_module import tuning
@@ -54,7 +81,20 @@ def run_fn(fn_args) -> None:
         overrides, tuned = tuning.hyperparameter_overrides(fn_args.hyperparameters, config.loop.train_epochs)
         config = with_overrides(config, overrides)
         logger.info("trainer config from the Tuner's values: %s", tuned)
-    result = run.run(config, list(fn_args.train_files), list(fn_args.eval_files), paths, tuned=tuned)
+    train_files, eval_files = list(fn_args.train_files), list(fn_args.eval_files)
+    checkpoints = ""
+    root = (fn_args.custom_config or {}).get(CHECKPOINT_ROOT_KEY)
+    if root:
+        sized = run.with_data_sizes(config, train_files, eval_files)  # the config the run trains
+        checkpoints = files.join(root, checkpoint_key(sized, train_files, eval_files))
+        logger.info("checkpoints of this run's settings: %s", checkpoints)
+    paths = train.RunPaths(
+        model_dir=fn_args.model_run_dir,
+        tensorboard_dir=files.join(fn_args.model_run_dir, "tensorboard"),
+        export_dir=fn_args.serving_model_dir,
+        checkpoints=checkpoints,
+    )
+    result = run.run(config, train_files, eval_files, paths, tuned=tuned)
     logger.info("trainer finished: peak top-1 %s, final top-1 %s", result.peak_top1, result.final_top1)
 
 

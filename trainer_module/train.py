@@ -43,15 +43,20 @@ class NonFiniteLossError(RuntimeError):
 
 @dataclasses.dataclass(frozen=True)
 class RunPaths:
-    """Where a run writes: checkpoints, logs, TensorBoard, the export, metrics (local paths or URLs)."""
+    """Where a run writes: checkpoints, logs, TensorBoard, the export, metrics (local paths or URLs).
+
+    ``checkpoints`` puts the checkpoints (and the evaluation history beside them) in a directory of their own
+    instead of ``model_dir/checkpoints``: one that outlives the run, which a later run resumes from.
+    """
 
     model_dir: str
     tensorboard_dir: str = ""
     export_dir: str = ""
+    checkpoints: str = ""
 
     @property
     def checkpoint_dir(self) -> str:
-        return files.join(self.model_dir, CHECKPOINT_DIR)
+        return self.checkpoints or files.join(self.model_dir, CHECKPOINT_DIR)
 
     @property
     def resolved_tensorboard_dir(self) -> str:
@@ -310,6 +315,18 @@ def _task_dir(paths: RunPaths, strategy) -> str:
     return files.join(paths.model_dir, "workers", f"{resolver.task_type}-{resolver.task_id}")
 
 
+def _task_checkpoint_dir(paths: RunPaths, strategy) -> str:
+    """This task's checkpoints: the run's checkpoint directory for the chief; another worker's own beside its
+    log, or, when the run's checkpoints have a directory of their own, in it (so that they outlive the run
+    with the chief's)."""
+    if not paths.checkpoints:
+        return files.join(_task_dir(paths, strategy), CHECKPOINT_DIR)
+    if is_chief(strategy):
+        return paths.checkpoints
+    resolver = strategy.cluster_resolver
+    return files.join(paths.checkpoints, "workers", f"{resolver.task_type}-{resolver.task_id}")
+
+
 @dataclasses.dataclass
 class RunInputs:
     """The distributed datasets of a run and its evaluation plan, built once.
@@ -402,7 +419,7 @@ def _train_and_evaluate(config, train_files, eval_files, paths, strategy, tuned)
     )
     trainer = Trainer(config, strategy)
     manager = tf.train.CheckpointManager(
-        trainer.checkpoint, files.join(task_dir, CHECKPOINT_DIR), max_to_keep=3
+        trainer.checkpoint, _task_checkpoint_dir(paths, strategy), max_to_keep=3
     )
     restored = manager.restore_or_initialize()
     step = trainer.step
