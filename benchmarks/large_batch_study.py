@@ -854,7 +854,8 @@ def plot(design: Design, runs: dict[str, dict], path: str) -> None:
     to_target.set_xlabel("global batch")
     to_target.set_ylabel(f"steps to top-1 {design.target_top1:g}")
     to_target.grid(alpha=0.3)
-    by_epoch.legend(fontsize=8)
+    if labelled:
+        by_epoch.legend(fontsize=8)
     if grid_points or first:
         to_target.legend(fontsize=8)
     fig.suptitle(
