@@ -524,3 +524,47 @@ def test_no_import_circle_among_the_project_modules_and_the_trainer_takes_nothin
     for name in sorted(graph):
         if name not in state:
             visit(name, [name])
+
+
+def test_replace_takes_typed_values_at_dotted_keys():
+    from trainer_module.config import replace, setting
+
+    base = get_preset("demo")
+    config = replace(base, {"loop.train_epochs": 12, "optimizer.weight_decay": 1e-4, "name": "typed"})
+    assert (config.loop.train_epochs, config.optimizer.weight_decay, config.name) == (12, 1e-4, "typed")
+    assert setting(config, "loop.train_epochs") == 12 and setting(config, "name") == "typed"
+    assert replace(base, {"schedule.warmup_epochs": 2}).schedule.warmup_epochs == 2.0  # int to a float field
+    assert config == with_overrides(
+        base, ["loop.train_epochs=12", "optimizer.weight_decay=1e-4", "name=typed"]
+    )
+
+
+@pytest.mark.parametrize(
+    ("changes", "error", "names"),
+    [
+        ({"loop.train_epochs": "3"}, TypeError, "loop.train_epochs"),  # text is for --set, not for code
+        ({"loop.train_epochs": True}, TypeError, "loop.train_epochs"),
+        ({"optimizer.nope": 1.0}, ValueError, "optimizer.nope"),
+        ({"nosection.x": 1}, ValueError, "nosection"),
+        ({"optimizer.weight_decay": -1.0}, ValueError, "optimizer.weight_decay"),
+    ],
+)
+def test_replace_checks_each_value_as_set_does(changes, error, names):
+    from trainer_module.config import replace
+
+    with pytest.raises(error, match=names.replace(".", r"\.")):
+        replace(get_preset("demo"), changes)
+
+
+def test_replace_checks_the_config_once_with_every_change_applied():
+    """Two changes that are only valid together: the cross-check sees both (the eval interval within the
+    budget), not a half-changed config."""
+    from trainer_module.config import replace
+
+    base = replace(
+        get_preset("demo"), {"loop.train_epochs": 2, "loop.eval_every_epochs": 1, "schedule.warmup_epochs": 0}
+    )
+    config = replace(base, {"loop.eval_every_epochs": 5, "loop.train_epochs": 10})
+    assert (config.loop.eval_every_epochs, config.loop.train_epochs) == (5, 10)
+    with pytest.raises(ValueError, match="eval_every_epochs"):
+        replace(base, {"loop.eval_every_epochs": 5})

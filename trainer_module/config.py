@@ -21,7 +21,7 @@ import json
 import math
 import types
 import typing
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 from effnet_common import schema
 from trainer_module import replica_groups  # noqa: F401 (pure: registers the batch-norm group rules)
@@ -699,48 +699,90 @@ def _parse_value(key: str, text: str, annotation):
         raise ValueError(f"override {key}={text!r}: expected {_type_names(allowed)}") from None
 
 
+def setting_field(key: str) -> tuple[str, str, object]:
+    """(section, field, annotation) of a dotted setting key: 'optimizer.weight_decay', or 'name' at the top.
+
+    The one place that reads 'section.field' keys: ``--set`` strings, ``replace``, ``setting`` and the tuning
+    space all go through it.
+
+    Raises:
+      ValueError: an unknown section or field, naming the key and what is known there.
+    """
+    key = key.strip()
+    section_name, dot, field_name = key.rpartition(".")
+    sections = {name: section for section, name in SECTION_NAMES.items()}
+    if not dot:
+        target_type = TrainerConfig
+    elif section_name in sections:
+        target_type = sections[section_name]
+    else:
+        raise ValueError(
+            f"override {key!r}: unknown config section {section_name!r}; sections are {', '.join(sections)}"
+        )
+    fields = {
+        field.name
+        for field in dataclasses.fields(target_type)
+        if not (target_type is TrainerConfig and field.name in sections)
+    }
+    if field_name not in fields:
+        raise ValueError(f"override {key!r}: unknown config field; known here: {', '.join(sorted(fields))}")
+    return section_name, field_name, typing.get_type_hints(target_type)[field_name]
+
+
+def setting(config: TrainerConfig, key: str):
+    """The value of a dotted setting key in ``config`` ('data.global_batch_size' -> 4096)."""
+    section_name, field_name, _ = setting_field(key)
+    return getattr(getattr(config, section_name) if section_name else config, field_name)
+
+
+def replace(config: TrainerConfig, changes: Mapping[str, object]) -> TrainerConfig:
+    """A copy of ``config`` with typed values at dotted keys: ``replace(config, {"loop.train_epochs": 3})``.
+
+    How code changes a config. Each value is checked as ``--set`` checks it (its field's type, then the
+    section's and the config's rules), so derived values and cross-checks follow the change.
+
+    Raises:
+      ValueError: an unknown key, or a value the config's rules refuse, naming the key.
+      TypeError: a value of the wrong type (a string for a number, a bool for an int), naming the key.
+    """
+    sections: dict[str, dict] = {}
+    top_level = {}
+    for key, value in changes.items():
+        section_name, field_name, _ = setting_field(key)
+        if section_name:
+            sections.setdefault(section_name, {})[field_name] = value
+        else:
+            top_level[field_name] = value
+    replaced = {
+        name: dataclasses.replace(getattr(config, name), **fields) for name, fields in sections.items()
+    }
+    return dataclasses.replace(config, **replaced, **top_level)
+
+
+def parse_overrides(overrides: Iterable[str]) -> dict[str, object]:
+    """The typed values of 'section.field=value' strings (what a person types after ``--set``), by key.
+
+    Values are parsed by the field's type (int, float, bool as true/false, str; 'none' for optional fields).
+
+    Raises:
+      ValueError: an override without '=', an unknown key, or text that is not of the field's type.
+    """
+    values = {}
+    for override in overrides:
+        key, separator, text = override.partition("=")
+        if not separator:
+            raise ValueError(f"override {override!r} is not of the form section.field=value")
+        key = key.strip()
+        values[key] = _parse_value(key, text, setting_field(key)[2])
+    return values
+
+
 def with_overrides(config: TrainerConfig, overrides: Iterable[str]) -> TrainerConfig:
-    """A copy of ``config`` with 'section.field=value' overrides applied (the CLI's ``--set``).
+    """A copy of ``config`` with the ``--set`` strings a person typed applied ('optimizer.weight_decay=1e-4').
 
-    Values are parsed by the field's type (int, float, bool as true/false, str; 'none' for optional fields);
-    the result is validated like any config, so derived values and cross-checks follow the overrides.
-
-    Args:
-      config: the starting config.
-      overrides: strings such as 'optimizer.weight_decay=1e-4', 'loop.train_epochs=3' or 'name=my-run'.
+    Code that changes a config passes typed values to ``replace``; this parses text first.
 
     Raises:
       ValueError: an override without '=', an unknown section or field, or a value of the wrong type.
     """
-    sections = {name: getattr(config, name) for name in SECTION_NAMES.values()}
-    top_level = {}
-    for override in overrides:
-        key, separator, text = override.partition("=")
-        key = key.strip()
-        if not separator:
-            raise ValueError(f"override {override!r} is not of the form section.field=value")
-        section_name, dot, field_name = key.rpartition(".")
-        if not dot:
-            target_type, section_name, field_name = TrainerConfig, "", key
-        elif section_name in sections:
-            target_type = type(sections[section_name])
-        else:
-            raise ValueError(
-                f"override {key!r}: unknown config section {section_name!r}; "
-                f"sections are {', '.join(sections)}"
-            )
-        fields = {
-            field.name
-            for field in dataclasses.fields(target_type)
-            if not (target_type is TrainerConfig and field.name in sections)
-        }
-        if field_name not in fields:
-            raise ValueError(
-                f"override {key!r}: unknown config field; known here: {', '.join(sorted(fields))}"
-            )
-        value = _parse_value(key, text, typing.get_type_hints(target_type)[field_name])
-        if section_name:
-            sections[section_name] = dataclasses.replace(sections[section_name], **{field_name: value})
-        else:
-            top_level[field_name] = value
-    return dataclasses.replace(config, **sections, **top_level)
+    return replace(config, parse_overrides(overrides))
