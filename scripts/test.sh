@@ -1,11 +1,34 @@
 #!/usr/bin/env bash
-# The test command: set up .venv if needed, lint, then the whole test suite.
+# The test command: set up .venv if needed, lint, then the test suite.
+#   scripts/test.sh          the whole suite: what CI runs; run it before committing
+#   scripts/test.sh --fast   the everyday tier while working: leaves out the tests marked slow (pytest.ini)
+# Other arguments go to pytest: `scripts/test.sh -n 0 tests/test_x.py` runs one module serially.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+tier=()
+args=()
+for arg in "$@"; do
+  if [ "$arg" = "--fast" ]; then tier=(-m "not slow"); else args+=("$arg"); fi
+done
 scripts/setup_env.sh
 export TF_CPP_MIN_LOG_LEVEL=${TF_CPP_MIN_LOG_LEVEL:-2}
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .
+# The suite leaves no temporary file behind. Its TMPDIR (inherited by every process a test starts) is a
+# directory of this run: whatever is left in it at the end is named, fails the run and is removed. pytest's
+# own tmp_path directories stay where they always are (pytest keeps the last three runs'), beside it.
+export PYTEST_DEBUG_TEMPROOT=${PYTEST_DEBUG_TEMPROOT:-${TMPDIR:-/tmp}}
+run_tmp=$(mktemp -d "${TMPDIR:-/tmp}/effnet-tests.XXXXXX")
+trap 'rm -rf "$run_tmp"' EXIT
 # Two workers, a test module each at a time (modules longest first, tests/conftest.py): most tests spend
-# their time tracing TensorFlow functions on one core. `scripts/test.sh -n 0 tests/test_x.py` runs serially.
-.venv/bin/python -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder --durations=25 "$@"
+# their time tracing TensorFlow functions on one core.
+status=0
+TMPDIR=$run_tmp .venv/bin/python -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder --durations=25 \
+  ${tier[@]+"${tier[@]}"} ${args[@]+"${args[@]}"} || status=$?
+left=$(cd "$run_tmp" && ls -A)
+if [ -n "$left" ]; then
+  echo "error: the tests left these in their TMPDIR ($run_tmp), removed now:" >&2
+  echo "$left" | sed 's/^/  /' >&2
+  [ "$status" -ne 0 ] || status=1
+fi
+exit "$status"

@@ -51,6 +51,44 @@ def clean_archives(tmp_path_factory):
     return sample_data.write_archives(str(out), sample_data.digit_samples(size=24)[:400], val_fraction=0.25)
 
 
+@pytest.fixture(scope="session")
+def digit_shards(tmp_path_factory):
+    """500 real digits (400 train / 100 validation, 32 px) sharded by beam_preprocess for 2 hosts into 4 + 2
+    shards, in the layout of TFX's Examples artifact (``Split-<name>/`` beside ``manifest.json``, as the
+    sharding step writes it), which the trainer, the tuner and TFX's executors all read.
+
+    A dict: ``uri`` (the directory holding the manifest), the ``train`` and ``eval`` file patterns, and
+    ``num_train`` / ``num_eval``. Shared by every test of the session: read it, never write into it.
+    """
+    from beam_preprocess import sample_data
+    from beam_preprocess.config import ShardingConfig
+    from beam_preprocess.run import run as shard
+
+    root = tmp_path_factory.mktemp("digit_shards")
+    archives = sample_data.write_archives(
+        str(root / "archives"), sample_data.digit_samples(size=32)[:500], 0.2
+    )
+    uri = str(root / "examples")
+    shard(
+        ShardingConfig(
+            output_dir=uri,
+            train_archive=archives.train_archive,
+            val_archive=archives.val_archive,
+            num_hosts=2,
+            train_shards=4,
+            val_shards=2,
+            split_dir_template="Split-{split}",
+        )
+    )
+    return {
+        "uri": uri,
+        "train": f"{uri}/Split-train/train-*",
+        "eval": f"{uri}/Split-validation/validation-*",
+        "num_train": len(archives.train),
+        "num_eval": len(archives.validation),
+    }
+
+
 # The suite runs on two pytest-xdist workers, a test module at a time on one worker (``--dist loadfile`` in
 # scripts/test.sh: a module's fixtures, such as a trained pipeline, are built once). Modules are handed out in
 # collection order, so the long ones go first and the short ones fill the gaps at the end; the figures are
@@ -71,7 +109,25 @@ LONG_MODULES_FIRST = (
 )
 
 
+# Slow tests (pytest.ini: left out of ``scripts/test.sh --fast``) of the modules that other work edits at the
+# same time: marked here by node id (a module, a test, or one parametrization) instead of by decorators in
+# those files, to keep the edits apart. Each says why; CPU seconds measured one test at a time.
+SLOW_TESTS = {
+    "tests/test_export.py": "its module fixture trains the tiny model for 2 epochs through run_fn, and one test "
+    "loads the export in a fresh TensorFlow process",
+}
+
+
+def _listed_slow(nodeid: str) -> bool:
+    return any(nodeid == listed or nodeid.startswith((f"{listed}::", f"{listed}[")) for listed in SLOW_TESTS)
+
+
+@pytest.hookimpl(tryfirst=True)  # before -m "not slow" deselects by marker
 def pytest_collection_modifyitems(items):
+    for item in items:
+        if _listed_slow(item.nodeid):
+            item.add_marker(pytest.mark.slow)
+
     def rank(item):
         name = item.path.name
         return LONG_MODULES_FIRST.index(name) if name in LONG_MODULES_FIRST else len(LONG_MODULES_FIRST)

@@ -1,6 +1,8 @@
 """The multi-process DirectRunner's lean workers (beam_preprocess.direct / .worker) and the refused imports."""
 
+import contextlib
 import os
+import shutil
 import subprocess
 import sys
 
@@ -31,19 +33,32 @@ def test_multi_process_workers_run_the_lean_worker_without_the_refused_packages(
         assert_that(facts, equal_to([("beam_preprocess.worker", ())]))
 
 
+@contextlib.contextmanager
+def _never_run(pipeline: beam.Pipeline):
+    """A pipeline built only to be looked at. Beam makes the pipeline's local temporary directory when it is
+    built and removes it at the end of ``run()``: one that is never run removes it here."""
+    try:
+        yield pipeline
+    finally:
+        shutil.rmtree(pipeline.local_tempdir)
+
+
 def test_other_modes_and_runners_are_built_by_beam_unchanged():
     for args in ([], ["--direct_running_mode", "multi_threading"]):
-        assert not isinstance(direct.pipeline_from_args(args).runner, direct.LeanWorkerRunner)
+        with _never_run(direct.pipeline_from_args(args)) as p:
+            assert not isinstance(p.runner, direct.LeanWorkerRunner)
     assert not direct.uses_direct_worker_processes(
         PipelineOptions(["--runner", "DataflowRunner", *MULTI_PROCESS])
     )
-    assert isinstance(direct.pipeline_from_args(MULTI_PROCESS).runner, direct.LeanWorkerRunner)
+    with _never_run(direct.pipeline_from_args(MULTI_PROCESS)) as p:
+        assert isinstance(p.runner, direct.LeanWorkerRunner)
 
 
 def test_only_beams_own_worker_command_is_replaced():
     def proto_with(command):
         environment = environments.SubprocessSDKEnvironment.from_command_string(command)
-        return beam.Pipeline().to_runner_api(default_environment=environment)
+        with _never_run(beam.Pipeline()) as p:
+            return p.to_runner_api(default_environment=environment)
 
     beams = proto_with(direct.BEAM_WORKER_COMMAND)
     assert direct.swap_worker_command(beams) == 1

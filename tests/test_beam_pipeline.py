@@ -5,6 +5,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 
 import apache_beam as beam
 import pytest
@@ -271,13 +272,20 @@ def test_bad_options_get_a_clear_error(clean_archives, tmp_path, capsys, args, m
     assert message in capsys.readouterr().err
 
 
-def test_tfds_prepared_imagenet_is_resharded(clean_archives, tmp_path):
+def test_tfds_prepared_imagenet_is_resharded(clean_archives, tmp_path, monkeypatch):
     import tensorflow_datasets as tfds
 
-    builder = tfds.builder("imagenet2012", data_dir=str(tmp_path / "tfds"))
-    builder.download_and_prepare(
-        download_config=tfds.download.DownloadConfig(manual_dir=os.path.dirname(clean_archives.train_archive))
-    )
+    # The builder of a dataset not yet prepared makes a directory in the system's temporary directory for
+    # metadata it would fetch from tensorflow-datasets' bucket, and never removes it: here it is the test's.
+    (tmp_path / "tmp").mkdir()
+    with monkeypatch.context() as m:
+        m.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
+        builder = tfds.builder("imagenet2012", data_dir=str(tmp_path / "tfds"))
+        builder.download_and_prepare(
+            download_config=tfds.download.DownloadConfig(
+                manual_dir=os.path.dirname(clean_archives.train_archive)
+            )
+        )
     out = tmp_path / "out"
     assert _run_cli(["--tfds-data-dir", tmp_path / "tfds", "--output-dir", out, "--num-hosts", 2]) == 0
     with open(out / "manifest.json") as f:

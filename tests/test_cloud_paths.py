@@ -9,9 +9,6 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from beam_preprocess import sample_data
-from beam_preprocess.config import ShardingConfig
-from beam_preprocess.run import run as shard
 from trainer_module import presets, report, run, train
 from trainer_module.__main__ import main
 from trainer_module.config import with_overrides
@@ -28,26 +25,17 @@ def _copy_tree(source: str, target: str) -> None:
 
 
 @pytest.fixture(scope="module")
-def ram_shards(tmp_path_factory):
-    """Digit shards written by beam_preprocess locally, then copied with their manifest to ram://."""
-    root = tmp_path_factory.mktemp("ram_shards")
-    archives = sample_data.write_archives(
-        str(root / "archives"), sample_data.digit_samples(size=32)[:300], 0.2
-    )
-    shard(
-        ShardingConfig(
-            output_dir=str(root / "shards"),
-            train_archive=archives.train_archive,
-            val_archive=archives.val_archive,
-            train_shards=2,
-            val_shards=1,
-        )
-    )
+def ram_shards(digit_shards):
+    """The shared digit shards (tests/conftest.py) copied with their manifest to ram://."""
     remote = f"ram://shards-{uuid.uuid4().hex}"
-    _copy_tree(str(root / "shards"), remote)
-    return {"train": f"{remote}/train/train-*", "eval": f"{remote}/validation/validation-*", "num_train": 240}
+    _copy_tree(digit_shards["uri"], remote)
+    return {
+        "train": digit_shards["train"].replace(digit_shards["uri"], remote, 1),
+        "eval": digit_shards["eval"].replace(digit_shards["uri"], remote, 1),
+    }
 
 
+@pytest.mark.slow
 def test_train_resume_and_export_with_everything_on_ram(ram_shards, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # a local 'ram:' folder would appear here
     model_dir = f"ram://model-{uuid.uuid4().hex}"
@@ -55,8 +43,8 @@ def test_train_resume_and_export_with_everything_on_ram(ram_shards, tmp_path, mo
     config = with_overrides(presets.get_preset("smoke"), ["loop.train_epochs=1", "data.global_batch_size=16"])
 
     first = run.run(config, [ram_shards["train"]], [ram_shards["eval"]], paths)
-    # The epoch size came from the manifest on ram://: 240 / 16 = 15 steps.
-    assert first.steps == 15 and first.eval_examples == 60
+    # The epoch size came from the manifest on ram://: 400 / 16 = 25 steps.
+    assert first.steps == 25 and first.eval_examples == 100
     for name in ("metrics.json", "config.json", "run_log.jsonl", "checkpoints/history.json"):
         assert tf.io.gfile.exists(f"{model_dir}/{name}"), name
     assert tf.io.gfile.exists(f"{model_dir}/export/saved_model.pb")
@@ -65,9 +53,9 @@ def test_train_resume_and_export_with_everything_on_ram(ram_shards, tmp_path, mo
     # A second run of the same model directory with a larger budget resumes from the checkpoint on ram://.
     longer = with_overrides(config, ["loop.train_epochs=2"])
     second = run.run(longer, [ram_shards["train"]], [ram_shards["eval"]], paths)
-    assert [h["step"] for h in second.history] == [15, 30]
+    assert [h["step"] for h in second.history] == [25, 50]
     starts = [e for e in read_run_log(f"{model_dir}/run_log.jsonl") if e["event"] == "start"]
-    assert [(s["resumed"], s["step"]) for s in starts] == [(False, 0), (True, 15)]
+    assert [(s["resumed"], s["step"]) for s in starts] == [(False, 0), (True, 25)]
 
     served = tf.saved_model.load(f"{model_dir}/export")
     record = next(iter(tf.data.TFRecordDataset(tf.io.gfile.glob(ram_shards["eval"])[0])))

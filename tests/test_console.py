@@ -12,10 +12,6 @@ import sys
 
 import pytest
 
-from beam_preprocess import sample_data
-from beam_preprocess.config import ShardingConfig
-from beam_preprocess.run import run as shard
-
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 SESSION = """
@@ -126,6 +122,7 @@ def test_unforeseen_error_shows_its_traceback_on_the_terminal_and_in_the_log(tmp
 # -- python -m beam_preprocess
 
 
+@pytest.mark.slow
 def test_beam_preprocess_prints_a_summary_with_its_rate_and_logs_beside_the_output(clean_archives, tmp_path):
     out = tmp_path / "shards"
     args = ["-m", "beam_preprocess", "--train-archive", clean_archives.train_archive, "--output-dir", out]
@@ -152,28 +149,12 @@ def test_beam_preprocess_prints_a_summary_with_its_rate_and_logs_beside_the_outp
 # -- python -m trainer_module
 
 
-@pytest.fixture(scope="module")
-def small_shards(tmp_path_factory):
-    root = tmp_path_factory.mktemp("console_shards")
-    archives = sample_data.write_archives(
-        str(root / "archives"), sample_data.digit_samples(size=32)[:200], 0.25
-    )
-    shard(
-        ShardingConfig(
-            output_dir=str(root / "shards"),
-            train_archive=archives.train_archive,
-            val_archive=archives.val_archive,
-        )
-    )
-    return str(root / "shards" / "train" / "train-*"), str(root / "shards" / "validation" / "validation-*")
-
-
-def test_the_config_is_checked_against_the_shards_epoch_not_the_presets(small_shards, tmp_path):
-    # smoke says 16 training examples; the shards' manifest says 150. Batch 64 is a valid run on them (the run
-    # trains on the manifest's epoch), batch 256 is not, and says so before the model directory is made.
+def test_the_config_is_checked_against_the_shards_epoch_not_the_presets(digit_shards, tmp_path):
+    # smoke says 16 training examples; the shards' manifest says 400. Batch 64 is a valid run on them (the run
+    # trains on the manifest's epoch), batch 512 is not, and says so before the model directory is made.
     from trainer_module import __main__ as cli
 
-    train_files, eval_files = small_shards
+    train_files, eval_files = digit_shards["train"], digit_shards["eval"]
     parser = cli.build_parser()
 
     def preflight(batch: int, model_dir):
@@ -186,17 +167,18 @@ def test_the_config_is_checked_against_the_shards_epoch_not_the_presets(small_sh
         return cli.preflight(parser.parse_args(argv), parser)
 
     config, _ = preflight(64, tmp_path / "ok")
-    assert (config.data.num_train_examples, config.data.num_eval_examples) == (150, 50)
+    assert (config.data.num_train_examples, config.data.num_eval_examples) == (400, 100)
     assert config.data.global_batch_size == 64
     with pytest.raises(
-        cli.console.UsageError, match="global_batch_size=256 exceeds data.num_train_examples=150"
+        cli.console.UsageError, match="global_batch_size=512 exceeds data.num_train_examples=400"
     ):
-        preflight(256, tmp_path / "too-big")
+        preflight(512, tmp_path / "too-big")
     assert not (tmp_path / "too-big").exists()
 
 
-def test_trainer_prints_one_line_per_evaluation_and_logs_to_the_model_dir(small_shards, tmp_path):
-    train_files, eval_files = small_shards
+@pytest.mark.slow
+def test_trainer_prints_one_line_per_evaluation_and_logs_to_the_model_dir(digit_shards, tmp_path):
+    train_files, eval_files = digit_shards["train"], digit_shards["eval"]
     model_dir = tmp_path / "model"
     args = ["-m", "trainer_module", "--preset", "smoke", "--model-dir", model_dir]
     args += ["--train-files", train_files, "--eval-files", eval_files]

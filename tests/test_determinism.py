@@ -74,6 +74,7 @@ def _training_state(model_dir):
     return {name: reader.get_tensor(name) for name in names}
 
 
+@pytest.mark.slow
 def test_same_config_trains_to_identical_metrics_and_weights_and_another_seed_does_not(
     digit_shards, tmp_path
 ):

@@ -2,6 +2,7 @@
 over 2 replicas with one BN group of both, drive the loss on one small batch to near zero."""
 
 import numpy as np
+import pytest
 import tensorflow as tf
 
 from trainer_module import presets, train
@@ -9,6 +10,7 @@ from trainer_module.averaging import averaged_variables
 from trainer_module.config import with_overrides
 
 
+@pytest.mark.slow
 def test_tiny_lars_grouped_bn_overfits_a_small_batch(logical_cpus):
     steps = 60
     config = with_overrides(

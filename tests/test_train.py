@@ -12,39 +12,11 @@ import pytest
 import tensorflow as tf
 from loopback import free_ports
 
-from beam_preprocess import sample_data
-from beam_preprocess.config import ShardingConfig
-from beam_preprocess.run import run as shard
 from trainer_module import input_pipeline, presets, train
 from trainer_module.config import with_overrides
 from trainer_module.recorder import read_run_log
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-@pytest.fixture(scope="module")
-def digit_shards(tmp_path_factory):
-    """500 real digits (400 train / 100 validation) as 4 + 2 shards, the layout of beam_preprocess."""
-    root = tmp_path_factory.mktemp("digit_shards")
-    archives = sample_data.write_archives(
-        str(root / "archives"), sample_data.digit_samples(size=32)[:500], 0.2
-    )
-    shard(
-        ShardingConfig(
-            output_dir=str(root / "shards"),
-            train_archive=archives.train_archive,
-            val_archive=archives.val_archive,
-            num_hosts=2,
-            train_shards=4,
-            val_shards=2,
-        )
-    )
-    return {
-        "train": str(root / "shards" / "train" / "train-*"),
-        "eval": str(root / "shards" / "validation" / "validation-*"),
-        "num_train": len(archives.train),
-        "num_eval": len(archives.validation),
-    }
 
 
 def _config(**overrides):
@@ -53,6 +25,7 @@ def _config(**overrides):
     return with_overrides(presets.get_preset("smoke"), [f"{k}={v}" for k, v in base.items()])
 
 
+@pytest.mark.slow
 def test_mirrored_replicas_in_bn_groups_count_every_eval_example(digit_shards, logical_cpus, tmp_path):
     # 4 replicas in 2 batch-norm groups: tracing grows with the replica count (8 took 5 minutes of the suite;
     # test_batchnorm checks 8 replicas' group statistics against NumPy). 100 examples pad the last batch of 32.
@@ -108,8 +81,12 @@ RESUME_SETS = (
 )
 
 
+@pytest.mark.slow
 def test_sigkill_and_resume_finishes_bit_for_bit_like_an_uninterrupted_run(digit_shards, tmp_path):
-    env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}
+    # A killed process removes none of its temporary files (TensorFlow's generated autograph sources): the
+    # runs keep theirs in a directory of the test's.
+    (tmp_path / "tmp").mkdir()
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "TMPDIR": str(tmp_path / "tmp")}
     straight = tmp_path / "straight"
     subprocess.run(
         _cli(straight, digit_shards, *RESUME_SETS), env=env, check=True, capture_output=True, timeout=600
@@ -125,10 +102,15 @@ def test_sigkill_and_resume_finishes_bit_for_bit_like_an_uninterrupted_run(digit
         stderr=subprocess.DEVNULL,
     )
     deadline = time.time() + 300
-    # The history is written just before each checkpoint; kill once the checkpoint of step 50 is there too.
-    second_checkpoint = killed / "checkpoints" / "ckpt-50.index"
+
+    # The history is written just before each checkpoint; kill once the checkpoint of step 50 is the one a
+    # restart restores: the checkpoint's state file names it only after its index is written.
+    def latest_step() -> int:
+        latest = tf.train.latest_checkpoint(str(killed / "checkpoints"))
+        return int(latest.rpartition("-")[2]) if latest else 0
+
     while time.time() < deadline and proc.poll() is None:
-        if second_checkpoint.exists():
+        if latest_step() >= 50:
             break
         time.sleep(0.2)
     assert proc.poll() is None, "the run ended before it could be killed"
@@ -171,6 +153,7 @@ def test_sigkill_and_resume_finishes_bit_for_bit_like_an_uninterrupted_run(digit
             np.testing.assert_array_equal(final[1].get_tensor(name), final[0].get_tensor(name), err_msg=name)
 
 
+@pytest.mark.slow
 def test_multi_worker_mirrored_over_loopback(digit_shards, tmp_path):
     ports = free_ports(2)
     cluster = {"worker": [f"127.0.0.1:{p}" for p in ports]}
@@ -215,6 +198,7 @@ def test_multi_worker_mirrored_over_loopback(digit_shards, tmp_path):
         assert json.load(f)["eval_examples"] == digit_shards["num_eval"]
 
 
+@pytest.mark.slow
 def test_non_finite_loss_stops_with_a_clear_error_and_keeps_the_last_good_checkpoint(digit_shards, tmp_path):
     good = _config(**{"loop.train_epochs": 1})
     paths = train.RunPaths(str(tmp_path))
@@ -229,6 +213,7 @@ def test_non_finite_loss_stops_with_a_clear_error_and_keeps_the_last_good_checkp
     assert tf.train.latest_checkpoint(paths.checkpoint_dir) == checkpoint
 
 
+@pytest.mark.slow
 def test_weight_average_at_the_papers_decay_evaluates_close_to_the_raw_weights_and_survives_resume(
     digit_shards, tmp_path
 ):

@@ -13,9 +13,6 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from beam_preprocess import sample_data
-from beam_preprocess.config import ShardingConfig
-from beam_preprocess.run import run as shard
 from trainer_module import presets, run, train, tuning
 from trainer_module.__main__ import main
 from trainer_module.config import with_overrides
@@ -32,25 +29,10 @@ SMALL = (
 
 
 @pytest.fixture(scope="module")
-def digits(tmp_path_factory):
-    """500 real digits (400 train / 100 validation) sharded in TFX's Examples layout (``Split-<name>/``)."""
-    root = tmp_path_factory.mktemp("tuning_digits")
-    archives = sample_data.write_archives(
-        str(root / "archives"), sample_data.digit_samples(size=16)[:500], 0.2
-    )
-    uri = str(root / "examples")
-    shard(
-        ShardingConfig(
-            output_dir=uri,
-            train_archive=archives.train_archive,
-            val_archive=archives.val_archive,
-            num_hosts=1,
-            train_shards=2,
-            val_shards=1,
-            split_dir_template="Split-{split}",
-        )
-    )
-    return {"uri": uri, "train": f"{uri}/Split-train/*", "eval": f"{uri}/Split-validation/*"}
+def digits(digit_shards):
+    """The shared digit shards (tests/conftest.py): 400 training / 100 validation digits in TFX's Examples
+    layout (``Split-<name>/``), which the Tuner and Trainer executors read."""
+    return digit_shards
 
 
 # ---------------------------------------------------------------------------------------------- the space
@@ -147,6 +129,7 @@ def test_a_stop_must_fall_on_an_evaluation_within_the_budget():
 # ---------------------------------------------------------------------------------------------- truncated runs
 
 
+@pytest.mark.slow
 def test_a_truncated_run_resumed_to_the_end_equals_a_straight_run_bit_for_bit(digits, tmp_path):
     config = with_overrides(presets.get_preset("smoke"), [*SMALL, "loop.train_epochs=2"])
 
@@ -218,12 +201,16 @@ def _running_trial(tune_dir, trial_id) -> list[int]:
     return pids
 
 
+@pytest.mark.slow
 def test_hyperband_continues_trials_from_their_checkpoints_and_a_killed_search_resumes(
     digits, tmp_path, capsys
 ):
     tune_dir = tmp_path / "tune"
     trials = tune_dir / "trials"
-    env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}
+    # A killed process removes none of its temporary files (TensorFlow's generated autograph sources): the
+    # search and its trials keep theirs in a directory of the test's.
+    (tmp_path / "tmp").mkdir()
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "TMPDIR": str(tmp_path / "tmp")}
     search = subprocess.Popen(_tune_command(digits, tune_dir), env=env, stdout=subprocess.PIPE, text=True)
     # Kill the search (SIGKILL) in the middle of trial 0003, a 2-epoch trial, once its epoch-1 checkpoint is in.
     checkpoint = trials / "trial_0003" / "run" / "checkpoints" / "ckpt-12.index"
@@ -370,6 +357,7 @@ def test_tune_refuses_a_directory_holding_another_search_and_training_a_bad_hype
 # ---------------------------------------------------------------------------------------------- TFX
 
 
+@pytest.mark.slow
 def test_tfx_tuner_and_trainer_executors_run_tuner_fn_and_run_fn(digits, tmp_path):
     from tfx.components.trainer import executor as trainer_executor
     from tfx.components.tuner import executor as tuner_executor
