@@ -47,11 +47,11 @@ BLESSING_KEY = "blessing"
 def trainer_custom_config(custom_config_json: str, train_epochs: Any, target_top1: Any) -> str:
     """``custom_config`` JSON with the trainer config's epochs and target replaced (None keeps them)."""
     from trainer_module import tfx_trainer
-    from trainer_module.config import TrainerConfig, with_overrides
+    from trainer_module.config import TrainerConfig, replace
 
     custom_config = json_utils.loads(custom_config_json)
     given = {
-        name: kind(value)
+        f"loop.{name}": kind(value)
         for name, kind, value in (
             (TRAIN_EPOCHS_KEY, int, train_epochs),
             (TARGET_TOP1_KEY, float, target_top1),
@@ -61,9 +61,9 @@ def trainer_custom_config(custom_config_json: str, train_epochs: Any, target_top
     if given:
         config = TrainerConfig.from_json(custom_config[tfx_trainer.CONFIG_KEY])
         try:
-            folded = with_overrides(config, [f"loop.{name}={value}" for name, value in given.items()])
-        except ValueError as error:
-            named = ", ".join(f"{name}={value}" for name, value in given.items())
+            folded = replace(config, given)
+        except (TypeError, ValueError) as error:
+            named = ", ".join(f"{name.split('.')[1]}={value}" for name, value in given.items())
             raise ValueError(f"runtime parameters {named} do not fit the compiled preset: {error}") from None
         custom_config[tfx_trainer.CONFIG_KEY] = folded.to_json()
     return json_utils.dumps(custom_config)
@@ -128,13 +128,11 @@ def run_timeout(input_dict, exec_properties: dict[str, Any], custom_config: dict
         return None
     from tfx.components.trainer import fn_args_utils
 
-    from trainer_module import run, tfx_trainer
+    from trainer_module import resolve, tfx_trainer
 
     fn_args = fn_args_utils.get_common_fn_args(input_dict, exec_properties)
-    config = run.with_data_sizes(
-        tfx_trainer.config_from_fn_args(fn_args), fn_args.train_files, fn_args.eval_files
-    )
-    return rule.seconds(config)
+    run = resolve.ResolvedRun(tfx_trainer.config_from_fn_args(fn_args))
+    return rule.seconds(run.with_data(resolve.data_sizes(fn_args.train_files, fn_args.eval_files)).config)
 
 
 class VertexTrainerExecutor(base_executor.BaseExecutor):

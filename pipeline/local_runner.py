@@ -24,7 +24,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("PYTHONWARNINGS", "ignore::FutureWarning")
 warnings.filterwarnings("ignore", category=FutureWarning)
 
-from effnet_common import console  # noqa: E402
+from effnet_common import console, path_checks  # noqa: E402
 
 NOT_BLESSED_EXIT = 3
 # A trial's schedule when tuning on this machine: a few epochs, so that the demo's search takes minutes.
@@ -233,7 +233,7 @@ def preflight(args, preset):
     inputs.update(train_dir=args.train_dir, val_dir=args.val_dir)
     for name, path in inputs.items():
         if path:
-            check = console.check_directory if name.endswith("_dir") else console.check_file
+            check = path_checks.check_directory if name.endswith("_dir") else path_checks.check_file
             check("--" + name.replace("_", "-"), path)
     if not any(inputs.values()):
         root = os.path.abspath(args.pipeline_root)
@@ -246,7 +246,7 @@ def preflight(args, preset):
         raise console.UsageError(
             "--pipeline-root", args.pipeline_root, "must be a local directory (its metadata store is SQLite)"
         )
-    console.make_writable_directory("--pipeline-root", os.path.abspath(args.pipeline_root))
+    path_checks.make_writable_directory("--pipeline-root", os.path.abspath(args.pipeline_root))
     return sharding, trainer_config
 
 

@@ -16,6 +16,7 @@ from trainer_module import presets, report, run, train
 from trainer_module.__main__ import main
 from trainer_module.config import with_overrides
 from trainer_module.recorder import read_run_log
+from trainer_module.resolve import ResolvedRun
 
 
 def _copy_tree(source: str, target: str) -> None:
@@ -54,7 +55,7 @@ def test_train_resume_and_export_with_everything_on_ram(ram_shards, tmp_path, mo
     paths = train.RunPaths(model_dir)
     config = with_overrides(presets.get_preset("smoke"), ["loop.train_epochs=1", "data.global_batch_size=16"])
 
-    first = run.run(config, [ram_shards["train"]], [ram_shards["eval"]], paths)
+    first = run.run(ResolvedRun(config), [ram_shards["train"]], [ram_shards["eval"]], paths)
     # The epoch size came from the manifest on ram://: 240 / 16 = 15 steps.
     assert first.steps == 15 and first.eval_examples == 60
     for name in ("metrics.json", "config.json", "run_log.jsonl", "checkpoints/history.json"):
@@ -64,7 +65,7 @@ def test_train_resume_and_export_with_everything_on_ram(ram_shards, tmp_path, mo
 
     # A second run of the same model directory with a larger budget resumes from the checkpoint on ram://.
     longer = with_overrides(config, ["loop.train_epochs=2"])
-    second = run.run(longer, [ram_shards["train"]], [ram_shards["eval"]], paths)
+    second = run.run(ResolvedRun(longer), [ram_shards["train"]], [ram_shards["eval"]], paths)
     assert [h["step"] for h in second.history] == [15, 30]
     starts = [e for e in read_run_log(f"{model_dir}/run_log.jsonl") if e["event"] == "start"]
     assert [(s["resumed"], s["step"]) for s in starts] == [(False, 0), (True, 15)]

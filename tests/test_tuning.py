@@ -20,6 +20,7 @@ from trainer_module import presets, run, train, tuning
 from trainer_module.__main__ import main
 from trainer_module.config import with_overrides
 from trainer_module.recorder import read_run_log
+from trainer_module.resolve import ResolvedRun
 from trainer_module.tuning import Dimension
 
 # 400 training digits at batch 32 (12.5 steps an epoch), 16 px, deterministic ops: a trial is mostly start-up.
@@ -152,7 +153,9 @@ def test_a_truncated_run_resumed_to_the_end_equals_a_straight_run_bit_for_bit(di
 
     def train_to(model_dir, stop):
         stopped = with_overrides(config, [f"loop.stop_at_epoch={stop}"])
-        return run.run(stopped, [digits["train"]], [digits["eval"]], train.RunPaths(str(model_dir)))
+        return run.run(
+            ResolvedRun(stopped), [digits["train"]], [digits["eval"]], train.RunPaths(str(model_dir))
+        )
 
     straight = train_to(tmp_path / "straight", "none")
     first = train_to(tmp_path / "resumed", 1)

@@ -73,19 +73,18 @@ def run_fn(fn_args) -> None:
     metrics.json to ``fn_args.model_run_dir`` (the checkpoints under ``CHECKPOINT_ROOT_KEY`` when the config
     names one) and the SavedModel to ``fn_args.serving_model_dir``; the values a Tuner found
     (``fn_args.hyperparameters``) override the config."""
-    config, tuned = config_from_fn_args(fn_args), {}
-    if fn_args.hyperparameters:
-        from trainer_module import tuning
-        from trainer_module.config import with_overrides
+    from trainer_module import resolve
 
-        overrides, tuned = tuning.hyperparameter_overrides(fn_args.hyperparameters, config.loop.train_epochs)
-        config = with_overrides(config, overrides)
-        logger.info("trainer config from the Tuner's values: %s", tuned)
     train_files, eval_files = list(fn_args.train_files), list(fn_args.eval_files)
+    resolved = resolve.resolve_run(
+        config_from_fn_args(fn_args), hyperparameters=fn_args.hyperparameters or None
+    )
+    if resolved.tuned:
+        logger.info("trainer config from the Tuner's values: %s", dict(resolved.tuned))
     checkpoints = ""
     root = (fn_args.custom_config or {}).get(CHECKPOINT_ROOT_KEY)
     if root:
-        sized = run.with_data_sizes(config, train_files, eval_files)  # the config the run trains
+        sized = resolved.with_data(resolve.data_sizes(train_files, eval_files)).config  # what the run trains
         checkpoints = files.join(root, checkpoint_key(sized, train_files, eval_files))
         logger.info("checkpoints of this run's settings: %s", checkpoints)
     paths = train.RunPaths(
@@ -94,7 +93,7 @@ def run_fn(fn_args) -> None:
         export_dir=fn_args.serving_model_dir,
         checkpoints=checkpoints,
     )
-    result = run.run(config, train_files, eval_files, paths, tuned=tuned)
+    result = run.run(resolved, train_files, eval_files, paths)
     logger.info("trainer finished: peak top-1 %s, final top-1 %s", result.peak_top1, result.final_top1)
 
 
