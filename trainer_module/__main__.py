@@ -9,7 +9,7 @@ paying for it.
 (``python -m trainer_module tune --help``); ``--hyperparameters TUNE_DIR/best_hyperparameters.json`` trains
 with what it found.
 
-A training run writes MODEL_DIR/export/ (SavedModel: serving_default on serialized tf.Example, serve_jpeg on raw JPEG),
+A training run writes MODEL_DIR/export/ (SavedModel: serving_default on JPEG bytes, serve_tf_examples for TFMA),
 MODEL_DIR/metrics.json (final and peak top-1, evaluation history, time to accuracy, images/s),
 MODEL_DIR/run_log.jsonl, MODEL_DIR/config.json, TensorBoard summaries (MODEL_DIR/tensorboard) and checkpoints.
 Re-running with the same MODEL_DIR resumes from the last checkpoint. The console shows one line per
