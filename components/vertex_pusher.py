@@ -112,8 +112,8 @@ def check_serving_image(image: str, region: str) -> str | None:
     if (match.group("registry"), accelerator, serving) not in images:
         sdk = metadata.version("google-cloud-aiplatform")
         raise ValueError(
-            f"--serving-image {image}: google-cloud-aiplatform {sdk} lists no such prebuilt prediction image "
-            f"(a model version on it cannot be deployed): use {suggestion}, which serves this export"
+            f"--serving-image {image}: google-cloud-aiplatform {sdk} lists no such prebuilt prediction image: "
+            f"use {suggestion}, which serves this export"
         )
     if serving < OLDEST_SERVING_TENSORFLOW:
         raise ValueError(

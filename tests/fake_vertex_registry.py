@@ -141,7 +141,9 @@ class FakeModelRegistry:
         """Puts a model of someone else on the endpoint (registered, deployed, with traffic)."""
         parent = self.canonical(endpoint_name).split("/endpoints/")[0]
         name = f"{parent}/models/{self._next_id()}"
-        self.models[name] = [aiplatform_v1.Model(model, name=name, version_id="1", version_aliases=[DEFAULT_ALIAS])]
+        self.models[name] = [
+            aiplatform_v1.Model(model, name=name, version_id="1", version_aliases=[DEFAULT_ALIAS])
+        ]
         return self._deploy(self.canonical(endpoint_name), name, "1", traffic=None)
 
     def _deploy(self, endpoint_name: str, model: str, version: str, traffic) -> str:
@@ -199,7 +201,11 @@ class FakeModelRegistry:
                 request = aiplatform_v1.ListModelsRequest(request)
                 registry.calls.append("list_models")
                 parent = registry.canonical(request.parent)
-                defaults = [registry.default_version(name) for name in registry.models if name.startswith(parent + "/")]
+                defaults = [
+                    registry.default_version(name)
+                    for name in registry.models
+                    if name.startswith(parent + "/")
+                ]
                 return [aiplatform_v1.Model(v) for v in defaults if _matches(v, request.filter)]
 
             def get_model(self, request=None, name=None, **kwargs):
@@ -221,7 +227,9 @@ class FakeModelRegistry:
                 request = aiplatform_v1.UploadModelRequest(request)
                 registry.calls.append("upload_model")
                 if not request.model.artifact_uri or not request.model.container_spec.image_uri:
-                    raise exceptions.InvalidArgument("a model needs artifact_uri and container_spec.image_uri")
+                    raise exceptions.InvalidArgument(
+                        "a model needs artifact_uri and container_spec.image_uri"
+                    )
                 parent = registry.canonical(request.parent)
                 if request.parent_model:
                     name, _ = registry._model_name(request.parent_model)
@@ -282,8 +290,12 @@ class FakeModelRegistry:
                 stored = registry._endpoint(endpoint)
                 version = registry.version(deployed_model.model)
                 if not deployed_model.dedicated_resources.machine_spec.machine_type:
-                    raise exceptions.InvalidArgument("dedicated_resources.machine_spec.machine_type is required")
-                deployed_id = registry._deploy(stored.name, version.name, version.version_id, dict(traffic_split))
+                    raise exceptions.InvalidArgument(
+                        "dedicated_resources.machine_spec.machine_type is required"
+                    )
+                deployed_id = registry._deploy(
+                    stored.name, version.name, version.version_id, dict(traffic_split)
+                )
                 return _Done(aiplatform_v1.DeployModelResponse(deployed_model={"id": deployed_id}))
 
             def undeploy_model(self, endpoint=None, deployed_model_id=None, traffic_split=None, **kwargs):

@@ -337,9 +337,15 @@ def test_tags_are_warned_about_and_the_vertex_pusher_is_optional(tmp_path, capsy
             "europe-docker.pkg.dev/vertex-ai/prediction/tf2-gpu.2-12:latest",
             "serves with TensorFlow 2.12, older than 2.15",
         ),
-        # Images the pinned SDK does not list: a model version on them cannot be deployed.
-        ("us-docker.pkg.dev/vertex-ai/prediction/tf2-cpu.2-16:latest", "lists no such prebuilt prediction image"),
-        ("us-docker.pkg.dev/vertex-ai/prediction/tf2-gpu.2-17:latest", "lists no such prebuilt prediction image"),
+        # Images the pinned SDK does not list (the refusal names the one to use).
+        (
+            "us-docker.pkg.dev/vertex-ai/prediction/tf2-cpu.2-16:latest",
+            "lists no such prebuilt prediction image",
+        ),
+        (
+            "us-docker.pkg.dev/vertex-ai/prediction/tf2-gpu.2-17:latest",
+            "lists no such prebuilt prediction image",
+        ),
         ("gcr.io/me/my-server:1", "is not a prebuilt Vertex TensorFlow image"),
     ],
 )

@@ -49,7 +49,9 @@ def _served(registry, endpoint_name):
 def test_each_blessed_model_is_a_version_served_alone_and_other_pipelines_stay(registry):
     first = vertex_pusher.push(_target(), "gs://b/push/1", "run-1")
     assert first.version_id == "1" and first.uploaded and registry.calls.count("create_endpoint") == 1
-    assert first.model.startswith(NUMBERED + "/models/") and first.endpoint.startswith(NUMBERED + "/endpoints/")
+    assert first.model.startswith(NUMBERED + "/models/") and first.endpoint.startswith(
+        NUMBERED + "/endpoints/"
+    )
     endpoint = registry.endpoints[first.endpoint]
     assert endpoint.display_name == "serving" and dict(endpoint.labels) == LABELS
     (version,) = registry.models[first.model]
@@ -188,14 +190,24 @@ def test_serving_image_tensorflow_is_read_from_prebuilt_names(image, expected):
 def test_the_registry_fake_holds_the_services_version_rules(registry, monkeypatch):
     """The rules the pusher must not rely on the opposite of: the default version is not the newest; a model
     is named with or without its @version; names come back with the project number."""
-    models = aiplatform_v1.ModelServiceClient(client_options={"api_endpoint": "us-central1-aiplatform.googleapis.com"})
+    models = aiplatform_v1.ModelServiceClient(
+        client_options={"api_endpoint": "us-central1-aiplatform.googleapis.com"}
+    )
     endpoints = aiplatform_v1.EndpointServiceClient(
         client_options={"api_endpoint": "us-central1-aiplatform.googleapis.com"}
     )
 
     def upload(parent_model="", aliases=()):
-        model = {"display_name": "m", "artifact_uri": "gs://b/m", "container_spec": {"image_uri": SERVING_IMAGE}}
-        request = {"parent": PARENT, "model": {**model, "version_aliases": list(aliases)}, "parent_model": parent_model}
+        model = {
+            "display_name": "m",
+            "artifact_uri": "gs://b/m",
+            "container_spec": {"image_uri": SERVING_IMAGE},
+        }
+        request = {
+            "parent": PARENT,
+            "model": {**model, "version_aliases": list(aliases)},
+            "parent_model": parent_model,
+        }
         return models.upload_model(request=request).result()
 
     first = upload()
@@ -235,13 +247,23 @@ def test_a_refused_serving_image_names_one_the_pinned_sdk_lists(region):
     from google.cloud.aiplatform.constants import prediction
 
     for image, reason in (
-        ("us-docker.pkg.dev/vertex-ai/prediction/tf2-cpu.2-16:latest", "lists no such prebuilt prediction image"),
-        ("us-docker.pkg.dev/vertex-ai/prediction/tf2-cpu.2-12:latest", "serves with TensorFlow 2.12, older than 2.15"),
+        (
+            "us-docker.pkg.dev/vertex-ai/prediction/tf2-cpu.2-16:latest",
+            "lists no such prebuilt prediction image",
+        ),
+        (
+            "us-docker.pkg.dev/vertex-ai/prediction/tf2-cpu.2-12:latest",
+            "serves with TensorFlow 2.12, older than 2.15",
+        ),
     ):
         with pytest.raises(ValueError, match=reason) as refused:
             vertex_pusher.check_serving_image(image, region)
         suggested = str(refused.value).split("use ")[1].split(",")[0]
         assert suggested in prediction.TF_CONTAINER_URIS and suggested.endswith("/tf2-cpu.2-15:latest")
-        assert suggested.startswith(region.split("-")[0] if region.startswith(("us", "europe", "asia")) else "us")
-    gpu = vertex_pusher.check_serving_image("us-docker.pkg.dev/vertex-ai/prediction/tf2-gpu.2-15:latest", region)
+        assert suggested.startswith(
+            region.split("-")[0] if region.startswith(("us", "europe", "asia")) else "us"
+        )
+    gpu = vertex_pusher.check_serving_image(
+        "us-docker.pkg.dev/vertex-ai/prediction/tf2-gpu.2-15:latest", region
+    )
     assert gpu is None

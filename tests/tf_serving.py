@@ -17,7 +17,8 @@ images run. What can run here, and does:
   DT_STRING, decoded from standard base64; a row answer is ``{"predictions": [...]}``, one object per batch
   element keyed by output name (the bare value for a single output), every output sharing the first
   dimension; a DT_STRING output whose name ends in ``_bytes`` is written as ``{"b64": ...}``, any other as a
-  JSON string. An error is ``RestError`` with TF Serving's message shape.
+  JSON string; a float with six significant digits where they read back as the same float32, else nine. An
+  error is ``RestError`` with TF Serving's message shape.
 
 Only the dtypes this project's signatures use are converted: DT_STRING, DT_FLOAT, DT_INT32, DT_INT64.
 """
@@ -70,11 +71,32 @@ def _c_api() -> ctypes.CDLL:
         ("TF_DeleteGraph", None, [p]),
         ("TF_NewBuffer", ctypes.POINTER(_Buffer), []),
         ("TF_DeleteBuffer", None, [ctypes.POINTER(_Buffer)]),
-        ("TF_LoadSessionFromSavedModel", p, [p, p, ctypes.c_char_p, ctypes.POINTER(ctypes.c_char_p), i, p, ctypes.POINTER(_Buffer), p]),  # fmt: skip
+        (
+            "TF_LoadSessionFromSavedModel",
+            p,
+            [p, p, ctypes.c_char_p, ctypes.POINTER(ctypes.c_char_p), i, p, ctypes.POINTER(_Buffer), p],
+        ),  # fmt: skip
         ("TF_CloseSession", None, [p, p]),
         ("TF_DeleteSession", None, [p, p]),
         ("TF_GraphOperationByName", p, [p, ctypes.c_char_p]),
-        ("TF_SessionRun", None, [p, p, ctypes.POINTER(_Output), ctypes.POINTER(p), i, ctypes.POINTER(_Output), ctypes.POINTER(p), i, p, i, p, p]),  # fmt: skip
+        (
+            "TF_SessionRun",
+            None,
+            [
+                p,
+                p,
+                ctypes.POINTER(_Output),
+                ctypes.POINTER(p),
+                i,
+                ctypes.POINTER(_Output),
+                ctypes.POINTER(p),
+                i,
+                p,
+                i,
+                p,
+                p,
+            ],
+        ),  # fmt: skip
         ("TF_AllocateTensor", p, [i, ctypes.POINTER(ctypes.c_int64), i, size]),
         ("TF_DeleteTensor", None, [p]),
         ("TF_TensorData", p, [p]),
@@ -105,7 +127,9 @@ class SavedModel:
                 options, None, export_dir.encode(), tags, 1, self._graph, meta, status
             )
             self._check(status)
-            graph = meta_graph_pb2.MetaGraphDef.FromString(ctypes.string_at(meta.contents.data, meta.contents.length))
+            graph = meta_graph_pb2.MetaGraphDef.FromString(
+                ctypes.string_at(meta.contents.data, meta.contents.length)
+            )
         finally:
             lib.TF_DeleteBuffer(meta)
             lib.TF_DeleteSessionOptions(options)
@@ -159,7 +183,10 @@ class SavedModel:
         """Runs ``signature_name`` with ``inputs`` by input name; the outputs by output name."""
         signature = self.signatures[signature_name]
         names = sorted(signature.outputs)
-        feeds = [(self._output(signature.inputs[k].name), self._tensor(v, signature.inputs[k].dtype)) for k, v in inputs.items()]  # fmt: skip
+        feeds = [
+            (self._output(signature.inputs[k].name), self._tensor(v, signature.inputs[k].dtype))
+            for k, v in inputs.items()
+        ]
         lib, status = self._lib, self._lib.TF_NewStatus()
         results = (ctypes.c_void_p * len(names))()
         try:
@@ -214,7 +241,7 @@ def _leaf(value, dtype: int):
         if not isinstance(value, str):
             raise RestError(f"JSON Value: {value} is not of expected type: string")
         return value.encode()
-    if isinstance(value, (bool, str)) or not isinstance(value, (int, float)):
+    if isinstance(value, bool | str) or not isinstance(value, int | float):
         raise RestError(f"JSON Value: {value} is not of expected type: {types_pb2.DataType.Name(dtype)}")
     if dtype != types_pb2.DT_FLOAT and not isinstance(value, int):
         raise RestError(f"JSON Value: {value} is not of expected type: {types_pb2.DataType.Name(dtype)}")
@@ -251,14 +278,20 @@ def _instances(instances: list, inputs) -> dict[str, np.ndarray]:
         raise RestError("No values in 'instances' array")
     objects = isinstance(instances[0], dict) and not _is_b64(instances[0])
     if not objects and len(inputs) > 1:
-        raise RestError("instances is a plain list, but expecting list of objects as multiple input tensors required")
+        raise RestError(
+            "instances is a plain list, but expecting list of objects as multiple input tensors required"
+        )
     rows: dict[str, list[np.ndarray]] = {name: [] for name in inputs}
     for position, element in enumerate(instances):
         if objects != (isinstance(element, dict) and not _is_b64(element)):
-            raise RestError(f"Expecting {'object' if objects else 'value/list'} at item {position} of input list")
+            raise RestError(
+                f"Expecting {'object' if objects else 'value/list'} at item {position} of input list"
+            )
         named = element if objects else {next(iter(inputs)): element}
         if set(named) != set(inputs):
-            raise RestError(f"Failed to process element: {position}: keys must be equal to: {','.join(sorted(inputs))}")
+            raise RestError(
+                f"Failed to process element: {position}: keys must be equal to: {','.join(sorted(inputs))}"
+            )
         for name, value in named.items():
             rows[name].append(_tensor_value(value, inputs[name].dtype))
     for name, values in rows.items():
@@ -270,7 +303,9 @@ def _instances(instances: list, inputs) -> dict[str, np.ndarray]:
 def _columns(value, inputs) -> dict[str, np.ndarray]:
     if not isinstance(value, dict) or _is_b64(value):
         if len(inputs) > 1:
-            raise RestError("inputs is a plain value/list, but expecting an object as multiple input tensors required")
+            raise RestError(
+                "inputs is a plain value/list, but expecting an object as multiple input tensors required"
+            )
         name = next(iter(inputs))
         return {name: _tensor_value(value, inputs[name].dtype)}
     missing = [name for name in inputs if name not in value]
@@ -279,11 +314,22 @@ def _columns(value, inputs) -> dict[str, np.ndarray]:
     return {name: _tensor_value(value[name], inputs[name].dtype) for name in inputs}
 
 
+def _decimal(value: np.floating) -> float:
+    """A float as TF Serving writes it (``WriteDecimal``): six significant digits where they read back as the
+    same number, else the type's full precision (9 digits for float32)."""
+    text = f"{value:.6g}"
+    if type(value)(text) != value:
+        text = f"{value:.{9 if value.dtype == np.float32 else 17}g}"  # std::numeric_limits<T>::max_digits10
+    return float(text)
+
+
 def _json_value(value: np.ndarray, as_bytes: bool) -> Any:
     if isinstance(value, np.ndarray) and value.ndim:
         return [_json_value(v, as_bytes) for v in value]
     if isinstance(value, bytes):
         return {"b64": base64.b64encode(value).decode()} if as_bytes else value.decode("utf-8")
+    if isinstance(value, np.floating) and np.isfinite(value):
+        return _decimal(value)
     return value.item()
 
 
@@ -295,10 +341,13 @@ def predict(model: SavedModel, body: dict) -> dict:
     if not isinstance(name, str):
         raise RestError("'signature_name' key must be a string value.")
     if name not in model.signatures:
-        raise RestError(f"Serving signature name: \"{name}\" not found in signature def")
+        raise RestError(f'Serving signature name: "{name}" not found in signature def')
     inputs = model.signatures[name].inputs
     if ("instances" in body) == ("inputs" in body):
-        raise RestError("Missing 'inputs' or 'instances' key" if "instances" not in body else "expecting only one of 'inputs' or 'instances'")  # fmt: skip
+        both = "instances" in body
+        raise RestError(
+            "expecting only one of 'inputs' or 'instances'" if both else "Missing 'inputs' or 'instances' key"
+        )
     row = "instances" in body
     tensors = _instances(body["instances"], inputs) if row else _columns(body["inputs"], inputs)
     outputs = model.run(name, tensors)
@@ -309,5 +358,8 @@ def predict(model: SavedModel, body: dict) -> dict:
     batch = {k: v.shape[0] for k, v in outputs.items() if v.ndim}
     if len(batch) != len(outputs) or len(set(batch.values())) != 1:
         raise RestError(f"Tensors have no or inconsistent batch sizes: {batch}")
-    rows = [{k: _json_value(v[i], as_bytes[k]) for k, v in outputs.items()} for i in range(next(iter(batch.values())))]
+    rows = [
+        {k: _json_value(v[i], as_bytes[k]) for k, v in outputs.items()}
+        for i in range(next(iter(batch.values())))
+    ]
     return {"predictions": [next(iter(r.values())) for r in rows] if len(outputs) == 1 else rows}

@@ -27,7 +27,7 @@ from trainer_module import input_pipeline
 
 SERVING_SIGNATURE = "serving_default"  # what a Vertex endpoint calls
 EXAMPLES_SIGNATURE = "serve_tf_examples"  # what TFMA calls (pipeline.pipeline_def.eval_config)
-IMAGE_INPUT = "image_bytes"  # the '_bytes' suffix: binary by the convention of Vertex's TensorFlow serving
+IMAGE_INPUT = "image_bytes"  # '_bytes': binary data, by the naming convention of Vertex's TensorFlow docs
 EXAMPLES_INPUT = "examples"
 PROBABILITIES = "probabilities"
 CLASSES = "classes"
