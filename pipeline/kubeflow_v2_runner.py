@@ -84,17 +84,15 @@ class VertexPush:
 
         return build
 
-    def check(self) -> str | None:
-        """The serving image against the TensorFlow that writes the model (this stack's): a warning or None.
+    def check(self, region: str) -> str | None:
+        """The serving image against the pinned SDK's prebuilt images and the export: a warning or None.
 
         Raises:
-          ValueError: a prebuilt image older than that TensorFlow.
+          ValueError: a prebuilt image that the SDK does not list, or too old (``check_serving_image``).
         """
-        from importlib import metadata
-
         from components import vertex_pusher
 
-        return vertex_pusher.check_serving_image(self.serving_image, metadata.version("tensorflow"))
+        return vertex_pusher.check_serving_image(self.serving_image, region)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -416,8 +414,8 @@ def build_parser() -> argparse.ArgumentParser:
     where.add_argument(
         "--serving-image",
         default="",
-        help="the Vertex serving image for --vertex-endpoint; a prebuilt tf2-cpu/gpu image must run this stack's "
-        "TensorFlow or newer",
+        help="the Vertex serving image for --vertex-endpoint: a prebuilt tf2-cpu/gpu image the pinned "
+        "google-cloud-aiplatform lists, 2.15 or newer (e.g. us-docker.pkg.dev/vertex-ai/prediction/tf2-cpu.2-15:latest)",
     )
     run = parser.add_argument_group("what it runs")
     run.add_argument("--preset", default="b0-rmsprop-8x2048")
@@ -572,7 +570,7 @@ def run(args) -> int:
         }
     compiled = plan_pipeline(args.preset, settings, inputs, args.overrides, params, tune)
     push = VertexPush(args.vertex_endpoint, args.serving_image) if args.vertex_endpoint else None
-    warning = push.check() if push else None
+    warning = push.check(settings.region) if push else None
     if warning:
         print(f"warning: {warning}", file=sys.stderr)
     for image in settings.images_by_tag():

@@ -31,12 +31,13 @@ CHANGE_TOLERANCE = 1e-10
 
 
 def eval_config(target_top1: float) -> tfma.EvalConfig:
-    """Top-1 and top-5 on the validation split through ``serving_default``; blessed only when top-1 reaches
-    ``target_top1`` and is not worse than the last blessed model (when there is one)."""
+    """Top-1 and top-5 on the validation split through the export's tf.Example signature (its default one takes
+    a client's JPEG bytes); blessed only when top-1 reaches ``target_top1`` and is not worse than the last
+    blessed model (when there is one)."""
     return tfma.EvalConfig(
         model_specs=[
             tfma.ModelSpec(
-                signature_name="serving_default",
+                signature_name=export.EXAMPLES_SIGNATURE,
                 label_key=schema.LABEL,
                 prediction_key=export.PROBABILITIES,
                 model_type="tf_generic",

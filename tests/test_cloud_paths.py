@@ -12,7 +12,7 @@ import tensorflow as tf
 from beam_preprocess import sample_data
 from beam_preprocess.config import ShardingConfig
 from beam_preprocess.run import run as shard
-from trainer_module import presets, report, run, train
+from trainer_module import export, presets, report, run, train
 from trainer_module.__main__ import main
 from trainer_module.config import with_overrides
 from trainer_module.recorder import read_run_log
@@ -72,7 +72,7 @@ def test_train_resume_and_export_with_everything_on_ram(ram_shards, tmp_path, mo
 
     served = tf.saved_model.load(f"{model_dir}/export")
     record = next(iter(tf.data.TFRecordDataset(tf.io.gfile.glob(ram_shards["eval"])[0])))
-    probabilities = served.signatures["serving_default"](examples=tf.constant([record.numpy()]))[
+    probabilities = served.signatures[export.EXAMPLES_SIGNATURE](examples=tf.constant([record.numpy()]))[
         "probabilities"
     ]
     np.testing.assert_allclose(probabilities.numpy().sum(), 1.0, rtol=1e-5)

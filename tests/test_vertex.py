@@ -323,7 +323,7 @@ def test_kubeflow_yaml_spec_is_what_kfp_loads_typed_with_its_defaults(tmp_path):
 
 def test_tags_are_warned_about_and_the_vertex_pusher_is_optional(tmp_path, capsys):
     tagged = ["--image", "pipeline:latest", "--trainer-image", "trainer-tpu:latest"]
-    serving = "us-docker.pkg.dev/vertex-ai/prediction/tf2-cpu.2-16:latest"
+    serving = "us-docker.pkg.dev/vertex-ai/prediction/tf2-cpu.2-15:latest"
     code, output = _compile(tmp_path, *tagged, "--vertex-endpoint", "effnet", "--serving-image", serving)
     err = capsys.readouterr().err
     assert code == 0
@@ -349,22 +349,34 @@ def test_tags_are_warned_about_and_the_vertex_pusher_is_optional(tmp_path, capsy
 @pytest.mark.parametrize(
     "image,outcome",
     [
-        ("us-docker.pkg.dev/vertex-ai/prediction/tf2-cpu.2-15:latest", "serves with TensorFlow 2.15, older"),
+        # The newest TensorFlow image the pinned SDK lists: TensorFlow 2.15, which serves the 2.16 export.
+        ("us-docker.pkg.dev/vertex-ai/prediction/tf2-cpu.2-15:latest", None),
+        ("europe-docker.pkg.dev/vertex-ai/prediction/tf2-gpu.2-15:latest", None),
         (
             "europe-docker.pkg.dev/vertex-ai/prediction/tf2-gpu.2-12:latest",
-            "serves with TensorFlow 2.12, older",
+            "serves with TensorFlow 2.12, older than 2.15",
         ),
-        ("us-docker.pkg.dev/vertex-ai/prediction/tf2-gpu.2-17:latest", None),
+        # Images the pinned SDK does not list (the refusal names the one to use).
+        (
+            "us-docker.pkg.dev/vertex-ai/prediction/tf2-cpu.2-16:latest",
+            "lists no such prebuilt prediction image",
+        ),
+        (
+            "us-docker.pkg.dev/vertex-ai/prediction/tf2-gpu.2-17:latest",
+            "lists no such prebuilt prediction image",
+        ),
         ("gcr.io/me/my-server:1", "is not a prebuilt Vertex TensorFlow image"),
     ],
 )
-def test_the_serving_image_is_checked_against_the_models_tensorflow(tmp_path, capsys, image, outcome):
+def test_the_serving_image_is_checked_against_the_sdks_prebuilt_images(tmp_path, capsys, image, outcome):
     code, _ = _compile(tmp_path, "--vertex-endpoint", "effnet", "--serving-image", image)
     err = capsys.readouterr().err
     if outcome is None:
         assert code == 0 and "serving" not in err
-    elif "older" in outcome:
+    elif "prebuilt Vertex" not in outcome:
         assert code == 2 and outcome in err and len(err.strip().splitlines()) == 1
+        # The image it names instead is one the pinned SDK lists (us-central1's registry: us-docker).
+        assert "use us-docker.pkg.dev/vertex-ai/prediction/tf2-" in err and ".2-15:latest" in err
     else:
         assert code == 0 and outcome in err
 

@@ -15,7 +15,7 @@ paying for it.
 with what it found. ``--config FILE`` trains a run resolved before (a run's config.json, or the file a search
 hands each trial) instead of a preset.
 
-A training run writes MODEL_DIR/export/ (SavedModel: serving_default on serialized tf.Example, serve_jpeg on raw JPEG),
+A training run writes MODEL_DIR/export/ (SavedModel: serving_default on JPEG bytes, serve_tf_examples for TFMA),
 MODEL_DIR/metrics.json (final and peak top-1, evaluation history, time to accuracy, images/s),
 MODEL_DIR/run_log.jsonl, MODEL_DIR/config.json, TensorBoard summaries (MODEL_DIR/tensorboard) and checkpoints.
 Re-running with the same MODEL_DIR resumes from the last checkpoint. The console shows one line per

@@ -55,6 +55,7 @@ def run(
         if train.is_chief(strategy):
             logger.info("report: %s", report.write_report(paths.model_dir))
         return result
+    classes = input_pipeline.shard_classes(input_pipeline.list_files(train_files))  # the answers' names
     with trainer.evaluation_weights():  # export the averaged weights, as evaluated
         if train.is_chief(strategy):
             export.export_saved_model(
@@ -63,6 +64,7 @@ def run(
                 paths.resolved_export_dir,
                 plan.eval_crop_padding_pixels,
                 config.data.clip_resized,
+                classes,
             )
         else:
             # Every worker takes part in saving under MultiWorkerMirroredStrategy; only the chief's copy is kept.
@@ -73,6 +75,7 @@ def run(
                 scratch,
                 plan.eval_crop_padding_pixels,
                 config.data.clip_resized,
+                classes,
             )
             shutil.rmtree(scratch, ignore_errors=True)
     if train.is_chief(strategy):
