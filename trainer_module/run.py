@@ -12,7 +12,7 @@ import tempfile
 
 import tensorflow as tf
 
-from trainer_module import export, report, resolve, strategies, train
+from trainer_module import export, input_pipeline, report, resolve, strategies, train
 from trainer_module.recorder import RunResult
 from trainer_module.resolve import ResolvedRun
 
