@@ -174,6 +174,7 @@ def test_the_config_is_checked_against_the_shards_epoch_not_the_presets(small_sh
     from trainer_module import __main__ as cli
 
     train_files, eval_files = small_shards
+
     def preflight(batch: int, model_dir):
         argv = ["--preset", "smoke", "--train-files", train_files, "--eval-files", eval_files]
         argv += ["--model-dir", str(model_dir), "--set", f"data.global_batch_size={batch}"]
