@@ -97,14 +97,25 @@ class VertexPush:
 
 @dataclasses.dataclass(frozen=True)
 class Compiled:
-    """What ``plan_pipeline`` resolved: the trainer config, the runtime parameters' default values and the
-    tuning step (``Tuning``, or None without ``--tune``)."""
+    """What ``plan_pipeline`` resolved: the pipeline run (``pipeline.presets.PipelineRun``: the trainer config
+    with its target and epochs, the sharding step), the runtime parameters' default values (read from that
+    run) and the tuning step (``Tuning``, or None without ``--tune``)."""
 
-    preset: object
-    trainer_config: object
-    sharding: object
+    resolved: object
     defaults: dict
     tuning: Tuning | None = None
+
+    @property
+    def preset(self):
+        return self.resolved.preset
+
+    @property
+    def trainer_config(self):
+        return self.resolved.trainer_config
+
+    @property
+    def sharding(self):
+        return self.resolved.sharding
 
 
 @dataclasses.dataclass(frozen=True)
@@ -117,16 +128,6 @@ class Tuning:
     epochs: int
 
 
-def fitted_trainer_config(preset, machine, overrides: list[str]):
-    """The preset's trainer config bound to ``machine`` (its strategy and replicas per host), then the user's
-    overrides; refused in one line when it does not fit the machine (``Accelerator.check``)."""
-    from trainer_module.config import with_overrides
-
-    config = with_overrides(preset.trainer_config(), [*machine.trainer_overrides(), *overrides])
-    machine.check(preset.name, config)
-    return config
-
-
 def plan_pipeline(
     preset_name: str,
     settings: CloudSettings,
@@ -137,37 +138,40 @@ def plan_pipeline(
 ):
     """Resolves and checks everything a compilation needs, before anything is written.
 
-    The trainer config is the preset's with the accelerator's strategy and replicas per host, then the
-    user's overrides; it must fit the accelerator. The runtime parameters' defaults come from the preset,
-    the inputs and ``params`` (already typed), and are validated as the executors will validate them.
+    The run is resolved as the local runner resolves it (``PipelinePreset.resolve``): the preset's trainer
+    config bound to the accelerator (its strategy and replicas per host, which the config must fit), the
+    user's ``--set`` overrides, ``params`` (already typed: the target, the epochs, the inputs and the shard
+    layout). The runtime parameters' defaults are read from that run and validated as the executors will
+    validate them.
 
     Raises:
       AcceleratorMismatch / ValueError: one line naming the problem.
     """
     from pipeline import presets
-    from trainer_module.config import with_overrides
+    from trainer_module.config import parse_overrides
+    from trainer_module.resolve import UNSET
 
     preset = presets.get(preset_name)
-    config = fitted_trainer_config(preset, settings.machine, overrides)
+    changes = parse_overrides(overrides)
+    if "train_epochs" in params:
+        changes["loop.train_epochs"] = params["train_epochs"]
+    layout = {key: params[key] for key in parameters.LAYOUT_PARAMETERS if key in params}
+    resolved = preset.resolve(
+        changes,
+        target_top1=params.get("target_top1", UNSET),
+        inputs={key: params.get(key, inputs.get(key, "")) for key in INPUT_KEYS},
+        machine=settings.machine,
+        layout=layout,
+    )
+    config = resolved.trainer_config
     defaults = {
-        **{key: inputs.get(key, "") for key in INPUT_KEYS},
-        "train_shards": preset.train_shards,
-        "val_shards": preset.val_shards,
+        **{key: getattr(resolved.sharding, key) or "" for key in INPUT_KEYS},
+        "train_shards": resolved.sharding.train_shards,
+        "val_shards": resolved.sharding.val_shards,
         "train_epochs": config.loop.train_epochs,
-        "target_top1": preset.run_target(config),
-        **params,
+        "target_top1": resolved.target_top1,
     }
-    sharding = dataclasses.replace(
-        preset.sharding_config(**{key: defaults[key] for key in INPUT_KEYS}),
-        num_hosts=config.plan.hosts,
-        train_shards=defaults["train_shards"],
-        val_shards=defaults["val_shards"],
-    )
-    config = with_overrides(
-        config,
-        [f"loop.train_epochs={defaults['train_epochs']}", f"loop.target_top1={defaults['target_top1']}"],
-    )
-    return Compiled(preset, config, sharding, defaults, _tuning(config, settings, tune))
+    return Compiled(resolved, defaults, _tuning(config, settings, tune))
 
 
 def _tuning(config, settings: CloudSettings, tune: dict | None) -> Tuning | None:
@@ -222,7 +226,6 @@ def build_pipeline(
             root=root,
             sharding=compiled.sharding,
             trainer_config=compiled.trainer_config,
-            target_top1=compiled.defaults["target_top1"],
             serving_model_dir=f"{root}/serving_model/{name}",
             metadata_connection_config=None,  # Vertex / Kubeflow bring their own metadata store
             beam_pipeline_args=tuple(settings.dataflow_args(labels)),
@@ -478,7 +481,9 @@ def _print_plan(args) -> None:
     machine = accelerators.get(args.accelerator, args.machines)
     if args.region and not args.skip_region_check:
         machine.check_region(args.region)
-    config = fitted_trainer_config(presets.get(args.preset), machine, args.overrides)
+    from trainer_module.config import parse_overrides
+
+    config = presets.get(args.preset).resolve(parse_overrides(args.overrides), machine=machine).trainer_config
     report = {
         "accelerator": dataclasses.asdict(machine),
         "estimate": accelerators.estimate(config, machine).to_dict(),
