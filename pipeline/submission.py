@@ -158,8 +158,10 @@ class TokenFile:
         return f"{self.source} {self.path}" if self.source.startswith("--") else f"{self.source}={self.path}"
 
     def token(self) -> str:
-        """Raises:
-        ValueError: one line: the file is missing, empty, or holds more than one token.
+        """The token: the file's one word.
+
+        Raises:
+          ValueError: one line: the file is missing, empty, or holds more than one word.
         """
         import tensorflow as tf
 

@@ -82,7 +82,6 @@ VALUE_KINDS = {
 # gRPC codes the server answers with, and the HTTP status grpc-gateway maps each to.
 INVALID_ARGUMENT, NOT_FOUND, PERMISSION_DENIED, UNAUTHENTICATED = 3, 5, 7, 16
 HTTP_STATUS = {INVALID_ARGUMENT: 400, NOT_FOUND: 404, PERMISSION_DENIED: 403, UNAUTHENTICATED: 401}
-USERID_HEADER = "kubeflow-userid"
 
 
 class RunRefused(ValueError):

@@ -7,6 +7,8 @@ network). ``test_vertex_steps.py`` runs the compiled steps.
 
 import json
 import pathlib
+import urllib.error
+import urllib.request
 
 import pytest
 import yaml
@@ -862,6 +864,14 @@ def test_the_fake_refuses_what_kfp_sends_without_a_namespace_as_the_server_does(
     ):
         client.run_pipeline(experiment_id="", job_name="effnet", pipeline_id="p", version_id="v")
     assert kfp_server.experiments == {} and kfp_server.runs == []
+    # An identity header without a token does not get past the gateway (it sets the header from the token).
+    request = urllib.request.Request(
+        f"{kfp_server.host}/apis/v2beta1/experiments?namespace={NAMESPACE}",
+        headers={"kubeflow-userid": IDENTITY},
+    )
+    with pytest.raises(urllib.error.HTTPError) as unauthenticated:
+        urllib.request.urlopen(request, timeout=10)
+    assert (unauthenticated.value.code, unauthenticated.value.read()) == (401, b"Unauthorized")
 
 
 @pytest.mark.parametrize(
