@@ -351,6 +351,15 @@ def build_parser() -> argparse.ArgumentParser:
     what.add_argument("--submit", action="store_true", help="send it to Vertex AI (or --kfp-host)")
     what.add_argument("--kfp-host", default="", help="a Kubeflow Pipelines endpoint instead of Vertex")
     what.add_argument(
+        "--kfp-namespace", default="", help="with --kfp-host: the namespace (Kubeflow profile) to run in; a "
+        "multi-user install needs it",
+    )  # fmt: skip
+    what.add_argument(
+        "--kfp-token-file", default="", help="with --kfp-host: a file holding the bearer token for its API (a "
+        "Kubernetes service-account token or one from the cluster's identity provider; default: the file kfp's "
+        "KF_PIPELINES_SA_TOKEN_PATH names)",
+    )  # fmt: skip
+    what.add_argument(
         "--wait", action="store_true", help="with --submit: follow the run to its end; exit 0 if it succeeded"
     )
     where = parser.add_argument_group("where it runs")
@@ -525,16 +534,39 @@ def _template_for(args):
     return template
 
 
+def _check_destination(args, kubeflow: bool, path: str) -> None:
+    """A PipelineSpec (``.yaml``) is submitted to Kubeflow Pipelines at ``--kfp-host`` (Vertex would run it
+    without its baseline lookup), a PipelineJob (``.json``) to Vertex AI; the Kubeflow flags go with
+    ``--kfp-host``. Refused in one line otherwise, before anything is compiled or sent."""
+    if kubeflow and not args.kfp_host:
+        raise ValueError(
+            f"--kfp-host: {path} is a Kubeflow Pipelines PipelineSpec; give --kfp-host URL to submit it (Vertex AI "
+            "takes the .json PipelineJob)"
+        )
+    if args.kfp_host and not kubeflow:
+        raise ValueError(f"--kfp-host takes a PipelineSpec: compile to .yaml, not {path}")
+    if not args.kfp_host:
+        for flag, value in (
+            ("--kfp-namespace", args.kfp_namespace),
+            ("--kfp-token-file", args.kfp_token_file),
+        ):
+            if value:
+                raise ValueError(f"{flag} goes with --kfp-host (a Kubeflow Pipelines endpoint)")
+
+
 def submit(template, args) -> int:
     """Checks the run's parameter values against the template, submits it, and with ``--wait`` follows the run
     to its end. Returns the exit status: 0 once submitted (or, with ``--wait``, when the run succeeded), 1 when
     the run ended in another state."""
     from pipeline import submission
 
+    _check_destination(args, not template.is_job, template.path)
     params = template.parse(args.params)
     template.check_values(params)  # the steps' own rules, before anything is submitted
     if args.kfp_host:
-        run = submission.submit_kfp(template, params, args.kfp_host, not args.no_cache)
+        run = submission.submit_kfp(
+            template, params, args.kfp_host, not args.no_cache, args.kfp_namespace, args.kfp_token_file
+        )
     else:
         run = submission.submit_vertex(template, params, not args.no_cache)
     print(f"submitted {run.description}")
@@ -561,6 +593,8 @@ def run(args) -> int:
         return submit(_template_for(args), args)
     settings = _settings(args)
     _check_output(args.output)
+    if args.submit:
+        _check_destination(args, not args.output.endswith(".json"), args.output)
     if args.vertex_endpoint and not args.serving_image:
         raise ValueError("--vertex-endpoint needs --serving-image (a Vertex prediction image for TensorFlow)")
     inputs = {key: getattr(args, key) for key in INPUT_KEYS if getattr(args, key)}

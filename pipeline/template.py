@@ -137,6 +137,12 @@ class Template:
         return self.spec.get("pipelineInfo", {}).get("name", "")
 
     @property
+    def labels(self) -> dict[str, str]:
+        """The labels compiled onto a PipelineJob (none on a bare PipelineSpec): the run carries them, as its
+        training and Dataflow jobs do."""
+        return dict(self.document.get("labels", {})) if self.is_job else {}
+
+    @property
     def pipeline_root(self) -> str:
         """The root it was compiled for: its serving directory and Dataflow's temp location sit under it."""
         root = self.spec.get("defaultPipelineRoot") or self.document.get("runtimeConfig", {}).get(

@@ -33,7 +33,8 @@ seconds, so only the test's time changes.
 
 Pipeline jobs: ``FakePipelineService.install(monkeypatch)`` replaces the three calls of ``aiplatform_v1``'s
 ``PipelineServiceClient`` that the SDK's ``PipelineJob`` makes (create, get, cancel) in this process: requests
-are recorded as the API's own messages, and the job moves through the states the test scripts.
+are recorded as the API's own messages, checked against the service's rules for labels and service accounts,
+and the job moves through the states the test scripts.
 """
 
 from __future__ import annotations
@@ -379,17 +380,79 @@ class FakeJobServiceClient:
         fake.cancelled = True
 
 
+# Vertex AI Pipelines' rules for a PipelineJob's labels (``aiplatform_v1.PipelineJob.labels``, which points to
+# Google Cloud's label rules): keys and values of lowercase letters (international ones too), digits, "_" and
+# "-"; a key starts with a letter; at most 64 labels. The length is stricter in the labels page (63 characters)
+# than in the API reference (64): the fake takes 63. The key below is the service's own: whatever a caller sets,
+# the service writes its value.
+LABEL_MAX_CHARS = 63
+MAX_LABELS = 64
+BILLING_LABEL = "vertex-ai-pipelines-run-billing-id"
+
+
+def label_error(key: str, value: str) -> str | None:
+    """What is wrong with one label under Google Cloud's rules, or None."""
+
+    def allowed(ch: str) -> bool:
+        return ch in "_-" or ch.isdigit() or (ch.isalpha() and not ch.isupper())
+
+    if not key or len(key) > LABEL_MAX_CHARS or not (key[0].isalpha() and not key[0].isupper()):
+        return (
+            f"label key {key!r} must be 1 to {LABEL_MAX_CHARS} characters and start with a lowercase letter"
+        )
+    if len(value) > LABEL_MAX_CHARS:
+        return f"label value {value!r} of {key!r} is longer than {LABEL_MAX_CHARS} characters"
+    for text in (key, value):
+        if not all(allowed(ch) for ch in text):
+            return f"label {key}={value!r}: only lowercase letters, digits, '_' and '-' are allowed"
+    return None
+
+
 class FakePipelineService:
     """Vertex AI Pipelines' PipelineService in this process: records created jobs, plays scripted states.
 
     ``states``: the states ``get_pipeline_job`` returns, in turn (the last one repeats), e.g.
     ``["PIPELINE_STATE_RUNNING", "PIPELINE_STATE_SUCCEEDED"]``.
+
+    ``create_pipeline_job`` refuses, as the service does, before creating anything (``refused`` records each):
+
+    - labels that break Google Cloud's label rules (``label_error``; at most ``MAX_LABELS``), INVALID_ARGUMENT.
+      The service's wording is not confirmed: the fake names the label and the rule.
+    - a ``service_account`` the caller may not act as (the service checks ``iam.serviceAccounts.actAs`` of the
+      caller on it; ``act_as``: the accounts that exist and the caller may act as): INVALID_ARGUMENT "You do not
+      have permission to act as service_account: X. (or it may not exist).", as reported from the service
+      (googleapis/python-aiplatform#1073). Without one the job runs as the project's Compute Engine default
+      account, which the fake does not check.
+
+    A created job carries the labels it was sent, with the service's own ``BILLING_LABEL`` set by the service.
     """
 
-    def __init__(self, states=("PIPELINE_STATE_RUNNING", "PIPELINE_STATE_SUCCEEDED")):
+    def __init__(
+        self,
+        states=("PIPELINE_STATE_RUNNING", "PIPELINE_STATE_SUCCEEDED"),
+        act_as=(),
+    ):
         self.states = list(states)
+        self.act_as = tuple(act_as)
         self.created: list = []  # (parent, PipelineJob message, job id) as sent
+        self.refused: list[str] = []
         self.gets = 0
+
+    def check(self, message) -> None:
+        """The service's checks of a PipelineJob before it is created; raises ``InvalidArgument``."""
+        from google.api_core import exceptions
+
+        errors = [error for key, value in message.labels.items() if (error := label_error(key, value))]
+        if len(message.labels) > MAX_LABELS:
+            errors.append(f"{len(message.labels)} labels: at most {MAX_LABELS} are allowed")
+        if message.service_account and message.service_account not in self.act_as:
+            errors.append(
+                f"You do not have permission to act as service_account: {message.service_account}. "
+                "(or it may not exist)."
+            )
+        if errors:
+            self.refused.append("; ".join(errors))
+            raise exceptions.InvalidArgument("; ".join(errors))
 
     def install(self, monkeypatch) -> FakePipelineService:
         from google.cloud.aiplatform_v1.services.pipeline_service import PipelineServiceClient
@@ -400,10 +463,12 @@ class FakePipelineService:
             from google.cloud import aiplatform_v1
 
             message = aiplatform_v1.PipelineJob(pipeline_job)  # the API's own message
+            fake.check(message)
             fake.created.append((parent, message, pipeline_job_id))
             created = aiplatform_v1.PipelineJob(message)
             created.name = f"{parent}/pipelineJobs/{pipeline_job_id or 'effnet-run-1'}"
             created.state = aiplatform_v1.PipelineState.PIPELINE_STATE_PENDING
+            created.labels[BILLING_LABEL] = str(len(fake.created))
             fake._job = created
             return aiplatform_v1.PipelineJob(created)
 
