@@ -207,7 +207,7 @@ def build_pipeline(
     """
     from tfx.orchestration import data_types
 
-    from components import runtime_gate
+    from components import run_label, runtime_gate
     from pipeline import pipeline_def
 
     runtime = {
@@ -240,6 +240,7 @@ def build_pipeline(
             tuning=_tuning_step(compiled, settings, name, labels),
             extra_pusher=vertex_push.component(settings, name, labels) if vertex_push else None,
             compare_with_latest_blessed=not for_kubeflow,
+            run_id=run_label.RUN_ID_PLACEHOLDER,
         )
     )
 
@@ -278,6 +279,27 @@ def scope_baseline_query(spec: dict, name: str) -> int:
     return changed
 
 
+def bind_exit_dag_parameters(spec: dict) -> None:
+    """Passes the root's runtime parameters into the DAG the exit handler follows (TFX's ``tfx-dag``).
+
+    With an exit handler, TFX compiles the pipeline's steps into that DAG but leaves their parameters bound to
+    the root's inputs (``componentInputParameter``), which a task resolves against its parent DAG's inputs only
+    (Kubeflow's driver: "parent DAG does not have input parameter"). The DAG declares each root parameter under
+    the same name, and the root's task of the DAG passes it in.
+    """
+    from tfx.orchestration.kubeflow import utils
+
+    declared = spec["root"].get("inputDefinitions", {}).get("parameters", {})
+    spec["components"][utils.TFX_DAG_NAME]["inputDefinitions"] = {
+        "parameters": {
+            name: {"parameterType": parameter["parameterType"]} for name, parameter in declared.items()
+        }
+    }
+    spec["root"]["dag"]["tasks"][utils.TFX_DAG_NAME]["inputs"] = {
+        "parameters": {name: {"componentInputParameter": name} for name in declared}
+    }
+
+
 def compile_pipeline(
     pipeline, settings: CloudSettings, output: str, defaults: dict, labels: dict[str, str]
 ) -> str:
@@ -288,11 +310,14 @@ def compile_pipeline(
     the root input definitions (``defaultValue``, which TFX does not write) and, for a PipelineJob, its
     ``runtimeConfig``; the pipeline root into ``defaultPipelineRoot`` (the serving directory and Dataflow's
     temp location are compiled under it, so a run must use it); ``labels`` onto the PipelineJob. The
-    latest-blessed-model lookup is scoped to this pipeline (``scope_baseline_query``).
+    latest-blessed-model lookup is scoped to this pipeline (``scope_baseline_query``). The exit handler
+    (``components.run_cleanup``) runs after the pipeline's steps, whatever their state, and cancels the jobs the
+    run left running.
     """
     import yaml
     from tfx import v1 as tfx
 
+    from components import run_cleanup
     from trainer_module import files
 
     runner = tfx.orchestration.experimental.KubeflowV2DagRunner(
@@ -302,11 +327,15 @@ def compile_pipeline(
         output_dir=os.path.dirname(output) or ".",
         output_filename=os.path.basename(output),
     )
+    # The exit handler reaches Dataflow with the Beam options of the pipeline's Beam steps.
+    cleanup = run_cleanup.RunCleanup(settings.project, settings.region).with_id(run_cleanup.STEP_ID)
+    runner.set_exit_handler(cleanup.with_beam_pipeline_args(pipeline.beam_pipeline_args))
     job = runner.run(pipeline, parameter_values=defaults, write_out=False)
     spec = job["pipelineSpec"]
     scope_baseline_query(spec, pipeline.pipeline_info.pipeline_name)
     for name, parameter in spec["root"].get("inputDefinitions", {}).get("parameters", {}).items():
         parameter["defaultValue"] = defaults[name]
+    bind_exit_dag_parameters(spec)
     spec["defaultPipelineRoot"] = settings.pipeline_root.rstrip("/")
     job["labels"] = {**job.get("labels", {}), **labels}
     if output.endswith(".json"):
