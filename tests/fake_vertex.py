@@ -239,6 +239,9 @@ class FakeProjectJobs:
 
     - Resource names carry the project number (``projects/NUMBER/locations/L/customJobs/ID``), as the service
       returns them; a request may name the project by its id or its number (``numbers``: id -> number).
+    - A location's jobs are served by its regional endpoint (``L-aiplatform.googleapis.com``): a request for
+      another location's jobs is refused (INVALID_ARGUMENT), as a client built for one region cannot reach
+      another's.
     - list: the jobs of ``parent`` only. ``filter`` is "the standard list filter"; the fake holds the part a
       clean-up needs and refuses the rest (INVALID_ARGUMENT) rather than guess it: terms joined by ``AND``, each
       ``labels.KEY=VALUE`` (key and value equality; the value quoted or not), ``labels.KEY:*`` (key existence),
@@ -285,21 +288,34 @@ class FakeProjectJobs:
 
         class Client:
             def __init__(self, client_options=None, **kwargs):
-                pass
+                options = client_options or {}
+                self.endpoint = (
+                    options.get("api_endpoint") if isinstance(options, dict) else options.api_endpoint
+                )
+
+            def _check_endpoint(self, name: str) -> None:
+                from google.api_core import exceptions
+
+                location = name.split("/locations/", 1)[1].split("/", 1)[0]
+                if self.endpoint and self.endpoint != f"{location}-aiplatform.googleapis.com":
+                    raise exceptions.InvalidArgument(f"{name} is not served by the endpoint {self.endpoint}")
 
             def list_custom_jobs(self, request=None, **kwargs):
                 from google.cloud import aiplatform_v1
                 from google.cloud.aiplatform_v1.services.job_service import pagers
 
                 request = aiplatform_v1.ListCustomJobsRequest(request)  # the API's own message
+                self._check_endpoint(request.parent)
                 return pagers.ListCustomJobsPager(
                     method=fake.list_page, request=request, response=fake.list_page(request)
                 )
 
             def get_custom_job(self, name=None, **kwargs):
+                self._check_endpoint(name)
                 return fake.get(name)
 
             def cancel_custom_job(self, name=None, **kwargs):
+                self._check_endpoint(name)
                 fake.cancel(name)
 
         return Client

@@ -162,6 +162,48 @@ def test_dataflow_fake_lists_summaries_by_page_and_refuses_to_cancel_an_ended_jo
         api.get(elsewhere)
 
 
+def test_custom_jobs_fake_filters_pages_and_refuses_what_the_service_refuses(tmp_path):
+    from google.api_core import exceptions
+
+    jobs = fake_vertex.FakeProjectJobs(str(tmp_path / "custom_jobs.json"), {PROJECT: NUMBER})
+    jobs.write(
+        [custom_job(str(i), RUN, "JOB_STATE_RUNNING") for i in range(5)]
+        + [custom_job("9", RUN, "JOB_STATE_FAILED")]
+    )
+    client = jobs.client_class()(client_options={"api_endpoint": f"{REGION}-aiplatform.googleapis.com"})
+    parent = f"projects/{PROJECT}/locations/{REGION}"  # by the project's id: answered with its number
+    pager = client.list_custom_jobs(
+        request={"parent": parent, "filter": f'labels.{run_label.RUN_LABEL}="{RUN}"'}
+    )
+    assert [job.name.rsplit("/", 1)[1] for job in pager] == [
+        "0",
+        "1",
+        "2",
+        "3",
+        "4",
+        "9",
+    ]  # 3 pages, by the pager
+    failed = client.list_custom_jobs(request={"parent": parent, "filter": 'state="JOB_STATE_FAILED"'})
+    assert [job.state.name for job in failed] == ["JOB_STATE_FAILED"]
+    with pytest.raises(
+        exceptions.InvalidArgument
+    ):  # a filter the fake does not implement is refused, not guessed
+        list(
+            client.list_custom_jobs(
+                request={"parent": parent, "filter": 'create_time>"2021-05-18T00:00:00Z"'}
+            )
+        )
+    with pytest.raises(exceptions.InvalidArgument):  # another region's endpoint
+        list(client.list_custom_jobs(request={"parent": f"projects/{PROJECT}/locations/europe-west4"}))
+    name = f"projects/{NUMBER}/locations/{REGION}/customJobs/"
+    with pytest.raises(exceptions.FailedPrecondition):
+        client.cancel_custom_job(name=name + "9")
+    client.cancel_custom_job(name=f"projects/{PROJECT}/locations/{REGION}/customJobs/0")
+    assert jobs.read()[0]["state"] == "JOB_STATE_CANCELLING"
+    cancelled = client.get_custom_job(name=name + "0")
+    assert cancelled.state.name == "JOB_STATE_CANCELLED" and cancelled.error.code == 1
+
+
 # ---- the clean-up, in this process ------------------------------------------------------------------------------
 
 
