@@ -244,22 +244,12 @@ class StoppablePipeline(beam.Pipeline):
 
 class StoppableBeamExecutor:
     """Mixin for a TFX Beam executor (before it in the bases): its Beam pipeline is a ``StoppablePipeline`` whose
-    Dataflow job carries the label of run ``run_id`` (``components.run_label``), taken from the execution's
-    parameters by ``take_run_id``."""
-
-    run_id: str | None = None
-
-    def take_run_id(self, exec_properties: dict) -> dict:
-        """``exec_properties`` without the run id, which this executor keeps for its Dataflow job's label."""
-        from components import run_label
-
-        properties = dict(exec_properties)
-        self.run_id = properties.pop(run_label.RUN_ID_KEY, None)
-        return properties
+    Dataflow job carries the label of the run named among the task's arguments (``components.run_label``)."""
 
     def _make_beam_pipeline(self):
         from components import run_label
 
         if self._make_beam_pipeline_fn is not None:  # a TFX operator's own pipeline
             return self._make_beam_pipeline_fn()
-        return StoppablePipeline(argv=[*self._beam_pipeline_args, *run_label.beam_args(self.run_id)])
+        run_id, args = run_label.take_run_id(self._beam_pipeline_args)
+        return StoppablePipeline(argv=[*args, *run_label.beam_args(run_id)])

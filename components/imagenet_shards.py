@@ -38,7 +38,7 @@ from tfx.types import artifact_utils, component_spec
 
 from beam_preprocess import run
 from beam_preprocess.config import ShardingConfig
-from components import dataflow_jobs, parameters, run_label
+from components import dataflow_jobs, parameters
 from effnet_common import schema
 from effnet_common.manifest import Manifest
 
@@ -99,7 +99,7 @@ def describe_artifact(examples: tfx.types.standard_artifacts.Examples, manifest:
 
 class Executor(dataflow_jobs.StoppableBeamExecutor, base_beam_executor.BaseBeamExecutor):
     """Runs ``ShardImageNet`` into the Examples artifact, then enforces the failure budget. On Dataflow, the job
-    carries the run's label and is cancelled if the task is stopped (``dataflow_jobs.StoppablePipeline``)."""
+    carries the run's label and is cancelled if the task is stopped (``dataflow_jobs.StoppableBeamExecutor``)."""
 
     def Do(  # noqa: N802 - TFX's executor interface
         self,
@@ -112,15 +112,13 @@ class Executor(dataflow_jobs.StoppableBeamExecutor, base_beam_executor.BaseBeamE
         Args:
           input_dict: unused (the inputs are named in the config).
           output_dict: ``{'examples': [Examples]}``.
-          exec_properties: ``{'sharding_config': ShardingConfig JSON}``, any of the input and layout
-            parameters (``OVERRIDE_PARAMETERS``), which replace the config's fields, and the run's id
-            (``run_label.RUN_ID_KEY``) for the Dataflow job's label.
+          exec_properties: ``{'sharding_config': ShardingConfig JSON}`` and any of the input and layout
+            parameters (``OVERRIDE_PARAMETERS``), which replace the config's fields.
 
         Raises:
           FailureBudgetExceeded: more inputs failed than ``max_failures``; the message lists them.
         """
         del input_dict
-        exec_properties = self.take_run_id(exec_properties)
         examples = artifact_utils.get_single_instance(output_dict[EXAMPLES_KEY])
         overrides = {key: exec_properties.get(key) for key in OVERRIDE_PARAMETERS}
         config = artifact_config(exec_properties[SHARDING_CONFIG_KEY], examples.uri, overrides)
@@ -131,12 +129,10 @@ class Executor(dataflow_jobs.StoppableBeamExecutor, base_beam_executor.BaseBeamE
 
 
 class ImageNetShardGenSpec(component_spec.ComponentSpec):
-    """The ShardingConfig JSON, optional parameters overriding its inputs and layout, the run's id (optional),
-    one Examples output."""
+    """The ShardingConfig JSON, optional parameters overriding its inputs and layout, one Examples output."""
 
     PARAMETERS = {
         SHARDING_CONFIG_KEY: component_spec.ExecutionParameter(type=str),
-        run_label.RUN_ID_KEY: component_spec.ExecutionParameter(type=str, optional=True),
         **{
             key: component_spec.ExecutionParameter(type=kind, optional=True)
             for key, kind in OVERRIDE_PARAMETERS.items()
@@ -159,7 +155,7 @@ class ImageNetShardGen(tfx.types.BaseBeamComponent):
     SPEC_CLASS = ImageNetShardGenSpec
     EXECUTOR_SPEC = executor_spec.BeamExecutorSpec(Executor)
 
-    def __init__(self, sharding_config: ShardingConfig | str, run_id: str | None = None, **overrides):
+    def __init__(self, sharding_config: ShardingConfig | str, **overrides):
         """Validates ``sharding_config`` now, so that a bad config fails when the pipeline is built.
 
         Args:
@@ -169,8 +165,6 @@ class ImageNetShardGen(tfx.types.BaseBeamComponent):
           **overrides: any of ``OVERRIDE_PARAMETERS`` (``train_archive``, ``val_archive``, ``train_dir``,
             ``val_dir``, ``train_shards``, ``val_shards``), each a value or a ``RuntimeParameter``; they
             replace the config's field at execution. Plain values are checked with the config now.
-          run_id: the run's id (a compiled pipeline's ``run_label.RUN_ID_PLACEHOLDER``), put on the Dataflow job
-            as its run label; None outside a compiled pipeline.
         """
         if isinstance(sharding_config, ShardingConfig):
             sharding_config = sharding_config.to_json()
@@ -180,7 +174,6 @@ class ImageNetShardGen(tfx.types.BaseBeamComponent):
             spec=ImageNetShardGenSpec(
                 sharding_config=sharding_config,
                 examples=tfx.dsl.Channel(type=tfx.types.standard_artifacts.Examples),
-                **({run_label.RUN_ID_KEY: run_id} if run_id is not None else {}),
                 **overrides,
             )
         )

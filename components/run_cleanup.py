@@ -10,8 +10,9 @@ the project and region, and the Dataflow jobs (sharding, evaluation). Each one n
 followed until it ends (within ``CANCEL_WAIT_SECONDS`` of each module); the task logs one line per job and a
 summary, ``run RUN: cancelled ...`` or ``run RUN: no job left running``.
 
-The task fails, with one line, when it cannot tell its run (an orchestrator that did not replace the run-id
-placeholder) or a job could not be cancelled: a run whose jobs may still bill is not reported clean.
+The task takes its run's id as every task of the run does (the argument ``run_label.RUN_ARG``). It fails, with one
+line, when it cannot tell its run (an orchestrator that did not replace the run-id placeholder) or a job could
+not be cancelled: a run whose jobs may still bill is not reported clean.
 
 The handler takes no final-status input (``PipelineTaskFinalStatus``): it cancels whatever is left in any state,
 and Kubeflow Pipelines resolves that input only from version 2.14.
@@ -121,16 +122,13 @@ def clean_up(project: str, region: str, run_id: str, beam_args: list[str]) -> Cl
 
 
 class Executor(base_beam_executor.BaseBeamExecutor):
-    """Runs ``clean_up`` for the run; fails in one line if a job could not be cancelled."""
+    """Runs ``clean_up`` for the run named among the task's arguments; fails in one line if a job could not be
+    cancelled."""
 
     def Do(self, input_dict: dict, output_dict: dict, exec_properties: dict[str, Any]) -> None:  # noqa: N802
         del input_dict, output_dict
-        report = clean_up(
-            exec_properties[PROJECT_KEY],
-            exec_properties[REGION_KEY],
-            exec_properties.get(run_label.RUN_ID_KEY),
-            list(self._beam_pipeline_args),
-        )
+        run_id, beam_args = run_label.take_run_id(self._beam_pipeline_args)
+        report = clean_up(exec_properties[PROJECT_KEY], exec_properties[REGION_KEY], run_id, beam_args)
         summary = report.summary()
         logger.warning("%s", summary)
         print(summary, flush=True)
@@ -139,12 +137,11 @@ class Executor(base_beam_executor.BaseBeamExecutor):
 
 
 class RunCleanupSpec(component_spec.ComponentSpec):
-    """Where the run's jobs are (project, region) and which run (its id, the orchestrator's placeholder)."""
+    """Where the run's jobs are: project and region."""
 
     PARAMETERS = {
         PROJECT_KEY: component_spec.ExecutionParameter(type=str),
         REGION_KEY: component_spec.ExecutionParameter(type=str),
-        run_label.RUN_ID_KEY: component_spec.ExecutionParameter(type=str),
     }
     INPUTS = {}
     OUTPUTS = {}
@@ -152,12 +149,11 @@ class RunCleanupSpec(component_spec.ComponentSpec):
 
 class RunCleanup(base_beam_component.BaseBeamComponent):
     """The exit handler: cancels the run's jobs left running (see the module's docstring). A Beam component so
-    that it reaches Dataflow with the Beam options of the pipeline's Beam steps."""
+    that it reaches Dataflow with the Beam options of the pipeline's Beam steps (``with_beam_pipeline_args``),
+    which carry the run's id."""
 
     SPEC_CLASS = RunCleanupSpec
     EXECUTOR_SPEC = executor_spec.BeamExecutorSpec(Executor)
 
-    def __init__(self, project: str, region: str, run_id: str = run_label.RUN_ID_PLACEHOLDER):
-        super().__init__(
-            spec=RunCleanupSpec(**{PROJECT_KEY: project, REGION_KEY: region, run_label.RUN_ID_KEY: run_id})
-        )
+    def __init__(self, project: str, region: str):
+        super().__init__(spec=RunCleanupSpec(**{PROJECT_KEY: project, REGION_KEY: region}))

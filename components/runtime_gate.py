@@ -19,9 +19,9 @@ of their own, and their executors fold them into what TFX's executors read, so o
 
 Left as None (the local runner), each parameter leaves the config as it was built.
 
-The steps that start cloud jobs (``VertexTrainer``, ``VertexTuner``, ``Evaluator`` on Dataflow) also take the run's
-id (``run_label.RUN_ID_KEY``, compiled as the orchestrator's run-id placeholder) and put it on their job as the
-run's label, by which the pipeline's exit handler finds what a run left running (``components.run_cleanup``).
+The steps that start cloud jobs (``VertexTrainer``, ``VertexTuner``, ``Evaluator`` on Dataflow) also put the run's
+id, an argument of every task of a compiled Vertex pipeline (``components.run_label``), on their job as the run's
+label, by which the pipeline's exit handler finds what a run left running (``components.run_cleanup``).
 """
 
 from __future__ import annotations
@@ -40,7 +40,6 @@ from tfx.utils import json_utils, name_utils
 
 from components import dataflow_jobs, run_label, vertex_training
 from components.parameters import TARGET_TOP1_KEY, TOP1_METRIC, TRAIN_EPOCHS_KEY
-from components.run_label import RUN_ID_KEY
 
 BASELINE_SCOPE_KEY = "baseline_scope"
 # The blessing's custom property (artifact metadata on Vertex) naming the pipeline that blessed it.
@@ -123,13 +122,13 @@ class TrainerExecutor(trainer_executor.GenericExecutor):
         run_fn(self._GetFnArgs(input_dict, output_dict, properties))
 
 
-def _with_run_label(custom_config: dict, args_key: str, run_id: Any) -> dict:
-    """``custom_config`` whose job (under ``args_key``) also carries the run's label."""
+def labelled_with_run(custom_config: dict, args_key: str, task_args: list[str] | None) -> dict:
+    """``custom_config`` whose job (under ``args_key``) also carries the label of the run named among the task's
+    arguments (``run_label``; none outside a compiled Vertex pipeline)."""
+    run_id, _ = run_label.take_run_id(task_args or [])
     job_args = custom_config[args_key]
-    return {
-        **custom_config,
-        args_key: {**job_args, "labels": {**job_args.get("labels", {}), **run_label.labels(run_id)}},
-    }
+    labels = {**job_args.get("labels", {}), **run_label.labels(run_id)}
+    return {**custom_config, args_key: {**job_args, "labels": labels}}
 
 
 class VertexTrainerExecutor(base_executor.BaseExecutor):
@@ -142,11 +141,10 @@ class VertexTrainerExecutor(base_executor.BaseExecutor):
 
     def Do(self, input_dict, output_dict, exec_properties):  # noqa: N802 - TFX's executor interface
         properties = _with_trainer_parameters(exec_properties)  # a bad value fails here, before any job
-        run_id = properties.pop(RUN_ID_KEY, None)
-        custom_config = _with_run_label(
+        custom_config = labelled_with_run(
             json_utils.loads(properties[standard_component_specs.CUSTOM_CONFIG_KEY]),
             tfx.extensions.google_cloud_ai_platform.TRAINING_ARGS_KEY,
-            run_id,
+            self._extra_flags,
         )
         request = vertex_training.job_request(
             input_dict, output_dict, properties, custom_config, name_utils.get_full_name(TrainerExecutor)
@@ -166,17 +164,15 @@ class VertexTunerExecutor(base_executor.BaseExecutor):
         from tfx.extensions.google_cloud_ai_platform.tuner import executor as vertex_tuner
 
         vertex = tfx.extensions.google_cloud_ai_platform
-        properties = dict(exec_properties)
-        run_id = properties.pop(RUN_ID_KEY, None)
-        custom_config = _with_run_label(
-            json_utils.loads(properties[standard_component_specs.CUSTOM_CONFIG_KEY]),
+        custom_config = labelled_with_run(
+            json_utils.loads(exec_properties[standard_component_specs.CUSTOM_CONFIG_KEY]),
             vertex.experimental.TUNING_ARGS_KEY,
-            run_id,
+            self._extra_flags,
         )
         request = vertex_training.job_request(
             input_dict,
             output_dict,
-            properties,
+            exec_properties,
             custom_config,
             name_utils.get_full_name(vertex_tuner._WorkerExecutor),  # noqa: SLF001 - TFX's worker entry point
             args_key=vertex.experimental.TUNING_ARGS_KEY,
@@ -187,10 +183,10 @@ class VertexTunerExecutor(base_executor.BaseExecutor):
 class EvaluatorExecutor(dataflow_jobs.StoppableBeamExecutor, evaluator_executor.Executor):
     """TFMA's evaluator executor, after setting the top-1 gate to ``target_top1``; its blessing names the
     pipeline (``baseline_scope``). On Dataflow, its job carries the run's label and is cancelled if the task is
-    stopped (``dataflow_jobs.StoppablePipeline``)."""
+    stopped (``dataflow_jobs.StoppableBeamExecutor``)."""
 
     def Do(self, input_dict, output_dict, exec_properties):  # noqa: N802 - TFX's executor interface
-        properties = self.take_run_id(exec_properties)
+        properties = dict(exec_properties)
         target = properties.pop(TARGET_TOP1_KEY, None)
         scope = properties.pop(BASELINE_SCOPE_KEY, None)
         key = standard_component_specs.EVAL_CONFIG_KEY
@@ -210,7 +206,6 @@ class RuntimeTrainerSpec(standard_component_specs.TrainerSpec):
         **standard_component_specs.TrainerSpec.PARAMETERS,
         TRAIN_EPOCHS_KEY: _optional(int),
         TARGET_TOP1_KEY: _optional(float),
-        RUN_ID_KEY: _optional(str),
     }
 
 
@@ -219,12 +214,7 @@ class RuntimeEvaluatorSpec(standard_component_specs.EvaluatorSpec):
         **standard_component_specs.EvaluatorSpec.PARAMETERS,
         TARGET_TOP1_KEY: _optional(float),
         BASELINE_SCOPE_KEY: _optional(str),
-        RUN_ID_KEY: _optional(str),
     }
-
-
-class RuntimeTunerSpec(standard_component_specs.TunerSpec):
-    PARAMETERS = {**standard_component_specs.TunerSpec.PARAMETERS, RUN_ID_KEY: _optional(str)}
 
 
 def _respec(component, spec_class, **parameters) -> None:
@@ -239,18 +229,13 @@ def _respec(component, spec_class, **parameters) -> None:
 
 
 class Trainer(tfx.components.Trainer):
-    """``tfx.components.Trainer`` taking ``train_epochs`` and ``target_top1`` (values or RuntimeParameters), and
-    ``run_id`` (the run's id, for the label of a Vertex training job)."""
+    """``tfx.components.Trainer`` taking ``train_epochs`` and ``target_top1`` (values or RuntimeParameters)."""
 
     EXECUTOR_SPEC = executor_spec.ExecutorClassSpec(TrainerExecutor)
 
-    def __init__(self, *, train_epochs=None, target_top1=None, run_id=None, **kwargs):
+    def __init__(self, *, train_epochs=None, target_top1=None, **kwargs):
         super().__init__(**kwargs)
-        _respec(
-            self,
-            RuntimeTrainerSpec,
-            **{TRAIN_EPOCHS_KEY: train_epochs, TARGET_TOP1_KEY: target_top1, RUN_ID_KEY: run_id},
-        )
+        _respec(self, RuntimeTrainerSpec, **{TRAIN_EPOCHS_KEY: train_epochs, TARGET_TOP1_KEY: target_top1})
 
 
 class VertexTrainer(Trainer):
@@ -260,27 +245,19 @@ class VertexTrainer(Trainer):
 
 
 class VertexTuner(tfx.extensions.google_cloud_ai_platform.Tuner):
-    """TFX's Vertex Tuner (parallel trials on the accelerator's machines), its job cancelled with its task and
-    labelled with ``run_id``."""
+    """TFX's Vertex Tuner (parallel trials on the accelerator's machines), its job cancelled with its task."""
 
     EXECUTOR_SPEC = executor_spec.ExecutorClassSpec(VertexTunerExecutor)
 
-    def __init__(self, *, run_id=None, **kwargs):
-        super().__init__(**kwargs)
-        _respec(self, RuntimeTunerSpec, **{RUN_ID_KEY: run_id})
-
 
 class Evaluator(tfx.components.Evaluator):
-    """``tfx.components.Evaluator`` taking ``target_top1`` (a value or a RuntimeParameter) as its top-1 gate,
-    ``baseline_scope`` (the pipeline's name) to write on its blessing, and ``run_id`` (the run's id, for the label
-    of its Dataflow job)."""
+    """``tfx.components.Evaluator`` taking ``target_top1`` (a value or a RuntimeParameter) as its top-1 gate
+    and ``baseline_scope`` (the pipeline's name) to write on its blessing."""
 
     EXECUTOR_SPEC = executor_spec.BeamExecutorSpec(EvaluatorExecutor)
 
-    def __init__(self, *, target_top1=None, baseline_scope=None, run_id=None, **kwargs):
+    def __init__(self, *, target_top1=None, baseline_scope=None, **kwargs):
         super().__init__(**kwargs)
         _respec(
-            self,
-            RuntimeEvaluatorSpec,
-            **{TARGET_TOP1_KEY: target_top1, BASELINE_SCOPE_KEY: baseline_scope, RUN_ID_KEY: run_id},
+            self, RuntimeEvaluatorSpec, **{TARGET_TOP1_KEY: target_top1, BASELINE_SCOPE_KEY: baseline_scope}
         )

@@ -119,9 +119,6 @@ class PipelineSettings:
       compare_with_latest_blessed: look up the latest blessed model (a TFX resolver node) as the Evaluator's
         baseline, so a model worse than it is not blessed. Open-source Kubeflow Pipelines runs no resolver
         node: without one the gate is the target top-1 alone.
-      run_id: the run's id, given to every step that starts a cloud job (sharding and Evaluator on Dataflow,
-        Tuner and Trainer on Vertex), which labels its job with it (``components.run_label``); a compiled
-        pipeline binds it to the orchestrator's run-id placeholder. None: no run label (the local runner).
     """
 
     name: str
@@ -139,7 +136,6 @@ class PipelineSettings:
     tuning: TuningStep | None = None
     extra_pusher: object = None
     compare_with_latest_blessed: bool = True
-    run_id: str | None = None
 
 
 def create_pipeline(settings: PipelineSettings) -> tfx.dsl.Pipeline:
@@ -155,18 +151,14 @@ def create_pipeline(settings: PipelineSettings) -> tfx.dsl.Pipeline:
     gate = runtime.pop(runtime_gate.TARGET_TOP1_KEY, None)
     epochs = runtime.pop(runtime_gate.TRAIN_EPOCHS_KEY, None)
     step_args = step_beam_args or {}
-    run_id = settings.run_id
-    shards = ImageNetShardGen(sharding_config=settings.sharding.to_json(), run_id=run_id, **runtime).with_id(
-        SHARDING_STEP
-    )
+    shards = ImageNetShardGen(sharding_config=settings.sharding.to_json(), **runtime).with_id(SHARDING_STEP)
     if step_args.get(SHARDING_STEP):
         shards.with_beam_pipeline_args(step_args[SHARDING_STEP])
     tuners = []
     if tuning is not None:
-        # TFX's own Tuner runs one search in its executor and refuses TuneArgs; the Vertex Tuner takes them, and
-        # labels its job with the run.
-        vertex_tuner_args = (
-            {"tune_args": tfx.proto.TuneArgs(num_parallel_trials=tuning.parallel_trials), "run_id": run_id}
+        # TFX's own Tuner runs one search in its executor and refuses TuneArgs; the Vertex Tuner takes them.
+        parallel = (
+            {"tune_args": tfx.proto.TuneArgs(num_parallel_trials=tuning.parallel_trials)}
             if tuning.component_class
             else {}
         )
@@ -176,7 +168,7 @@ def create_pipeline(settings: PipelineSettings) -> tfx.dsl.Pipeline:
                 examples=shards.outputs["examples"],
                 train_args=tfx.proto.TrainArgs(splits=[schema.TRAIN]),
                 eval_args=tfx.proto.EvalArgs(splits=[schema.VALIDATION]),
-                **vertex_tuner_args,
+                **parallel,
                 custom_config={
                     tfx_trainer.CONFIG_KEY: trainer_config.to_json(),
                     tfx_trainer.TUNING_KEY: tuning.search,
@@ -197,7 +189,6 @@ def create_pipeline(settings: PipelineSettings) -> tfx.dsl.Pipeline:
         train_epochs=epochs,
         target_top1=gate,
         hyperparameters=tuners[0].outputs["best_hyperparameters"] if tuners else None,
-        run_id=run_id,
     ).with_id("Trainer")
     baseline = []
     if settings.compare_with_latest_blessed:
@@ -216,7 +207,6 @@ def create_pipeline(settings: PipelineSettings) -> tfx.dsl.Pipeline:
         example_splits=[schema.VALIDATION],
         target_top1=gate,
         baseline_scope=pipeline_name,
-        run_id=run_id,
     ).with_id(EVALUATOR_STEP)
     if step_args.get(EVALUATOR_STEP):
         evaluator.with_beam_pipeline_args(step_args[EVALUATOR_STEP])

@@ -6,25 +6,25 @@ too, from the compiled job alone:
 - finds the task in the root DAG or in a DAG under it (a pipeline with an exit handler has its steps in the DAG
   the exit handler follows);
 - resolves the task's input parameters (PipelineSpec schema 2.1): constants compiled into the task
-  (``runtimeValue.constant``; the run placeholders ``{{$.pipeline_job_uuid}}`` and ``{{$.pipeline_task_name}}``
-  replaced as the Kubeflow driver replaces them, by the run's id and the task's name) and the job's runtime
-  parameters (``componentInputParameter``, followed up through the enclosing DAGs' bindings to the root: the
-  ``runtimeConfig.parameterValues`` defaults merged with the run's values), typed by the root's input definitions
-  (``parameterType``), as ``inputs.parameterValues``, the only form the 2.1 launchers write;
+  (``runtimeValue.constant``) and the job's runtime parameters (``componentInputParameter``, followed up
+  through the enclosing DAGs' bindings to the root: the ``runtimeConfig.parameterValues`` defaults merged with
+  the run's values), typed by the root's input definitions (``parameterType``), as ``inputs.parameterValues``,
+  the only form the 2.1 launchers write;
 - resolves the input artifacts to the upstream tasks' outputs as their ``executor_output.json`` describes them
   (name, URI and metadata; the type from the consuming component's input definitions);
 - names its output artifacts and places them at ``{root}/{task}/{output_key}/{execution}`` with the type of the
   component's output definitions;
 - writes all of it as the ``ExecutorInput`` JSON in place of the ``{{$}}`` placeholder of the container's
-  args, runs the container's command as a subprocess of this interpreter (``.venv/bin/python`` standing for the
-  image's ``python``), and returns the ``ExecutorOutput`` the executor wrote.
+  args, and the run's id in place of ``{{$.pipeline_job_uuid}}`` (as Vertex's launcher does), runs the
+  container's command as a subprocess of this interpreter (``.venv/bin/python`` standing for the image's
+  ``python``), and returns the ``ExecutorOutput`` the executor wrote.
 
 Deviations, each because the real thing cannot run here:
 
 - Beam: the compiled args say ``--runner=DataflowRunner``; it becomes ``--runner=DirectRunner
   --direct_num_workers=1``, unless the task is given ``dataflow`` options (a fake Dataflow service's endpoint):
-  then the runner stays and the options are added. The other compiled Beam args (project, region, ``--temp_location``,
-  ``--sdk_container_image``...) stay: the DirectRunner ignores the Dataflow-only ones, and the SDK image is what
+  then the runner stays and the options are added. The other compiled Beam args (project, region,
+  ``--temp_location``, ``--sdk_container_image``...) stay: the DirectRunner ignores the Dataflow-only ones, and the SDK image is what
   tells TFX not to package itself for the workers.
 - Resolver tasks (the latest blessed model) are not run: they resolve to no artifact, the first run's "no
   baseline", so the Evaluator gets an empty ``baseline_model`` list.
@@ -55,7 +55,8 @@ REPO_DIR = os.path.dirname(TESTS_DIR)
 # Lines of a failed task's log quoted in the error.
 LOG_TAIL_LINES = 60
 
-# The run id the run placeholder stands for when a test gives none.
+# Vertex's run-id placeholder in a task's args, and the run id it stands for when a test gives none.
+RUN_ID_PLACEHOLDER = "{{$.pipeline_job_uuid}}"
 DEFAULT_RUN_ID = "effnet-local-run"
 # PipelineSpec 2.1 parameter types and the Python type a value of each takes.
 PARAMETER_TYPES = {"STRING": str, "NUMBER_INTEGER": int, "NUMBER_DOUBLE": float, "BOOLEAN": bool}
@@ -163,16 +164,6 @@ def _root_parameter(job: dict, task: str, source: str) -> str:
     return source
 
 
-def _constant(value, task: str, run_id: str):
-    """A compiled constant with the run placeholders replaced, as the Kubeflow driver replaces them."""
-    if not isinstance(value, str) or "{{$" not in value:
-        return value
-    known = {"{{$.pipeline_job_uuid}}": run_id, "{{$.pipeline_task_name}}": task}
-    if value not in known:
-        raise ValueError(f"{task}: placeholder this launcher does not implement: {value}")
-    return known[value]
-
-
 def build_executor_input(
     job: dict,
     task: str,
@@ -181,7 +172,6 @@ def build_executor_input(
     upstream: Mapping[str, TaskResult],
     output_file: str,
     execution: int = 1,
-    run_id: str = DEFAULT_RUN_ID,
 ) -> dict:
     """The ``ExecutorInput`` (as a dict) the launcher hands task ``task`` in place of ``{{$}}``.
 
@@ -189,7 +179,6 @@ def build_executor_input(
       parameters: the run's parameter values (``runtime_parameters``).
       upstream: the results of the tasks this one reads artifacts of, by task name.
       execution: numbers this task's output URIs, so a task can run more than once on one root.
-      run_id: what the run-id placeholder ``{{$.pipeline_job_uuid}}`` stands for.
 
     Raises:
       ValueError: an input artifact's producer has not run (and is not a resolver) or a binding this launcher
@@ -204,7 +193,7 @@ def build_executor_input(
     values = {}
     for name, binding in dag_task.get("inputs", {}).get("parameters", {}).items():
         if "runtimeValue" in binding:
-            value = _constant(binding["runtimeValue"]["constant"], task, run_id)
+            value = binding["runtimeValue"]["constant"]
             if isinstance(value, str):
                 value = _relocate(value, job, root)
         elif "componentInputParameter" in binding:
@@ -250,10 +239,15 @@ def build_executor_input(
 
 
 def container_argv(
-    job: dict, task: str, executor_input: dict, pipeline_root: str, dataflow: Sequence[str] | None = None
+    job: dict,
+    task: str,
+    executor_input: dict,
+    pipeline_root: str,
+    dataflow: Sequence[str] | None = None,
+    run_id: str = DEFAULT_RUN_ID,
 ) -> list[str]:
-    """The task's container command and args, ``{{$}}`` filled and the Beam runner made local (or, with
-    ``dataflow`` options, kept, the options added)."""
+    """The task's container command and args, ``{{$}}`` and the run's id filled in, and the Beam runner made
+    local (or, with ``dataflow`` options, kept, the options added)."""
     spec = pipeline_spec(job)
     container = spec["deploymentSpec"]["executors"][_executor_label(job, task)]["container"]
     command = list(container["command"])
@@ -265,6 +259,8 @@ def container_argv(
             args.append(json.dumps(executor_input))
         elif arg == DATAFLOW_RUNNER:
             args.extend([arg, *dataflow] if dataflow is not None else LOCAL_BEAM_ARGS)
+        elif RUN_ID_PLACEHOLDER in arg:
+            args.append(arg.replace(RUN_ID_PLACEHOLDER, run_id))
         elif "{{$" in arg:
             raise ValueError(f"{task}: placeholder this launcher does not implement: {arg}")
         else:
@@ -316,9 +312,9 @@ def start_task(
     os.makedirs(task_dir, exist_ok=True)
     output_file = os.path.join(task_dir, "executor_output.json")
     executor_input = build_executor_input(
-        job, task, pipeline_root, parameters, upstream or {}, output_file, execution, run_id
+        job, task, pipeline_root, parameters, upstream or {}, output_file, execution
     )
-    argv = [*wrapper, *container_argv(job, task, executor_input, pipeline_root, dataflow)]
+    argv = [*wrapper, *container_argv(job, task, executor_input, pipeline_root, dataflow, run_id)]
     child_env = {**os.environ, **(env or {})}
     child_env["PYTHONPATH"] = os.pathsep.join(p for p in (TESTS_DIR, child_env.get("PYTHONPATH")) if p)
     log_path = os.path.join(task_dir, "log.txt")
@@ -351,7 +347,7 @@ def run_task(
       execution: numbers the output URIs (run a task twice on one root with 1, 2...).
       wrapper: a command put in front of the container's (e.g. ``fake_vertex.wrapper(...)``).
       env: variables added to this process's environment for the container; ``tests/`` is on its PYTHONPATH.
-      run_id: the run's id (the run-id placeholder's value).
+      run_id: the run's id, in place of the run-id placeholder of the task's args.
       dataflow: Beam options that keep a Beam task on the DataflowRunner, pointed at a fake Dataflow service
         (``fake_dataflow.FakeDataflow.beam_args``); None runs it on the DirectRunner.
 

@@ -11,6 +11,7 @@ SDK's ``JobServiceClient``. The container tasks run as their containers would (`
 the DataflowRunner with its staging on the GCS emulator.
 """
 
+import json
 import os
 import signal
 import subprocess
@@ -73,10 +74,13 @@ def custom_job(job_id: str, run: str, state: str, location: str = REGION) -> dic
 # ---- the compiled exit handler ---------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("suffix", [".json", ".yaml"])
-def test_compiled_pipeline_runs_the_clean_up_after_every_step_whatever_its_state(tmp_path, suffix):
-    document = compile_smoke(tmp_path, "gs://effnet-test-bucket/pipelines", suffix=suffix)
-    spec = document.get("pipelineSpec", document)
+def _args(spec: dict, task: str) -> list[str]:
+    label = spec["components"][pipeline_tasks(spec)[task]["componentRef"]["name"]]["executorLabel"]
+    return spec["deploymentSpec"]["executors"][label]["container"]["args"]
+
+
+def test_compiled_vertex_job_runs_the_clean_up_after_every_step_whatever_its_state(tmp_path):
+    spec = compile_smoke(tmp_path, "gs://effnet-test-bucket/pipelines")["pipelineSpec"]
     message = json_format.ParseDict(spec, pipeline_spec_pb2.PipelineSpec())  # the PipelineSpec schema's own
     root = spec["root"]["dag"]["tasks"]
     assert set(root) == {"tfx-dag", run_cleanup.STEP_ID}
@@ -94,16 +98,16 @@ def test_compiled_pipeline_runs_the_clean_up_after_every_step_whatever_its_state
     assert {name: value["runtimeValue"]["constant"] for name, value in parameters.items()} == {
         "project": PROJECT,
         "region": REGION,
-        run_label.RUN_ID_KEY: "{{$.pipeline_job_uuid}}",
     }
-    executor = spec["deploymentSpec"]["executors"][spec["components"][run_cleanup.STEP_ID]["executorLabel"]]
-    args = executor["container"]["args"]
+    args = _args(spec, run_cleanup.STEP_ID)
     assert args[:2] == ["--executor_class_path", "components.run_cleanup.Executor"]
     assert {f"--project={PROJECT}", f"--region={REGION}"} <= set(args)  # Dataflow where the Beam steps run it
-    # Every step that starts a cloud job takes the run's id, to label its job with.
-    for step in STEPS_WITH_JOBS:
-        binding = steps[step]["inputs"]["parameters"][run_label.RUN_ID_KEY]
-        assert binding == {"runtimeValue": {"constant": "{{$.pipeline_job_uuid}}"}}, step
+    # Every task learns its run's id from its arguments, which Vertex fills in...
+    for task in (*STEPS_WITH_JOBS, run_cleanup.STEP_ID):
+        assert "--effnet_run={{$.pipeline_job_uuid}}" in _args(spec, task), task
+    # ... and no step's input depends on the run: a step's cache key is its inputs' values and its compiled
+    # arguments, so a re-run with the same values reuses it.
+    assert "{{$" not in json.dumps({name: task.get("inputs", {}) for name, task in steps.items()})
     # The runtime parameters reach the steps through the DAG: declared on it and passed in from the root.
     declared = spec["root"]["inputDefinitions"]["parameters"]
     dag_inputs = spec["components"]["tfx-dag"]["inputDefinitions"]["parameters"]
@@ -120,6 +124,14 @@ def test_compiled_pipeline_runs_the_clean_up_after_every_step_whatever_its_state
         if "componentInputParameter" in binding
     }
     assert bound and bound <= set(dag_inputs)
+
+
+def test_the_kubeflow_spec_has_no_clean_up_and_no_run_id(tmp_path):
+    """Kubeflow Pipelines fills the run-id placeholder in input parameters only, which would be in every step's
+    cache key: its jobs carry no run label, so the spec has no exit handler to look for them."""
+    spec = compile_smoke(tmp_path, "gs://effnet-test-bucket/pipelines", suffix=".yaml")
+    assert run_cleanup.STEP_ID not in pipeline_tasks(spec) and "tfx-dag" not in spec["root"]["dag"]["tasks"]
+    assert "{{$.pipeline_job_uuid}}" not in json.dumps(spec)
 
 
 def test_a_compiled_template_is_still_read_and_checked(tmp_path):
@@ -289,10 +301,10 @@ def test_clean_up_fails_when_a_job_may_still_run(dataflow, monkeypatch, capsys):
 
     monkeypatch.setattr(gapic, "JobServiceClient", Unavailable)
     job = dataflow.add_job(PROJECT, REGION, "sharding", {run_label.RUN_LABEL: RUN}, "JOB_STATE_RUNNING")
-    executor = run_cleanup.Executor(run_cleanup.Executor.Context(beam_pipeline_args=dataflow.beam_args()))
-    properties = {"project": PROJECT, "region": REGION, run_label.RUN_ID_KEY: RUN}
+    args = [f"--effnet_run={RUN}", *dataflow.beam_args()]  # the task's args, the run's id filled in
+    executor = run_cleanup.Executor(run_cleanup.Executor.Context(beam_pipeline_args=args))
     with pytest.raises(RuntimeError) as raised:
-        executor.Do({}, {}, properties)
+        executor.Do({}, {}, {"project": PROJECT, "region": REGION})
     message = str(raised.value)
     assert (
         "\n" not in message and f"cancelled 1 Dataflow job ({job} sharding: JOB_STATE_CANCELLED)" in message
@@ -312,10 +324,15 @@ def test_the_run_label_goes_on_the_training_job_and_the_evaluators_dataflow_job(
         "ai_platform_training_args": {"project": PROJECT, "labels": dict(PIPELINE_LABELS)},
         "ai_platform_vertex_region": REGION,
     }
-    labelled = runtime_gate._with_run_label(config, "ai_platform_training_args", RUN)
+    task_args = ["--runner=DataflowRunner", f"--effnet_run={RUN}"]
+    labelled = runtime_gate.labelled_with_run(config, "ai_platform_training_args", task_args)
     assert labelled["ai_platform_training_args"]["labels"] == {**PIPELINE_LABELS, run_label.RUN_LABEL: RUN}
     unchanged = config["ai_platform_training_args"]["labels"]
     assert unchanged == PIPELINE_LABELS  # the compiled config is left as it was
+    # Outside a compiled Vertex pipeline, or with the placeholder left as it is, the job has no run label.
+    for args in ([], ["--effnet_run={{$.pipeline_job_uuid}}"]):
+        labels = runtime_gate.labelled_with_run(config, "ai_platform_training_args", args)
+        assert labels["ai_platform_training_args"]["labels"] == PIPELINE_LABELS
 
     # The DirectRunner: a DataflowRunner pipeline would check its temp location's bucket on GCS when built.
     args = [
@@ -323,12 +340,13 @@ def test_the_run_label_goes_on_the_training_job_and_the_evaluators_dataflow_job(
         f"--project={PROJECT}",
         f"--region={REGION}",
         "--labels=effnet-preset=smoke",
+        f"--effnet_run={RUN}",
     ]
     executor = runtime_gate.EvaluatorExecutor(runtime_gate.EvaluatorExecutor.Context(beam_pipeline_args=args))
-    properties = executor.take_run_id({"eval_config": "{}", run_label.RUN_ID_KEY: RUN})
-    assert properties == {"eval_config": "{}"}
     pipeline = executor._make_beam_pipeline()
     assert isinstance(pipeline, dataflow_jobs.StoppablePipeline)
+    options = pipeline.options.get_all_options(retain_unknown_options=True)
+    assert "effnet_run" not in options  # taken out of Beam's options, put on the job as a label
     labels = pipeline.options.view_as(GoogleCloudOptions).labels
     assert "effnet-preset=smoke" in labels and f"{run_label.RUN_LABEL}={RUN}" in labels
 
@@ -339,9 +357,8 @@ def test_the_run_label_goes_on_the_training_job_and_the_evaluators_dataflow_job(
 BEAM_STEP = r"""
 import sys
 import apache_beam as beam
-from components import runtime_gate, run_label
-executor = runtime_gate.EvaluatorExecutor(runtime_gate.EvaluatorExecutor.Context(beam_pipeline_args=sys.argv[2:]))
-executor.take_run_id({run_label.RUN_ID_KEY: sys.argv[1]})
+from components import runtime_gate
+executor = runtime_gate.EvaluatorExecutor(runtime_gate.EvaluatorExecutor.Context(beam_pipeline_args=sys.argv[1:]))
 with executor._make_beam_pipeline() as pipeline:
     _ = pipeline | beam.Create([1, 2, 3]) | beam.Map(lambda x: x + 1)
 """
@@ -360,12 +377,12 @@ def _wait_for(predicate, what: str, process, timeout: float = 240.0) -> None:
 def _start_beam_step(dataflow, bucket, emulator, log_path):
     args = [
         "--runner=DataflowRunner", f"--project={PROJECT}", f"--region={REGION}", f"--temp_location={bucket}/beam-tmp",
-        f"--sdk_container_image={IMAGE}", "--sdk_location=container", *dataflow.beam_args(),
+        f"--sdk_container_image={IMAGE}", "--sdk_location=container", f"--effnet_run={RUN}", *dataflow.beam_args(),
     ]  # fmt: skip
     env = {**os.environ, "STORAGE_EMULATOR_HOST": emulator.host, "PYTHONPATH": kfp_launcher.REPO_DIR}
     with open(log_path, "wb") as log:
         return subprocess.Popen(
-            [sys.executable, "-c", BEAM_STEP, RUN, *args], cwd=kfp_launcher.REPO_DIR, env=env, stdout=log,
+            [sys.executable, "-c", BEAM_STEP, *args], cwd=kfp_launcher.REPO_DIR, env=env, stdout=log,
             stderr=subprocess.STDOUT,
         )  # fmt: skip
 
