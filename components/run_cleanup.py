@@ -3,9 +3,9 @@
 The steps that start cloud jobs cancel their own job when their task is stopped (``components.vertex_training``,
 ``components.dataflow_jobs``), but a task killed outright (SIGKILL, out of memory, its node lost), or stopped
 before its job had an id, leaves the job running and billing: a training job until its timeout (days for some
-presets), a Dataflow job of up to a hundred workers until it ends. On Vertex AI Pipelines and Kubeflow Pipelines
-the exit handler runs once every other task of the run has ended, whatever their state; it finds the run's jobs
-by the label every step puts on them (``components.run_label``): the Vertex AI custom jobs (training, tuning) of
+presets), a Dataflow job of up to a hundred workers until it ends. On Vertex AI Pipelines the exit handler runs
+once every other task of the run has ended, whatever their state; it finds the run's jobs by the label every
+step puts on them (``components.run_label``): the Vertex AI custom jobs (training, tuning) of
 the project and region, and the Dataflow jobs (sharding, evaluation). Each one not ended is cancelled and
 followed until it ends (within ``CANCEL_WAIT_SECONDS`` of each module); the task logs one line per job and a
 summary, ``run RUN: cancelled ...`` or ``run RUN: no job left running``.
@@ -14,8 +14,8 @@ The task takes its run's id as every task of the run does (the argument ``run_la
 line, when it cannot tell its run (an orchestrator that did not replace the run-id placeholder) or a job could
 not be cancelled: a run whose jobs may still bill is not reported clean.
 
-The handler takes no final-status input (``PipelineTaskFinalStatus``): it cancels whatever is left in any state,
-and Kubeflow Pipelines resolves that input only from version 2.14.
+The handler takes no final-status input (``PipelineTaskFinalStatus``): it cancels whatever is left, in any state.
+A pipeline compiled for Kubeflow Pipelines has no exit handler: its jobs carry no run label (``run_label``).
 """
 
 from __future__ import annotations
@@ -61,6 +61,10 @@ class CleanupReport:
         return f"run {self.run}: {done}; could not cancel: {'; '.join(self.failures)}"
 
 
+def _one_line(error: BaseException) -> str:
+    return " ".join(str(error).split())
+
+
 def cancel_custom_jobs(project: str, region: str, run: str, report: CleanupReport) -> None:
     """Cancels the run's Vertex AI custom jobs that have not ended, into ``report``."""
     from google.cloud.aiplatform import gapic
@@ -77,7 +81,9 @@ def cancel_custom_jobs(project: str, region: str, run: str, report: CleanupRepor
             if job.state.name not in vertex_training.ENDED
         ]
     except Exception as error:
-        report.failures.append(f"listing the Vertex AI custom jobs of {request['parent']}: {error}")
+        report.failures.append(
+            f"listing the Vertex AI custom jobs of {request['parent']}: {_one_line(error)}"
+        )
         return
     for job in jobs:
         state = vertex_training.cancel(client, job.name)  # best effort: UNKNOWN when the request failed
@@ -97,13 +103,13 @@ def cancel_dataflow_jobs(api: dataflow_jobs.DataflowApi, run: str, report: Clean
     try:
         jobs = api.jobs_labelled(run_label.RUN_LABEL, run)
     except Exception as error:
-        report.failures.append(f"listing the Dataflow jobs of {api.project}/{api.region}: {error}")
+        report.failures.append(f"listing the Dataflow jobs of {api.project}/{api.region}: {_one_line(error)}")
         return
     for job in jobs:
         try:
             report.dataflow_jobs.append((f"{job.id} {job.name}".strip(), api.cancel(job.id)))
         except Exception as error:
-            report.failures.append(f"Dataflow job {job.id} ({api.console_url(job.id)}): {error}")
+            report.failures.append(f"Dataflow job {job.id} ({api.console_url(job.id)}): {_one_line(error)}")
 
 
 def clean_up(project: str, region: str, run_id: str, beam_args: list[str]) -> CleanupReport:
