@@ -206,11 +206,12 @@ def build_pipeline(
     Each Beam step gets its own Dataflow workers; the pushed models of each pipeline (one per preset) go to a
     serving directory of its own, ``ROOT/serving_model/PIPELINE``. ``for_kubeflow`` leaves out the
     latest-blessed-model lookup (a TFX resolver node, which the open-source Kubeflow Pipelines backend does not
-    run): the Evaluator then gates on the target top-1 alone.
+    run): the Evaluator then gates on the target top-1 alone; and the run's id among the tasks' arguments
+    (``components.run_label``), which Kubeflow does not fill in.
     """
     from tfx.orchestration import data_types
 
-    from components import runtime_gate
+    from components import run_label, runtime_gate
     from pipeline import pipeline_def
 
     runtime = {
@@ -220,6 +221,8 @@ def build_pipeline(
     root = settings.pipeline_root.rstrip("/")
     name = pipeline_name(compiled.preset.name)
     labels = settings.labels(name, compiled.preset.name)
+    # Every task's arguments carry the run's id, which Vertex fills in, for the run's label on its jobs.
+    run_args = () if for_kubeflow else (run_label.RUN_ARG,)
     return pipeline_def.create_pipeline(
         pipeline_def.PipelineSettings(
             name=name,
@@ -228,7 +231,7 @@ def build_pipeline(
             trainer_config=compiled.trainer_config,
             serving_model_dir=f"{root}/serving_model/{name}",
             metadata_connection_config=None,  # Vertex / Kubeflow bring their own metadata store
-            beam_pipeline_args=tuple(settings.dataflow_args(labels)),
+            beam_pipeline_args=(*settings.dataflow_args(labels), *run_args),
             step_beam_args={
                 pipeline_def.SHARDING_STEP: settings.sharding_workers.args(),
                 pipeline_def.EVALUATOR_STEP: settings.evaluator_workers.args(),
@@ -280,6 +283,27 @@ def scope_baseline_query(spec: dict, name: str) -> int:
     return changed
 
 
+def bind_exit_dag_parameters(spec: dict) -> None:
+    """Passes the root's runtime parameters into the DAG the exit handler follows (TFX's ``tfx-dag``).
+
+    With an exit handler, TFX compiles the pipeline's steps into that DAG but leaves their parameters bound to
+    the root's inputs (``componentInputParameter``), which a task resolves against its parent DAG's inputs only
+    (Kubeflow's driver: "parent DAG does not have input parameter"). The DAG declares each root parameter under
+    the same name, and the root's task of the DAG passes it in.
+    """
+    from tfx.orchestration.kubeflow import utils
+
+    declared = spec["root"].get("inputDefinitions", {}).get("parameters", {})
+    spec["components"][utils.TFX_DAG_NAME]["inputDefinitions"] = {
+        "parameters": {
+            name: {"parameterType": parameter["parameterType"]} for name, parameter in declared.items()
+        }
+    }
+    spec["root"]["dag"]["tasks"][utils.TFX_DAG_NAME]["inputs"] = {
+        "parameters": {name: {"componentInputParameter": name} for name in declared}
+    }
+
+
 def compile_pipeline(
     pipeline, settings: CloudSettings, output: str, defaults: dict, labels: dict[str, str]
 ) -> str:
@@ -290,11 +314,15 @@ def compile_pipeline(
     the root input definitions (``defaultValue``, which TFX does not write) and, for a PipelineJob, its
     ``runtimeConfig``; the pipeline root into ``defaultPipelineRoot`` (the serving directory and Dataflow's
     temp location are compiled under it, so a run must use it); ``labels`` onto the PipelineJob. The
-    latest-blessed-model lookup is scoped to this pipeline (``scope_baseline_query``).
+    latest-blessed-model lookup is scoped to this pipeline (``scope_baseline_query``). A PipelineJob has an exit
+    handler (``components.run_cleanup``), which runs after the pipeline's steps, whatever their state, and
+    cancels the jobs the run left running; a Kubeflow PipelineSpec has none, as its jobs carry no run label
+    (``components.run_label``).
     """
     import yaml
     from tfx import v1 as tfx
 
+    from components import run_cleanup
     from trainer_module import files
 
     runner = tfx.orchestration.experimental.KubeflowV2DagRunner(
@@ -304,14 +332,22 @@ def compile_pipeline(
         output_dir=os.path.dirname(output) or ".",
         output_filename=os.path.basename(output),
     )
+    is_job = output.endswith(".json")
+    if (
+        is_job
+    ):  # it reaches Dataflow, and finds its run's id, as the pipeline's steps do: in their Beam options
+        cleanup = run_cleanup.RunCleanup(settings.project, settings.region).with_id(run_cleanup.STEP_ID)
+        runner.set_exit_handler(cleanup.with_beam_pipeline_args(pipeline.beam_pipeline_args))
     job = runner.run(pipeline, parameter_values=defaults, write_out=False)
     spec = job["pipelineSpec"]
     scope_baseline_query(spec, pipeline.pipeline_info.pipeline_name)
     for name, parameter in spec["root"].get("inputDefinitions", {}).get("parameters", {}).items():
         parameter["defaultValue"] = defaults[name]
+    if is_job:
+        bind_exit_dag_parameters(spec)
     spec["defaultPipelineRoot"] = settings.pipeline_root.rstrip("/")
     job["labels"] = {**job.get("labels", {}), **labels}
-    if output.endswith(".json"):
+    if is_job:
         files.write_text(output, json.dumps(job, sort_keys=True))
     else:
         files.write_text(output, yaml.safe_dump(spec, sort_keys=True))

@@ -18,7 +18,7 @@ from kfp.pipeline_spec import pipeline_spec_pb2
 
 from components import runtime_gate, vertex_pusher
 from pipeline import accelerators, kubeflow_v2_runner, pipeline_def, submission
-from pipeline.template import Template
+from pipeline.template import Template, pipeline_tasks
 from trainer_module import tfx_trainer
 from trainer_module.config import TrainerConfig
 from trainer_module.presets import get_preset
@@ -53,8 +53,13 @@ def _spec(job) -> pipeline_spec_pb2.PipelineSpec:
     return spec
 
 
+def _tasks(job) -> dict:
+    """The compiled steps by name (under the DAG the exit handler follows)."""
+    return pipeline_tasks(job["pipelineSpec"])
+
+
 def _custom_config(job) -> dict:
-    parameters = job["pipelineSpec"]["root"]["dag"]["tasks"]["Trainer"]["inputs"]["parameters"]
+    parameters = _tasks(job)["Trainer"]["inputs"]["parameters"]
     return json.loads(parameters["custom_config"]["runtimeValue"]["constant"])
 
 
@@ -203,7 +208,7 @@ def test_compiled_job_trains_on_the_accelerator_in_the_trainer_image(tmp_path, c
     assert code == 0, capsys.readouterr().err
     job = _job(output)
     spec = _spec(job)
-    assert {"ImageNetShardGen", "Trainer", "Evaluator", "Pusher"} <= set(spec.root.dag.tasks)
+    assert {"ImageNetShardGen", "Trainer", "Evaluator", "Pusher"} <= set(spec.components["tfx-dag"].dag.tasks)
     # Every step runs the pipeline image; the training job runs the trainer image on both pools.
     for executor in job["pipelineSpec"]["deploymentSpec"]["executors"].values():
         if "container" in executor:
@@ -261,7 +266,7 @@ def test_runtime_parameters_are_root_inputs_with_the_presets_defaults(tmp_path):
         "defaultValue": "gs://my-bucket/ILSVRC2012_img_train.tar",
     }
     assert job["runtimeConfig"]["parameterValues"]["train_epochs"] == 30
-    tasks = root["dag"]["tasks"]
+    tasks = _tasks(job)
     bound = {
         task: {
             name
@@ -332,7 +337,7 @@ def test_tags_are_warned_about_and_the_vertex_pusher_is_optional(tmp_path, capsy
     assert code == 0
     assert err.count("warning:") == 2 and "pipeline:latest is a tag" in err and "trainer-tpu:latest" in err
     job = _job(output)
-    tasks = job["pipelineSpec"]["root"]["dag"]["tasks"]
+    tasks = _tasks(job)
     assert {"Pusher", "VertexPusher"} <= set(tasks)
     config = json.loads(
         tasks["VertexPusher"]["inputs"]["parameters"]["custom_config"]["runtimeValue"]["constant"]
@@ -456,9 +461,9 @@ def test_the_baseline_is_this_pipelines_and_its_models_are_served_apart(tmp_path
         'schema_title="tfx.ModelBlessing" AND state=LIVE AND metadata.blessed.number_value=1 AND '
         f'metadata.{runtime_gate.BASELINE_SCOPE_PROPERTY}.string_value="effnet-b0-rmsprop-8x2048"'
     ]
-    evaluator = job["pipelineSpec"]["root"]["dag"]["tasks"]["Evaluator"]["inputs"]["parameters"]
+    evaluator = _tasks(job)["Evaluator"]["inputs"]["parameters"]
     assert evaluator["baseline_scope"]["runtimeValue"]["constant"] == "effnet-b0-rmsprop-8x2048"
-    pusher = job["pipelineSpec"]["root"]["dag"]["tasks"]["Pusher"]["inputs"]["parameters"]
+    pusher = _tasks(job)["Pusher"]["inputs"]["parameters"]
     destination = json.loads(pusher["push_destination"]["runtimeValue"]["constant"])
     assert (
         destination["filesystem"]["base_directory"]
@@ -1017,7 +1022,7 @@ def test_tuning_compiles_to_a_vertex_job_of_parallel_trials_feeding_the_trainer(
     code, output = _compile(tmp_path, "--tune", "--tune-parallel-trials", "3", "--tune-max-epochs", "35")
     assert code == 0
     job = _job(output)
-    tasks = job["pipelineSpec"]["root"]["dag"]["tasks"]
+    tasks = _tasks(job)
     executor = job["pipelineSpec"]["deploymentSpec"]["executors"]["Tuner_executor"]["container"]["args"]
     assert executor[:2] == ["--executor_class_path", "components.runtime_gate.VertexTunerExecutor"]
     custom = json.loads(tasks["Tuner"]["inputs"]["parameters"]["custom_config"]["runtimeValue"]["constant"])
