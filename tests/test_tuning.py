@@ -335,10 +335,15 @@ def test_hyperband_continues_trials_from_their_checkpoints_and_a_killed_search_r
     trials = tune_dir / "trials"
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}
     search = subprocess.Popen(_tune_command(digits, tune_dir), env=env, stdout=subprocess.PIPE, text=True)
-    # Kill the search (SIGKILL) in the middle of trial 0003, a 2-epoch trial, once its epoch-1 checkpoint is in.
-    checkpoint = trials / "trial_0003" / "run" / "checkpoints" / "ckpt-12.index"
-    deadline = time.time() + 600
-    while time.time() < deadline and search.poll() is None and not checkpoint.exists():
+    # Kill the search (SIGKILL) in the middle of trial 0003, a 2-epoch trial, once its epoch-1 checkpoint is in:
+    # recorded in the checkpoint manager's state file (written after the checkpoint's files, by a rename).
+    state = trials / "trial_0003" / "run" / "checkpoints" / "checkpoint"
+
+    def checkpointed() -> bool:
+        return state.exists() and '"ckpt-12"' in state.read_text()
+
+    deadline = time.time() + 1800  # three trials; minutes each on a loaded machine
+    while time.time() < deadline and search.poll() is None and not checkpointed():
         time.sleep(0.2)
     assert search.poll() is None, "the search ended before it could be killed"
     search.send_signal(signal.SIGKILL)
@@ -356,7 +361,7 @@ def test_hyperband_continues_trials_from_their_checkpoints_and_a_killed_search_r
     )
 
     again = subprocess.run(
-        _tune_command(digits, tune_dir), env=env, capture_output=True, text=True, timeout=900
+        _tune_command(digits, tune_dir), env=env, capture_output=True, text=True, timeout=1800
     )
     assert again.returncode == 0, again.stderr[-3000:]
     lines = again.stdout.splitlines()
