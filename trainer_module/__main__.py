@@ -271,8 +271,9 @@ def add_tune_arguments(parser: argparse.ArgumentParser) -> None:
     from trainer_module import tuning
 
     parser.description = (
-        "Searches hyperparameters; each trial is a run of python -m trainer_module (its in-loop top-1 the "
-        "objective). Run again in the same --tune-dir to resume: finished trials are kept."
+        "Searches hyperparameters; each trial is a run of python -m trainer_module train --config, handed its "
+        "resolved run as a file (its in-loop top-1 the objective). Run again in the same --tune-dir to resume: "
+        "finished trials are kept."
     )
     parser.add_argument("--preset", required=True, help="named config the trials start from")
     parser.add_argument("--train-files", action="append", required=True, help="glob of training shards")
@@ -306,7 +307,8 @@ def add_tune_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def tune_preflight(args):
-    """The search (config, space, budget), the data, then the directory (created and claimed last).
+    """The search (the resolved run its trials start from, the space, the budget), the data, then the
+    directory (created and claimed last).
 
     Raises:
       console.UsageError: naming the flag and the problem.
@@ -314,18 +316,15 @@ def tune_preflight(args):
     from trainer_module import tuning
 
     check_data(args.train_files, args.eval_files)
-    sizes = manifest_sizes(args.train_files, args.eval_files)
-    resolved_run(args, sizes)  # the preset and overrides, in one line if wrong
-    overrides = args.overrides + [f"{k}={v}" for k, v in (sizes.settings() if sizes else {}).items()]
+    run = resolved_run(args, manifest_sizes(args.train_files, args.eval_files))
     try:
         changes = tuple(tuning.Dimension.parse(text) for text in args.space)
     except ValueError as e:
         raise console.UsageError("--space", "", console.one_line(e)) from None
     search = tuning.Search(
-        preset=args.preset,
+        config=run.config,
         train_files=tuple(args.train_files),
         eval_files=tuple(args.eval_files),
-        overrides=tuple(overrides),
         search=args.search,
         max_epochs=args.max_epochs,
         max_trials=args.max_trials,
