@@ -31,7 +31,7 @@ if __name__ == "__main__" and lean_imports.runs_on_direct_runner(sys.argv[1:]):
 from beam_preprocess import classes, sources, spill  # noqa: E402
 from beam_preprocess.config import ShardingConfig  # noqa: E402
 from beam_preprocess.run import FailureBudgetExceeded, OutputExistsError, leftovers_message, run  # noqa: E402
-from effnet_common import console, schema, storage  # noqa: E402
+from effnet_common import console, path_checks, schema, storage  # noqa: E402
 
 LOG_NAME = "beam_preprocess.log"
 
@@ -163,24 +163,24 @@ def preflight(args) -> ShardingConfig:
     except ValueError as e:
         raise console.UsageError("", "", console.one_line(e)) from None  # the message names the option
     if args.classes_file:
-        console.check_file("--classes-file", args.classes_file)
+        path_checks.check_file("--classes-file", args.classes_file)
         try:
             classes.parse_class_list(storage.read_text(args.classes_file))
         except ValueError as e:  # a UnicodeDecodeError too
             raise console.UsageError("--classes-file", args.classes_file, console.one_line(e)) from None
     for flag, path in (("--train-archive", args.train_archive), ("--val-archive", args.val_archive)):
         if path:
-            console.check_file(flag, path)
+            path_checks.check_file(flag, path)
     for flag, path in (("--train-dir", args.train_dir), ("--val-dir", args.val_dir)):
         if path:
-            console.check_directory(flag, path)
+            path_checks.check_directory(flag, path)
     if args.tfds_data_dir:
         for split in schema.SPLITS:
             try:
                 sources.tfds_record_files(args.tfds_data_dir, split)
             except OSError as e:
                 raise console.UsageError("--tfds-data-dir", args.tfds_data_dir, console.one_line(e)) from None
-    console.make_writable_directory("--output-dir", args.output_dir)
+    path_checks.make_writable_directory("--output-dir", args.output_dir)
     return config
 
 

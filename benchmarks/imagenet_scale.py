@@ -149,13 +149,13 @@ def trainer_plan(shards_dir: str, preset: str = "b5-lars-1024x65536") -> dict:
     it): files per host, steps, and an evaluation pass that counts each validation image exactly once."""
     import tensorflow as tf
 
-    from trainer_module import input_pipeline, presets
-    from trainer_module.run import with_data_sizes
+    from trainer_module import input_pipeline, presets, resolve
 
     train_files = os.path.join(shards_dir, schema.TRAIN, f"{schema.TRAIN}-*")
     eval_files = os.path.join(shards_dir, schema.VALIDATION, f"{schema.VALIDATION}-*")
     try:
-        config = with_data_sizes(presets.get_preset(preset), train_files, eval_files)
+        sizes = resolve.data_sizes(train_files, eval_files)
+        config = resolve.resolve_run(presets.get_preset(preset), data=sizes).config
     except ValueError as e:  # e.g. --scale too small for the preset's global batch
         return {"preset": preset, "skipped": str(e)}
     plan = config.plan

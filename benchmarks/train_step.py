@@ -54,7 +54,7 @@ import tensorflow as tf  # noqa: E402
 
 from trainer_module import presets, train  # noqa: E402
 from trainer_module.batchnorm import GroupedBatchNormalization  # noqa: E402
-from trainer_module.config import with_overrides  # noqa: E402
+from trainer_module.config import replace  # noqa: E402
 
 NUM_CLASSES = 1000
 GOAL_RATIO = 1.3
@@ -152,18 +152,18 @@ class OursRunner:
     """Our Trainer on one CPU device; ``run(steps)`` times one ``steps``-step call of its training loop."""
 
     def __init__(self, case: Case):
-        config = with_overrides(
+        config = replace(
             presets.get_preset("smoke"),
-            [
-                f"model.variant={case.variant}",
-                f"model.image_size={case.image_size}",
-                f"model.precision={case.precision}",
-                f"data.global_batch_size={case.batch}",
+            {
+                "model.variant": case.variant,
+                "model.image_size": case.image_size,
+                "model.precision": case.precision,
+                "data.global_batch_size": case.batch,
                 # Enough examples for a long schedule: the benchmark never reaches its end.
-                f"data.num_train_examples={case.batch * 1000}",
-                "data.num_cores=1",
-                "loop.strategy=one_device",
-            ],
+                "data.num_train_examples": case.batch * 1000,
+                "data.num_cores": 1,
+                "loop.strategy": "one_device",
+            },
         )
         strategy = tf.distribute.OneDeviceStrategy("/cpu:0")
         self.trainer = train.Trainer(config, strategy)

@@ -19,6 +19,10 @@ of their own, and their executors fold them into what TFX's executors read, so o
   blessings of its own pipeline only (``kubeflow_v2_runner`` adds that condition to the lookup's query).
 
 Left as None (the local runner), each parameter leaves the config as it was built.
+
+The steps that start cloud jobs (``VertexTrainer``, ``VertexTuner``, ``Evaluator`` on Dataflow) also put the run's
+id, an argument of every task of a compiled Vertex pipeline (``components.run_label``), on their job as the run's
+label, by which the pipeline's exit handler finds what a run left running (``components.run_cleanup``).
 """
 
 from __future__ import annotations
@@ -35,7 +39,7 @@ from tfx.dsl.components.base import base_executor, executor_spec
 from tfx.types import component_spec, standard_component_specs
 from tfx.utils import json_utils, name_utils
 
-from components import vertex_training
+from components import dataflow_jobs, run_label, vertex_training
 from components.parameters import TARGET_TOP1_KEY, TOP1_METRIC, TRAIN_EPOCHS_KEY
 
 BASELINE_SCOPE_KEY = "baseline_scope"
@@ -47,11 +51,11 @@ BLESSING_KEY = "blessing"
 def trainer_custom_config(custom_config_json: str, train_epochs: Any, target_top1: Any) -> str:
     """``custom_config`` JSON with the trainer config's epochs and target replaced (None keeps them)."""
     from trainer_module import tfx_trainer
-    from trainer_module.config import TrainerConfig, with_overrides
+    from trainer_module.config import TrainerConfig, replace
 
     custom_config = json_utils.loads(custom_config_json)
     given = {
-        name: kind(value)
+        f"loop.{name}": kind(value)
         for name, kind, value in (
             (TRAIN_EPOCHS_KEY, int, train_epochs),
             (TARGET_TOP1_KEY, float, target_top1),
@@ -61,9 +65,9 @@ def trainer_custom_config(custom_config_json: str, train_epochs: Any, target_top
     if given:
         config = TrainerConfig.from_json(custom_config[tfx_trainer.CONFIG_KEY])
         try:
-            folded = with_overrides(config, [f"loop.{name}={value}" for name, value in given.items()])
-        except ValueError as error:
-            named = ", ".join(f"{name}={value}" for name, value in given.items())
+            folded = replace(config, given)
+        except (TypeError, ValueError) as error:
+            named = ", ".join(f"{name.split('.')[1]}={value}" for name, value in given.items())
             raise ValueError(f"runtime parameters {named} do not fit the compiled preset: {error}") from None
         custom_config[tfx_trainer.CONFIG_KEY] = folded.to_json()
     return json_utils.dumps(custom_config)
@@ -128,27 +132,38 @@ def run_timeout(input_dict, exec_properties: dict[str, Any], custom_config: dict
         return None
     from tfx.components.trainer import fn_args_utils
 
-    from trainer_module import run, tfx_trainer
+    from trainer_module import resolve, tfx_trainer
 
     fn_args = fn_args_utils.get_common_fn_args(input_dict, exec_properties)
-    config = run.with_data_sizes(
-        tfx_trainer.config_from_fn_args(fn_args), fn_args.train_files, fn_args.eval_files
-    )
-    return rule.seconds(config)
+    run = resolve.ResolvedRun(tfx_trainer.config_from_fn_args(fn_args))
+    return rule.seconds(run.with_data(resolve.data_sizes(fn_args.train_files, fn_args.eval_files)).config)
+
+
+def labelled_with_run(custom_config: dict, args_key: str, task_args: list[str] | None) -> dict:
+    """``custom_config`` whose job (under ``args_key``) also carries the label of the run named among the task's
+    arguments (``run_label``; none outside a compiled Vertex pipeline)."""
+    run_id, _ = run_label.take_run_id(task_args or [])
+    job_args = custom_config[args_key]
+    labels = {**job_args.get("labels", {}), **run_label.labels(run_id)}
+    return {**custom_config, args_key: {**job_args, "labels": labels}}
 
 
 class VertexTrainerExecutor(base_executor.BaseExecutor):
     """Checks the runtime parameters, then runs ``TrainerExecutor`` in a Vertex AI custom job to its end.
 
-    The job is TFX's (``custom_config`` carries its region, project, worker pools and scheduling), with the
-    timeout of the run this execution trains (``run_timeout``); a retried task follows the job its earlier
-    attempt started, and the job is cancelled if this task is stopped or fails while it runs
-    (``components.vertex_training``).
+    The job is TFX's (``custom_config`` carries its region, project, worker pools, scheduling and labels, to which
+    the run's label is added), with the timeout of the run this execution trains (``run_timeout``); a retried task
+    follows the job its earlier attempt started, and the job is cancelled if this task is stopped or fails while it
+    runs (``components.vertex_training``).
     """
 
     def Do(self, input_dict, output_dict, exec_properties):  # noqa: N802 - TFX's executor interface
         properties = _with_trainer_parameters(exec_properties)  # a bad value fails here, before any job
-        custom_config = json_utils.loads(properties[standard_component_specs.CUSTOM_CONFIG_KEY])
+        custom_config = labelled_with_run(
+            json_utils.loads(properties[standard_component_specs.CUSTOM_CONFIG_KEY]),
+            tfx.extensions.google_cloud_ai_platform.TRAINING_ARGS_KEY,
+            self._extra_flags,
+        )
         request = vertex_training.job_request(
             input_dict,
             output_dict,
@@ -173,7 +188,11 @@ class VertexTunerExecutor(base_executor.BaseExecutor):
         from tfx.extensions.google_cloud_ai_platform.tuner import executor as vertex_tuner
 
         vertex = tfx.extensions.google_cloud_ai_platform
-        custom_config = json_utils.loads(exec_properties[standard_component_specs.CUSTOM_CONFIG_KEY])
+        custom_config = labelled_with_run(
+            json_utils.loads(exec_properties[standard_component_specs.CUSTOM_CONFIG_KEY]),
+            vertex.experimental.TUNING_ARGS_KEY,
+            self._extra_flags,
+        )
         request = vertex_training.job_request(
             input_dict,
             output_dict,
@@ -186,9 +205,10 @@ class VertexTunerExecutor(base_executor.BaseExecutor):
         vertex_training.run_job(request)
 
 
-class EvaluatorExecutor(evaluator_executor.Executor):
+class EvaluatorExecutor(dataflow_jobs.StoppableBeamExecutor, evaluator_executor.Executor):
     """TFMA's evaluator executor, after setting the top-1 gate to ``target_top1``; its blessing names the
-    pipeline (``baseline_scope``)."""
+    pipeline (``baseline_scope``). On Dataflow, its job carries the run's label and is cancelled if the task is
+    stopped (``dataflow_jobs.StoppableBeamExecutor``)."""
 
     def Do(self, input_dict, output_dict, exec_properties):  # noqa: N802 - TFX's executor interface
         properties = dict(exec_properties)

@@ -13,12 +13,20 @@ registry model per pipeline and one deployed version of it:
    undeployed, after the new one serves; models of other pipelines on the same endpoint are left alone.
 
 Idempotent: a retried push (the same trained model) finds its version by the push id instead of uploading a
-second one, and does not deploy it twice. The serving image is checked when the pipeline is compiled
-(``check_serving_image``): a prebuilt Vertex TensorFlow image older than the TensorFlow that writes the
-SavedModel is refused, since such a SavedModel may use ops its runtime does not have.
+second one, and does not deploy it twice. The pushed version becomes the model's *default* version (the one
+Vertex uses where no version is named), as the Vertex SDK's upload does by default.
+
+The serving image is checked when the pipeline is compiled (``check_serving_image``). The export
+(``trainer_module.export``) is written by TensorFlow 2.16, and the newest prebuilt Vertex TensorFlow image in
+the pinned google-cloud-aiplatform's list runs TensorFlow 2.15: the export was loaded with TensorFlow 2.15.1's
+C++ ``LoadSavedModel`` (the loader TensorFlow Serving calls) and answered exactly as under 2.16
+(docs/status.md), so that image serves it. A prebuilt image the pinned SDK does not list, or one older than
+``OLDEST_SERVING_TENSORFLOW``, is refused, naming the listed image to use instead.
 
 Every call goes through ``google.cloud.aiplatform_v1``'s ModelServiceClient and EndpointServiceClient with the
-API's own messages; tests replace those two clients (``tests/fake_vertex.py``'s ``FakeModelRegistry``).
+API's own messages; tests replace those two clients (``tests/fake_vertex_registry.py``'s ``FakeModelRegistry``).
+Names the service returns carry the project *number* and, for a deployed model, the ``@version``: models are
+compared by the service's own names, without their version suffix.
 """
 
 from __future__ import annotations
@@ -41,35 +49,76 @@ logger = logging.getLogger(__name__)
 CONFIG_KEY = "effnet_vertex_push"
 PIPELINE_LABEL = "effnet-pipeline"  # the same label the pipeline's jobs carry (pipeline.cloud)
 PUSH_LABEL = "effnet-push"
-# Vertex's prebuilt TensorFlow prediction images: .../prediction/tf2-cpu.2-15:latest, tf2-gpu.2-12 ...
-_PREBUILT = re.compile(r"/prediction/tf2-(?:cpu|gpu)\.2-(\d+)(?::|@|$)")
+DEFAULT_ALIAS = "default"  # the version alias Vertex uses where a request names no version
+# The oldest TensorFlow whose Serving the export is checked to load and answer with (see the module docstring).
+OLDEST_SERVING_TENSORFLOW = (2, 15)
+# Vertex's prebuilt TensorFlow prediction images: REGISTRY-docker.pkg.dev/vertex-ai/prediction/tf2-cpu.2-15:latest
+_PREBUILT = re.compile(
+    r"^(?P<registry>[a-z]+)-docker\.pkg\.dev/vertex-ai/prediction/tf2-(?P<accelerator>cpu|gpu)\.2-(?P<minor>\d+)"
+    r"(?::[\w.-]+|@sha256:[0-9a-f]+)?$"
+)
 
 
 def serving_image_tensorflow(image: str) -> tuple[int, int] | None:
-    """The TensorFlow (major, minor) of a prebuilt Vertex prediction image; None for any other image."""
-    match = _PREBUILT.search(image)
-    return (2, int(match.group(1))) if match else None
+    """The TensorFlow (major, minor) of an image named as Vertex's prebuilt prediction images are; None for any
+    other image."""
+    match = _PREBUILT.match(image)
+    return (2, int(match.group("minor"))) if match else None
 
 
-def check_serving_image(image: str, trained_with: str) -> str | None:
-    """Refuses a prebuilt serving image older than ``trained_with`` (TensorFlow's version, '2.16.2'); returns a
-    warning for an image whose TensorFlow cannot be told from its name, else None.
+def prebuilt_tensorflow_images() -> dict[tuple[str, str, tuple[int, int]], str]:
+    """The prebuilt TensorFlow prediction images of the pinned google-cloud-aiplatform, by (registry,
+    accelerator, TensorFlow version): ('us', 'cpu', (2, 15)) -> 'us-docker.pkg.dev/.../tf2-cpu.2-15:latest'."""
+    from google.cloud.aiplatform.constants import prediction
+
+    images = {}
+    for uri in prediction.TF_CONTAINER_URIS:
+        match = _PREBUILT.match(uri)
+        if match:
+            key = (match.group("registry"), match.group("accelerator"), (2, int(match.group("minor"))))
+            images[key] = uri
+    return images
+
+
+def _suggested_image(images: dict, region: str, accelerator: str) -> str:
+    """The listed image with the newest TensorFlow, of ``accelerator``, in the registry nearest ``region``."""
+    registries = {registry for registry, _, _ in images}
+    registry = region.split("-")[0] if region.split("-")[0] in registries else "us"
+    newest = max(v for r, a, v in images if (r, a) == (registry, accelerator))
+    return images[(registry, accelerator, newest)]
+
+
+def check_serving_image(image: str, region: str) -> str | None:
+    """Refuses a prebuilt Vertex TensorFlow image the pinned SDK does not list, or one older than
+    ``OLDEST_SERVING_TENSORFLOW``; returns a warning for any other image (its TensorFlow cannot be told from its
+    name), else None.
 
     Raises:
-      ValueError: one line naming the image, its TensorFlow and the one that writes the model.
+      ValueError: one line naming the image, why, and the listed image to use (in ``region``'s registry).
     """
-    major, minor = (int(part) for part in trained_with.split(".")[:2])
-    serving = serving_image_tensorflow(image)
-    if serving is None:
+    from importlib import metadata
+
+    images = prebuilt_tensorflow_images()
+    match = _PREBUILT.match(image)
+    accelerator = match.group("accelerator") if match else "cpu"
+    suggestion = _suggested_image(images, region, accelerator)
+    oldest = ".".join(map(str, OLDEST_SERVING_TENSORFLOW))
+    if match is None:
         return (
-            f"--serving-image {image} is not a prebuilt Vertex TensorFlow image: make sure it runs TensorFlow "
-            f"{major}.{minor} or newer (the SavedModel is written with {trained_with})"
+            f"--serving-image {image} is not a prebuilt Vertex TensorFlow image: make sure it serves a SavedModel "
+            f"with TensorFlow Serving {oldest} or newer on Vertex's routes, as {suggestion} does"
         )
-    if serving < (major, minor):
+    serving = serving_image_tensorflow(image)
+    if (match.group("registry"), accelerator, serving) not in images:
+        sdk = metadata.version("google-cloud-aiplatform")
         raise ValueError(
-            f"--serving-image {image} serves with TensorFlow {serving[0]}.{serving[1]}, older than the "
-            f"{trained_with} that writes the SavedModel: use tf2-cpu.{major}-{minor} or newer "
-            f"(e.g. us-docker.pkg.dev/vertex-ai/prediction/tf2-cpu.{major}-{minor}:latest)"
+            f"--serving-image {image}: google-cloud-aiplatform {sdk} lists no such prebuilt prediction image: "
+            f"use {suggestion}, which serves this export"
+        )
+    if serving < OLDEST_SERVING_TENSORFLOW:
+        raise ValueError(
+            f"--serving-image {image} serves with TensorFlow {serving[0]}.{serving[1]}, older than {oldest}, the "
+            f"oldest the export is checked to load with: use {suggestion}"
         )
     return None
 
@@ -134,6 +183,11 @@ def _quoted(value: str) -> str:
     return '"' + value.replace('"', '\\"') + '"'
 
 
+def _unversioned(name: str) -> str:
+    """A model's name without the '@VERSION' the service writes into versions and deployed models."""
+    return name.split("@")[0]
+
+
 def _pipeline_models(models, target: PushTarget) -> list[aiplatform_v1.Model]:
     request = aiplatform_v1.ListModelsRequest(
         parent=target.parent, filter=f"labels.{PIPELINE_LABEL}={_quoted(target.labels[PIPELINE_LABEL])}"
@@ -155,6 +209,7 @@ def _upload(models, target: PushTarget, artifact_uri: str, push: str, parent_mod
         artifact_uri=artifact_uri,
         container_spec=aiplatform_v1.ModelContainerSpec(image_uri=target.serving_image),
         labels={**target.labels, PUSH_LABEL: push},
+        version_aliases=[DEFAULT_ALIAS],  # the served version is the one used where none is named
         version_description=f"pushed by {target.pipeline} from {artifact_uri}",
     )
     request = aiplatform_v1.UploadModelRequest(
@@ -184,7 +239,12 @@ def _endpoint(endpoints, target: PushTarget) -> aiplatform_v1.Endpoint:
 
 def _deployed(endpoint: aiplatform_v1.Endpoint, model: str, version_id: str):
     return next(
-        (d for d in endpoint.deployed_models if d.model == model and d.model_version_id == version_id), None
+        (
+            d
+            for d in endpoint.deployed_models
+            if _unversioned(d.model) == model and d.model_version_id == version_id
+        ),
+        None,
     )
 
 
@@ -198,11 +258,13 @@ def push(target: PushTarget, artifact_uri: str, push: str) -> Pushed:
     parent_model = registry[0] if registry else None
     existing = _version_of_push(models, parent_model, push) if parent_model else None
     if existing is not None:
-        model_name, version_id, uploaded = existing.name.split("@")[0], existing.version_id, False
+        model_name, version_id, uploaded = _unversioned(existing.name), existing.version_id, False
         logger.info("version %s of %s holds this model already (a retried push)", version_id, model_name)
+        if DEFAULT_ALIAS not in existing.version_aliases:
+            models.merge_version_aliases(name=f"{model_name}@{version_id}", version_aliases=[DEFAULT_ALIAS])
     else:
         model_name, version_id = _upload(
-            models, target, artifact_uri, push, parent_model.name if parent_model else None
+            models, target, artifact_uri, push, _unversioned(parent_model.name) if parent_model else None
         )
         uploaded = True
         logger.info("uploaded %s as version %s of %s", artifact_uri, version_id, model_name)
@@ -230,8 +292,8 @@ def push(target: PushTarget, artifact_uri: str, push: str) -> Pushed:
             update_mask={"paths": ["traffic_split"]},
         )
 
-    ours = {m.name.split("@")[0] for m in pipeline_models} | {model_name}  # the upload's model, if new
-    replaced = [d for d in endpoint.deployed_models if d.model in ours and d.id != current.id]
+    ours = {_unversioned(m.name) for m in pipeline_models} | {model_name}  # the upload's model, if new
+    replaced = [d for d in endpoint.deployed_models if _unversioned(d.model) in ours and d.id != current.id]
     for old in replaced:
         endpoints.undeploy_model(
             endpoint=endpoint.name, deployed_model_id=old.id, traffic_split={current.id: 100}

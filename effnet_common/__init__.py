@@ -5,6 +5,7 @@
 - ``storage``: every user path through Beam's ``FileSystems`` (local, ``gs://``), whole-object writes;
 - ``whole``: the one rule for writing a file whole, shared by ``storage`` and the trainer's ``tf.io.gfile`` files;
 - ``console``: what a command prints and logs (one line per step, errors in one line, logs to a file);
+- ``path_checks``: the checks of a person's paths before any work (a file readable, a directory writable);
 - ``registry``: the name -> builder registries every choice is validated and built by.
 
 ``beam_preprocess``, ``trainer_module``, ``components`` and ``pipeline`` import from here; ``trainer_module``

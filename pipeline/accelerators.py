@@ -159,9 +159,9 @@ class Accelerator:
             pools.append({**pool, "replica_count": replicas - 1})
         return pools
 
-    def trainer_overrides(self) -> list[str]:
-        """Config overrides that bind the trainer to this machine: its strategy and replicas per host."""
-        return [f"loop.strategy={self.strategy}", f"data.replicas_per_host={self.replicas_per_machine}"]
+    def trainer_settings(self) -> dict[str, object]:
+        """The settings that bind the trainer to this machine: its strategy and replicas per host."""
+        return {"loop.strategy": self.strategy, "data.replicas_per_host": self.replicas_per_machine}
 
     def check_region(self, region: str) -> None:
         """Refuses a region where Vertex AI custom training does not offer this machine.
@@ -187,25 +187,15 @@ class Accelerator:
         return self.machine_type != CLOUD_TPU_MACHINE
 
     def check(self, preset: str, config) -> None:
-        """Refuses a trainer config that does not fit: replicas, the per-replica batch and batch-norm groups.
+        """Refuses a trainer config made for another number of replicas (the config itself checks that its
+        batch and batch-norm groups split over its replicas).
 
         Raises:
           AcceleratorMismatch: one line naming the preset's size and this accelerator's.
         """
-        plan = config.plan
-        if plan.replicas != self.replicas:
+        if config.plan.replicas != self.replicas:
             raise AcceleratorMismatch(
-                f"preset {preset} needs {plan.replicas} replicas; {self.describe()} has {self.replicas}"
-            )
-        if config.data.global_batch_size % self.replicas:
-            raise AcceleratorMismatch(
-                f"preset {preset}: global batch {config.data.global_batch_size} does not split evenly over the"
-                f" {self.replicas} replicas of {self.describe()}"
-            )
-        if self.replicas % plan.bn_group_replicas:
-            raise AcceleratorMismatch(
-                f"preset {preset}: batch-norm groups of {plan.bn_group_replicas} replicas do not tile the"
-                f" {self.replicas} replicas of {self.describe()}"
+                f"preset {preset} needs {config.plan.replicas} replicas; {self.describe()} has {self.replicas}"
             )
 
 

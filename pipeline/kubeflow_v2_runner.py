@@ -84,29 +84,38 @@ class VertexPush:
 
         return build
 
-    def check(self) -> str | None:
-        """The serving image against the TensorFlow that writes the model (this stack's): a warning or None.
+    def check(self, region: str) -> str | None:
+        """The serving image against the pinned SDK's prebuilt images and the export: a warning or None.
 
         Raises:
-          ValueError: a prebuilt image older than that TensorFlow.
+          ValueError: a prebuilt image that the SDK does not list, or too old (``check_serving_image``).
         """
-        from importlib import metadata
-
         from components import vertex_pusher
 
-        return vertex_pusher.check_serving_image(self.serving_image, metadata.version("tensorflow"))
+        return vertex_pusher.check_serving_image(self.serving_image, region)
 
 
 @dataclasses.dataclass(frozen=True)
 class Compiled:
-    """What ``plan_pipeline`` resolved: the trainer config, the runtime parameters' default values and the
-    tuning step (``Tuning``, or None without ``--tune``)."""
+    """What ``plan_pipeline`` resolved: the pipeline run (``pipeline.presets.PipelineRun``: the trainer config
+    with its target and epochs, the sharding step), the runtime parameters' default values (read from that
+    run) and the tuning step (``Tuning``, or None without ``--tune``)."""
 
-    preset: object
-    trainer_config: object
-    sharding: object
+    resolved: object
     defaults: dict
     tuning: Tuning | None = None
+
+    @property
+    def preset(self):
+        return self.resolved.preset
+
+    @property
+    def trainer_config(self):
+        return self.resolved.trainer_config
+
+    @property
+    def sharding(self):
+        return self.resolved.sharding
 
 
 @dataclasses.dataclass(frozen=True)
@@ -119,16 +128,6 @@ class Tuning:
     epochs: int
 
 
-def fitted_trainer_config(preset, machine, overrides: list[str]):
-    """The preset's trainer config bound to ``machine`` (its strategy and replicas per host), then the user's
-    overrides; refused in one line when it does not fit the machine (``Accelerator.check``)."""
-    from trainer_module.config import with_overrides
-
-    config = with_overrides(preset.trainer_config(), [*machine.trainer_overrides(), *overrides])
-    machine.check(preset.name, config)
-    return config
-
-
 def plan_pipeline(
     preset_name: str,
     settings: CloudSettings,
@@ -139,37 +138,40 @@ def plan_pipeline(
 ):
     """Resolves and checks everything a compilation needs, before anything is written.
 
-    The trainer config is the preset's with the accelerator's strategy and replicas per host, then the
-    user's overrides; it must fit the accelerator. The runtime parameters' defaults come from the preset,
-    the inputs and ``params`` (already typed), and are validated as the executors will validate them.
+    The run is resolved as the local runner resolves it (``PipelinePreset.resolve``): the preset's trainer
+    config bound to the accelerator (its strategy and replicas per host, which the config must fit), the
+    user's ``--set`` overrides, ``params`` (already typed: the target, the epochs, the inputs and the shard
+    layout). The runtime parameters' defaults are read from that run and validated as the executors will
+    validate them.
 
     Raises:
       AcceleratorMismatch / ValueError: one line naming the problem.
     """
     from pipeline import presets
-    from trainer_module.config import with_overrides
+    from trainer_module.config import parse_overrides
+    from trainer_module.resolve import UNSET
 
     preset = presets.get(preset_name)
-    config = fitted_trainer_config(preset, settings.machine, overrides)
+    changes = parse_overrides(overrides)
+    if "train_epochs" in params:
+        changes["loop.train_epochs"] = params["train_epochs"]
+    layout = {key: params[key] for key in parameters.LAYOUT_PARAMETERS if key in params}
+    resolved = preset.resolve(
+        changes,
+        target_top1=params.get("target_top1", UNSET),
+        inputs={key: params.get(key, inputs.get(key, "")) for key in INPUT_KEYS},
+        machine=settings.machine,
+        layout=layout,
+    )
+    config = resolved.trainer_config
     defaults = {
-        **{key: inputs.get(key, "") for key in INPUT_KEYS},
-        "train_shards": preset.train_shards,
-        "val_shards": preset.val_shards,
+        **{key: getattr(resolved.sharding, key) or "" for key in INPUT_KEYS},
+        "train_shards": resolved.sharding.train_shards,
+        "val_shards": resolved.sharding.val_shards,
         "train_epochs": config.loop.train_epochs,
-        "target_top1": preset.run_target(config),
-        **params,
+        "target_top1": resolved.target_top1,
     }
-    sharding = dataclasses.replace(
-        preset.sharding_config(**{key: defaults[key] for key in INPUT_KEYS}),
-        num_hosts=config.plan.hosts,
-        train_shards=defaults["train_shards"],
-        val_shards=defaults["val_shards"],
-    )
-    config = with_overrides(
-        config,
-        [f"loop.train_epochs={defaults['train_epochs']}", f"loop.target_top1={defaults['target_top1']}"],
-    )
-    return Compiled(preset, config, sharding, defaults, _tuning(config, settings, tune))
+    return Compiled(resolved, defaults, _tuning(config, settings, tune))
 
 
 def _tuning(config, settings: CloudSettings, tune: dict | None) -> Tuning | None:
@@ -204,11 +206,12 @@ def build_pipeline(
     Each Beam step gets its own Dataflow workers; the pushed models of each pipeline (one per preset) go to a
     serving directory of its own, ``ROOT/serving_model/PIPELINE``. ``for_kubeflow`` leaves out the
     latest-blessed-model lookup (a TFX resolver node, which the open-source Kubeflow Pipelines backend does not
-    run): the Evaluator then gates on the target top-1 alone.
+    run): the Evaluator then gates on the target top-1 alone; and the run's id among the tasks' arguments
+    (``components.run_label``), which Kubeflow does not fill in.
     """
     from tfx.orchestration import data_types
 
-    from components import runtime_gate
+    from components import run_label, runtime_gate
     from pipeline import pipeline_def
 
     runtime = {
@@ -218,16 +221,17 @@ def build_pipeline(
     root = settings.pipeline_root.rstrip("/")
     name = pipeline_name(compiled.preset.name)
     labels = settings.labels(name, compiled.preset.name)
+    # Every task's arguments carry the run's id, which Vertex fills in, for the run's label on its jobs.
+    run_args = () if for_kubeflow else (run_label.RUN_ARG,)
     return pipeline_def.create_pipeline(
         pipeline_def.PipelineSettings(
             name=name,
             root=root,
             sharding=compiled.sharding,
             trainer_config=compiled.trainer_config,
-            target_top1=compiled.defaults["target_top1"],
             serving_model_dir=f"{root}/serving_model/{name}",
             metadata_connection_config=None,  # Vertex / Kubeflow bring their own metadata store
-            beam_pipeline_args=tuple(settings.dataflow_args(labels)),
+            beam_pipeline_args=(*settings.dataflow_args(labels), *run_args),
             step_beam_args={
                 pipeline_def.SHARDING_STEP: settings.sharding_workers.args(),
                 pipeline_def.EVALUATOR_STEP: settings.evaluator_workers.args(),
@@ -279,6 +283,27 @@ def scope_baseline_query(spec: dict, name: str) -> int:
     return changed
 
 
+def bind_exit_dag_parameters(spec: dict) -> None:
+    """Passes the root's runtime parameters into the DAG the exit handler follows (TFX's ``tfx-dag``).
+
+    With an exit handler, TFX compiles the pipeline's steps into that DAG but leaves their parameters bound to
+    the root's inputs (``componentInputParameter``), which a task resolves against its parent DAG's inputs only
+    (Kubeflow's driver: "parent DAG does not have input parameter"). The DAG declares each root parameter under
+    the same name, and the root's task of the DAG passes it in.
+    """
+    from tfx.orchestration.kubeflow import utils
+
+    declared = spec["root"].get("inputDefinitions", {}).get("parameters", {})
+    spec["components"][utils.TFX_DAG_NAME]["inputDefinitions"] = {
+        "parameters": {
+            name: {"parameterType": parameter["parameterType"]} for name, parameter in declared.items()
+        }
+    }
+    spec["root"]["dag"]["tasks"][utils.TFX_DAG_NAME]["inputs"] = {
+        "parameters": {name: {"componentInputParameter": name} for name in declared}
+    }
+
+
 def compile_pipeline(
     pipeline, settings: CloudSettings, output: str, defaults: dict, labels: dict[str, str]
 ) -> str:
@@ -289,11 +314,15 @@ def compile_pipeline(
     the root input definitions (``defaultValue``, which TFX does not write) and, for a PipelineJob, its
     ``runtimeConfig``; the pipeline root into ``defaultPipelineRoot`` (the serving directory and Dataflow's
     temp location are compiled under it, so a run must use it); ``labels`` onto the PipelineJob. The
-    latest-blessed-model lookup is scoped to this pipeline (``scope_baseline_query``).
+    latest-blessed-model lookup is scoped to this pipeline (``scope_baseline_query``). A PipelineJob has an exit
+    handler (``components.run_cleanup``), which runs after the pipeline's steps, whatever their state, and
+    cancels the jobs the run left running; a Kubeflow PipelineSpec has none, as its jobs carry no run label
+    (``components.run_label``).
     """
     import yaml
     from tfx import v1 as tfx
 
+    from components import run_cleanup
     from trainer_module import files
 
     runner = tfx.orchestration.experimental.KubeflowV2DagRunner(
@@ -303,14 +332,22 @@ def compile_pipeline(
         output_dir=os.path.dirname(output) or ".",
         output_filename=os.path.basename(output),
     )
+    is_job = output.endswith(".json")
+    if (
+        is_job
+    ):  # it reaches Dataflow, and finds its run's id, as the pipeline's steps do: in their Beam options
+        cleanup = run_cleanup.RunCleanup(settings.project, settings.region).with_id(run_cleanup.STEP_ID)
+        runner.set_exit_handler(cleanup.with_beam_pipeline_args(pipeline.beam_pipeline_args))
     job = runner.run(pipeline, parameter_values=defaults, write_out=False)
     spec = job["pipelineSpec"]
     scope_baseline_query(spec, pipeline.pipeline_info.pipeline_name)
     for name, parameter in spec["root"].get("inputDefinitions", {}).get("parameters", {}).items():
         parameter["defaultValue"] = defaults[name]
+    if is_job:
+        bind_exit_dag_parameters(spec)
     spec["defaultPipelineRoot"] = settings.pipeline_root.rstrip("/")
     job["labels"] = {**job.get("labels", {}), **labels}
-    if output.endswith(".json"):
+    if is_job:
         files.write_text(output, json.dumps(job, sort_keys=True))
     else:
         files.write_text(output, yaml.safe_dump(spec, sort_keys=True))
@@ -349,6 +386,15 @@ def build_parser() -> argparse.ArgumentParser:
     )
     what.add_argument("--submit", action="store_true", help="send it to Vertex AI (or --kfp-host)")
     what.add_argument("--kfp-host", default="", help="a Kubeflow Pipelines endpoint instead of Vertex")
+    what.add_argument(
+        "--kfp-namespace", default="", help="with --kfp-host: the namespace (Kubeflow profile) to run in; a "
+        "multi-user install needs it",
+    )  # fmt: skip
+    what.add_argument(
+        "--kfp-token-file", default="", help="with --kfp-host: a file holding the bearer token for its API (a "
+        "Kubernetes service-account token or one from the cluster's identity provider; default: the file kfp's "
+        "KF_PIPELINES_SA_TOKEN_PATH names)",
+    )  # fmt: skip
     what.add_argument(
         "--wait", action="store_true", help="with --submit: follow the run to its end; exit 0 if it succeeded"
     )
@@ -416,8 +462,8 @@ def build_parser() -> argparse.ArgumentParser:
     where.add_argument(
         "--serving-image",
         default="",
-        help="the Vertex serving image for --vertex-endpoint; a prebuilt tf2-cpu/gpu image must run this stack's "
-        "TensorFlow or newer",
+        help="the Vertex serving image for --vertex-endpoint: a prebuilt tf2-cpu/gpu image the pinned "
+        "google-cloud-aiplatform lists, 2.15 or newer (e.g. us-docker.pkg.dev/vertex-ai/prediction/tf2-cpu.2-15:latest)",
     )
     run = parser.add_argument_group("what it runs")
     run.add_argument("--preset", default="b0-rmsprop-8x2048")
@@ -480,7 +526,9 @@ def _print_plan(args) -> None:
     machine = accelerators.get(args.accelerator, args.machines)
     if args.region and not args.skip_region_check:
         machine.check_region(args.region)
-    config = fitted_trainer_config(presets.get(args.preset), machine, args.overrides)
+    from trainer_module.config import parse_overrides
+
+    config = presets.get(args.preset).resolve(parse_overrides(args.overrides), machine=machine).trainer_config
     report = {
         "accelerator": dataclasses.asdict(machine),
         "estimate": accelerators.estimate(config, machine).to_dict(),
@@ -522,16 +570,39 @@ def _template_for(args):
     return template
 
 
+def _check_destination(args, kubeflow: bool, path: str) -> None:
+    """A PipelineSpec (``.yaml``) is submitted to Kubeflow Pipelines at ``--kfp-host`` (Vertex would run it
+    without its baseline lookup), a PipelineJob (``.json``) to Vertex AI; the Kubeflow flags go with
+    ``--kfp-host``. Refused in one line otherwise, before anything is compiled or sent."""
+    if kubeflow and not args.kfp_host:
+        raise ValueError(
+            f"--kfp-host: {path} is a Kubeflow Pipelines PipelineSpec; give --kfp-host URL to submit it (Vertex AI "
+            "takes the .json PipelineJob)"
+        )
+    if args.kfp_host and not kubeflow:
+        raise ValueError(f"--kfp-host takes a PipelineSpec: compile to .yaml, not {path}")
+    if not args.kfp_host:
+        for flag, value in (
+            ("--kfp-namespace", args.kfp_namespace),
+            ("--kfp-token-file", args.kfp_token_file),
+        ):
+            if value:
+                raise ValueError(f"{flag} goes with --kfp-host (a Kubeflow Pipelines endpoint)")
+
+
 def submit(template, args) -> int:
     """Checks the run's parameter values against the template, submits it, and with ``--wait`` follows the run
     to its end. Returns the exit status: 0 once submitted (or, with ``--wait``, when the run succeeded), 1 when
     the run ended in another state."""
     from pipeline import submission
 
+    _check_destination(args, not template.is_job, template.path)
     params = template.parse(args.params)
     template.check_values(params)  # the steps' own rules, before anything is submitted
     if args.kfp_host:
-        run = submission.submit_kfp(template, params, args.kfp_host, not args.no_cache)
+        run = submission.submit_kfp(
+            template, params, args.kfp_host, not args.no_cache, args.kfp_namespace, args.kfp_token_file
+        )
     else:
         run = submission.submit_vertex(template, params, not args.no_cache)
     print(f"submitted {run.description}")
@@ -558,6 +629,8 @@ def run(args) -> int:
         return submit(_template_for(args), args)
     settings = _settings(args)
     _check_output(args.output)
+    if args.submit:
+        _check_destination(args, not args.output.endswith(".json"), args.output)
     if args.vertex_endpoint and not args.serving_image:
         raise ValueError("--vertex-endpoint needs --serving-image (a Vertex prediction image for TensorFlow)")
     inputs = {key: getattr(args, key) for key in INPUT_KEYS if getattr(args, key)}
@@ -572,7 +645,7 @@ def run(args) -> int:
         }
     compiled = plan_pipeline(args.preset, settings, inputs, args.overrides, params, tune)
     push = VertexPush(args.vertex_endpoint, args.serving_image) if args.vertex_endpoint else None
-    warning = push.check() if push else None
+    warning = push.check(settings.region) if push else None
     if warning:
         print(f"warning: {warning}", file=sys.stderr)
     for image in settings.images_by_tag():

@@ -24,7 +24,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("PYTHONWARNINGS", "ignore::FutureWarning")
 warnings.filterwarnings("ignore", category=FutureWarning)
 
-from effnet_common import console  # noqa: E402
+from effnet_common import console, path_checks  # noqa: E402
 
 NOT_BLESSED_EXIT = 3
 # A trial's schedule when tuning on this machine: a few epochs, so that the demo's search takes minutes.
@@ -198,56 +198,52 @@ def tuning_settings(args) -> dict | None:
 
 
 def preflight(args, preset):
-    """Everything checked before any work: overrides, inputs, the pipeline root (created last, so that a
-    failed check leaves nothing behind). Returns the sharding config and the trainer config.
+    """Everything checked before any work: the run (settings, target, inputs: ``PipelinePreset.resolve``, as
+    the cloud runner resolves it), the inputs' files, the pipeline root (created last, so that a failed check
+    leaves nothing behind). Returns the resolved pipeline run.
 
     Raises:
       console.UsageError: naming the flag and the problem.
     """
     from effnet_common import storage
-    from trainer_module.config import with_overrides
+    from trainer_module.config import parse_overrides
+    from trainer_module.resolve import UNSET
 
-    try:
-        trainer_config = with_overrides(preset.trainer_config(), args.overrides)
-    except (TypeError, ValueError) as e:
-        raise console.UsageError("", "", console.one_line(e)) from None  # the message names the override
-    if args.target_top1 is not None and not 0.0 <= args.target_top1 <= 1.0:
-        raise console.UsageError("--target-top1", args.target_top1, "must lie in [0, 1]")
-    # As on Vertex: the target stops the training once reached and gates the blessing.
-    trainer_config = with_overrides(
-        trainer_config, [f"loop.target_top1={preset.run_target(trainer_config, args.target_top1)}"]
-    )
     if args.beam_workers < 1:
         raise console.UsageError("--beam-workers", args.beam_workers, "must be at least 1")
     if args.max_failures < 0:
         raise console.UsageError("--max-failures", args.max_failures, "must be at least 0")
+    inputs = {"train_archive": args.train_archive, "val_archive": args.val_archive}
+    inputs.update(train_dir=args.train_dir, val_dir=args.val_dir)
+    for name, path in inputs.items():
+        if path:
+            check = path_checks.check_directory if name.endswith("_dir") else path_checks.check_file
+            check("--" + name.replace("_", "-"), path)
+    if not any(inputs.values()):
+        root = os.path.abspath(args.pipeline_root)
+        inputs["train_archive"], inputs["val_archive"] = embedded_archives(os.path.join(root, EMBEDDED_DIR))
+    target = UNSET if args.target_top1 is None else args.target_top1
+    try:
+        resolved = preset.resolve(
+            parse_overrides(args.overrides), target_top1=target, inputs=inputs, max_failures=args.max_failures
+        )
+    except (TypeError, ValueError) as e:
+        flag = "--target-top1" if "target_top1" in str(e) and args.target_top1 is not None else ""
+        raise console.UsageError(flag, "", console.one_line(e)) from None  # the message names the setting
     tuning = tuning_settings(args)
     if tuning is not None:
         from trainer_module import tuning as tuning_module
 
         try:
-            tuning_module.search_of_config(trainer_config, ("<shards>",), ("<shards>",), **tuning)
+            tuning_module.search_of_config(resolved.trainer_config, ("<shards>",), ("<shards>",), **tuning)
         except (TypeError, ValueError) as e:
             raise console.UsageError("", "", "--tune: " + console.one_line(e)) from None
-    inputs = {"train_archive": args.train_archive, "val_archive": args.val_archive}
-    inputs.update(train_dir=args.train_dir, val_dir=args.val_dir)
-    for name, path in inputs.items():
-        if path:
-            check = console.check_directory if name.endswith("_dir") else console.check_file
-            check("--" + name.replace("_", "-"), path)
-    if not any(inputs.values()):
-        root = os.path.abspath(args.pipeline_root)
-        inputs["train_archive"], inputs["val_archive"] = embedded_archives(os.path.join(root, EMBEDDED_DIR))
-    try:
-        sharding = preset.sharding_config(max_failures=args.max_failures, **inputs)
-    except (TypeError, ValueError) as e:
-        raise console.UsageError("", "", console.one_line(e)) from None  # the message names the input
     if not storage.is_local(args.pipeline_root):
         raise console.UsageError(
             "--pipeline-root", args.pipeline_root, "must be a local directory (its metadata store is SQLite)"
         )
-    console.make_writable_directory("--pipeline-root", os.path.abspath(args.pipeline_root))
-    return sharding, trainer_config
+    path_checks.make_writable_directory("--pipeline-root", os.path.abspath(args.pipeline_root))
+    return resolved
 
 
 def run(args, session: console.Session) -> int:
@@ -255,8 +251,8 @@ def run(args, session: console.Session) -> int:
     from pipeline import presets
 
     preset = presets.get(args.preset)
-    sharding, trainer_config = preflight(args, preset)
-    target = trainer_config.loop.target_top1  # the run's one target: the trainer's stop and the gate
+    resolved = preflight(args, preset)
+    target = resolved.target_top1  # the run's one target: the trainer's stop and the gate
     root = os.path.abspath(args.pipeline_root)
     session.keep_log(os.path.join(root, LOG_DIR, console.log_name("local_runner")))
     from tfx import v1 as tfx
@@ -281,9 +277,8 @@ def run(args, session: console.Session) -> int:
         pipeline_def.PipelineSettings(
             name=name,
             root=os.path.join(root, "artifacts"),
-            sharding=sharding,
-            trainer_config=trainer_config,
-            target_top1=target,
+            sharding=resolved.sharding,
+            trainer_config=resolved.trainer_config,
             serving_model_dir=serving_dir,
             metadata_connection_config=tfx.orchestration.metadata.sqlite_metadata_connection_config(
                 metadata_path

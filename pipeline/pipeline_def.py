@@ -31,12 +31,13 @@ CHANGE_TOLERANCE = 1e-10
 
 
 def eval_config(target_top1: float) -> tfma.EvalConfig:
-    """Top-1 and top-5 on the validation split through ``serving_default``; blessed only when top-1 reaches
-    ``target_top1`` and is not worse than the last blessed model (when there is one)."""
+    """Top-1 and top-5 on the validation split through the export's tf.Example signature (its default one takes
+    a client's JPEG bytes); blessed only when top-1 reaches ``target_top1`` and is not worse than the last
+    blessed model (when there is one)."""
     return tfma.EvalConfig(
         model_specs=[
             tfma.ModelSpec(
-                signature_name="serving_default",
+                signature_name=export.EXAMPLES_SIGNATURE,
                 label_key=schema.LABEL,
                 prediction_key=export.PROBABILITIES,
                 model_type="tf_generic",
@@ -100,9 +101,9 @@ class PipelineSettings:
     Attributes:
       name / root: TFX's pipeline name and root; the root holds every artifact (gs:// on Vertex).
       sharding: inputs and shard layout; its ``output_dir`` is replaced by the Examples artifact's URI.
-      trainer_config: the Trainer's config, passed as JSON through ``custom_config``.
-      target_top1: validation top-1 needed for blessing (and so for pushing); the trainer stops once it is
-        reached (``runtime`` may bind it to a parameter set at submission).
+      trainer_config: the Trainer's config, passed as JSON through ``custom_config``; its
+        ``loop.target_top1`` is the run's target: the validation top-1 needed for blessing (and so for
+        pushing), at which the trainer stops (``runtime`` may bind it to a parameter set at submission).
       serving_model_dir: where the Pusher copies a blessed model.
       metadata_connection_config: the local SQLite store; None on Kubeflow / Vertex, which bring their own.
       beam_pipeline_args: options of every Beam step (DirectRunner or Dataflow).
@@ -125,7 +126,6 @@ class PipelineSettings:
     root: str
     sharding: ShardingConfig
     trainer_config: TrainerConfig
-    target_top1: float
     serving_model_dir: str
     metadata_connection_config: object = None
     beam_pipeline_args: tuple[str, ...] = ()
@@ -203,7 +203,7 @@ def create_pipeline(settings: PipelineSettings) -> tfx.dsl.Pipeline:
         examples=shards.outputs["examples"],
         model=trainer.outputs["model"],
         baseline_model=baseline[0].outputs["model"] if baseline else None,
-        eval_config=eval_config(settings.target_top1),
+        eval_config=eval_config(trainer_config.loop.target_top1),
         example_splits=[schema.VALIDATION],
         target_top1=gate,
         baseline_scope=pipeline_name,

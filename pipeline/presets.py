@@ -1,18 +1,22 @@
-"""Pipeline presets: which trainer preset, which top-1 gate, and how to shard for the hosts that will read.
+"""Pipeline presets: which trainer preset, how to shard for the hosts that will read; and a pipeline run
+resolved once from a preset, the person's settings, the target and the inputs (``PipelinePreset.resolve``).
 
 A slice has ``config.plan.hosts`` input pipelines (a TPU-v3 host drives 8 cores: C / 8 for a slice of C
 cores); each split's shard count is a multiple of that (the reference's 1024 training and 128 validation
-shards for the whole pod). The top-1
-target gates blessing and pushing; for the paper's rows it is the peak top-1 of its Table 2.
+shards for the whole pod). The run's top-1 target (the trainer config's ``loop.target_top1``; for the paper's
+rows the peak top-1 of its Table 2) stops the training and gates blessing and pushing.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 
 from beam_preprocess.config import ShardingConfig
 from effnet_common.registry import Registry
 from trainer_module import presets as trainer_presets
+from trainer_module import resolve
+from trainer_module.resolve import UNSET, ResolvedRun
 
 # A pipeline's ShardingConfig needs an output_dir; the sharding component replaces this placeholder with its
 # Examples artifact's URI.
@@ -20,59 +24,98 @@ ARTIFACT_OUTPUT_DIR = "<examples artifact uri>"
 
 
 @dataclasses.dataclass(frozen=True)
+class PipelineRun:
+    """A pipeline run resolved once (``PipelinePreset.resolve``), read by every later step.
+
+    Attributes:
+      preset: the pipeline preset it came from.
+      run: the trainer's run: its config holds the run's target (``loop.target_top1``: the trainer's stop and
+        the Evaluator's gate) and epochs; the shards' manifest gives the epoch when the Trainer runs.
+      sharding: the sharding step's inputs and layout (None for the trainer's run alone).
+    """
+
+    preset: PipelinePreset
+    run: ResolvedRun
+    sharding: ShardingConfig | None
+
+    @property
+    def trainer_config(self):
+        return self.run.config
+
+    @property
+    def target_top1(self) -> float:
+        return self.run.target_top1
+
+
+@dataclasses.dataclass(frozen=True)
 class PipelinePreset:
     """One named way to run the whole pipeline.
 
     Attributes:
-      name: the preset's name (also the trainer preset's).
-      target_top1: validation top-1 a model must reach to be blessed and pushed.
+      name: the preset's name (also the trainer preset's, whose config holds the target top-1).
       num_hosts: input pipelines that read the shards (shard counts are multiples of it).
       train_shards / val_shards: shard counts (0 = from the target shard size).
+      settings: what the pipeline changes in the trainer preset (the smoke pipeline gates at 0).
     """
 
     name: str
-    target_top1: float
     num_hosts: int
     train_shards: int = 0
     val_shards: int = 0
+    settings: Mapping[str, object] = dataclasses.field(default_factory=dict)
 
     def trainer_config(self):
         return trainer_presets.get_preset(self.name)
 
-    def run_target(self, trainer_config, given: float | None = None) -> float:
-        """The run's target top-1, in both runners: ``given`` (``--target-top1``, ``--param target_top1``),
-        else the trainer config's ``loop.target_top1`` (a ``--set`` override), else the preset's. The one
-        target stops the training once reached and gates the blessing."""
-        if given is not None:
-            return given
-        return (
-            self.target_top1 if trainer_config.loop.target_top1 is None else trainer_config.loop.target_top1
-        )
-
-    def sharding_config(self, max_failures: int = 0, **inputs: str) -> ShardingConfig:
-        """The sharding step's config for this preset: the shard layout of its hosts, reading ``inputs``
-        (``train_archive``, ``val_archive``, ``train_dir``, ``val_dir``, ``tfds_data_dir``; empty ones
-        ignored) into the pipeline's Examples artifact. The one place both runners build it.
+    def resolve(
+        self,
+        settings: Mapping[str, object] | None = None,
+        *,
+        target_top1: float | None | object = UNSET,
+        inputs: Mapping[str, str] | None = None,
+        max_failures: int = 0,
+        machine=None,
+        layout: Mapping[str, int] | None = None,
+    ) -> PipelineRun:
+        """The run of this preset, in both runners: the trainer preset bound to ``machine`` (an accelerator:
+        its strategy and replicas per host) with this preset's settings, then the person's ``settings``
+        (typed, by dotted key), then ``target_top1`` when given (``--target-top1``, ``--param``); and the
+        sharding step reading ``inputs`` (``train_archive``, ``val_archive``, ``train_dir``, ``val_dir``,
+        ``tfds_data_dir``; empty ones ignored) into the shard ``layout`` (``train_shards``, ``val_shards``; this
+        preset's unless given), for the hosts that will read them (the machine's, else this preset's); no
+        ``inputs``: the trainer's run alone.
 
         Raises:
-          ValueError / TypeError: an unknown input name or an invalid combination (from ShardingConfig).
+          ValueError / TypeError: a setting, input or layout that does not fit, naming it;
+          AcceleratorMismatch: a config made for another number of replicas than ``machine`` has.
         """
-        return ShardingConfig(
+        bound = machine.trainer_settings() if machine is not None else {}
+        changes = {**bound, **self.settings, **(settings or {})}
+        run = resolve.resolve_run(self.trainer_config(), changes, target_top1=target_top1)
+        if run.target_top1 is None:
+            raise ValueError(
+                f"preset {self.name} has no target top-1: give --target-top1 (or --set loop.target_top1=...)"
+            )
+        if machine is not None:
+            machine.check(self.name, run.config)
+        if inputs is None:  # the trainer's run alone (a plan of it)
+            return PipelineRun(self, run, None)
+        # The shards are laid out for the hosts that read them: the machine's, else this preset's.
+        hosts = run.config.plan.hosts if machine is not None else self.num_hosts
+        shape = {"num_hosts": hosts, "train_shards": self.train_shards, "val_shards": self.val_shards}
+        sharding = ShardingConfig(
             output_dir=ARTIFACT_OUTPUT_DIR,
-            num_hosts=self.num_hosts,
-            train_shards=self.train_shards,
-            val_shards=self.val_shards,
             max_failures=max_failures,
+            **{**shape, **(layout or {})},
             **{key: value for key, value in inputs.items() if value},
         )
+        return PipelineRun(self, run, sharding)
 
 
 def _paper(name: str) -> PipelinePreset:
-    config = trainer_presets.get_preset(name)
-    hosts = config.plan.hosts
+    hosts = trainer_presets.get_preset(name).plan.hosts
     return PipelinePreset(
         name=name,
-        target_top1=config.loop.target_top1,
         num_hosts=hosts,
         train_shards=max(1024, hosts) // hosts * hosts,
         val_shards=max(128, hosts) // hosts * hosts,
@@ -80,12 +123,13 @@ def _paper(name: str) -> PipelinePreset:
 
 
 def _build() -> Registry:
-    demo_target = trainer_presets.get_preset("demo").loop.target_top1
     table = {
-        # The embedded digits, sharded as if for 2 hosts; the target the demo reaches on this machine.
-        "demo": PipelinePreset("demo", target_top1=demo_target, num_hosts=2, train_shards=8, val_shards=2),
+        # The embedded digits, sharded as if for 2 hosts; the demo's target is its trainer preset's.
+        "demo": PipelinePreset("demo", num_hosts=2, train_shards=8, val_shards=2),
         # End-to-end checks: one epoch of small data at batch 8; any model passes a zero target.
-        "smoke": PipelinePreset("smoke", target_top1=0.0, num_hosts=1, train_shards=2, val_shards=1),
+        "smoke": PipelinePreset(
+            "smoke", num_hosts=1, train_shards=2, val_shards=1, settings={"loop.target_top1": 0.0}
+        ),
     }
     for name in trainer_presets.preset_names():
         if name not in table:

@@ -46,6 +46,18 @@ class JobTarget:
         return None
 
 
+def pipeline_tasks(spec: dict) -> dict[str, dict]:
+    """Every task of a PipelineSpec by name: the root DAG's and those of the DAGs under it (a pipeline with an
+    exit handler has its steps in the DAG the exit handler follows, TFX's ``tfx-dag``)."""
+    tasks = {}
+    pending = [spec.get("root", {})]
+    while pending:
+        for name, task in pending.pop().get("dag", {}).get("tasks", {}).items():
+            tasks[name] = task
+            pending.append(spec.get("components", {}).get(task.get("componentRef", {}).get("name", ""), {}))
+    return tasks
+
+
 def typed_value(name: str, value, parameter_type: str):
     """``value`` as the declared type of parameter ``name`` (JSON numbers of a PipelineJob are doubles).
 
@@ -113,7 +125,7 @@ class Template:
         except yaml.YAMLError as error:
             raise ValueError(f"--template {path}: not JSON or YAML ({str(error).splitlines()[0]})") from None
         template = cls(path, document if isinstance(document, dict) else {})
-        tasks = template.spec.get("root", {}).get("dag", {}).get("tasks", {})
+        tasks = pipeline_tasks(template.spec)
         if TRAINER_TASK not in tasks or SHARDING_TASK not in tasks:
             raise ValueError(f"--template {path}: not a pipeline compiled by pipeline.kubeflow_v2_runner")
         if template.spec.get("schemaVersion") != SCHEMA_VERSION:
@@ -135,6 +147,12 @@ class Template:
     @property
     def name(self) -> str:
         return self.spec.get("pipelineInfo", {}).get("name", "")
+
+    @property
+    def labels(self) -> dict[str, str]:
+        """The labels compiled onto a PipelineJob (none on a bare PipelineSpec): the run carries them, as its
+        training and Dataflow jobs do."""
+        return dict(self.document.get("labels", {})) if self.is_job else {}
 
     @property
     def pipeline_root(self) -> str:
@@ -165,12 +183,13 @@ class Template:
 
     def constant(self, task: str, name: str):
         """The value compiled into ``task``'s input parameter ``name``."""
-        binding = self.spec["root"]["dag"]["tasks"][task]["inputs"]["parameters"][name]
+        binding = pipeline_tasks(self.spec)[task]["inputs"]["parameters"][name]
         return binding["runtimeValue"]["constant"]
 
     def bound_parameters(self, task: str) -> dict[str, str]:
-        """``task``'s input parameters bound to runtime parameters: {input name: runtime parameter}."""
-        inputs = self.spec["root"]["dag"]["tasks"][task].get("inputs", {}).get("parameters", {})
+        """``task``'s input parameters bound to runtime parameters: {input name: runtime parameter} (a DAG under
+        the root declares the root's parameters under their own names)."""
+        inputs = pipeline_tasks(self.spec)[task].get("inputs", {}).get("parameters", {})
         return {
             name: binding["componentInputParameter"]
             for name, binding in inputs.items()

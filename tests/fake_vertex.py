@@ -31,9 +31,15 @@ succeeds at once.
 Polls are made fast (``components.vertex_training.POLL_SECONDS``): the fake answers at once, where Vertex takes
 seconds, so only the test's time changes.
 
+Custom jobs already in the project, for the run's clean-up (``components.run_cleanup``): ``FakeProjectJobs`` holds
+them in a JSON file, so that the test and the task's process share them; ``python -m fake_vertex --record-dir DIR
+--project-jobs FILE -- COMMAND`` (``project_jobs_wrapper``) runs a task whose ``JobServiceClient`` lists, gets and
+cancels those jobs, with the service's rules (see the class).
+
 Pipeline jobs: ``FakePipelineService.install(monkeypatch)`` replaces the three calls of ``aiplatform_v1``'s
 ``PipelineServiceClient`` that the SDK's ``PipelineJob`` makes (create, get, cancel) in this process: requests
-are recorded as the API's own messages, and the job moves through the states the test scripts.
+are recorded as the API's own messages, checked against the service's rules for labels and service accounts,
+and the job moves through the states the test scripts.
 """
 
 from __future__ import annotations
@@ -42,6 +48,7 @@ import argparse
 import datetime
 import json
 import os
+import re
 import runpy
 import signal
 import subprocess
@@ -379,17 +386,79 @@ class FakeJobServiceClient:
         fake.cancelled = True
 
 
+# Vertex AI Pipelines' rules for a PipelineJob's labels (``aiplatform_v1.PipelineJob.labels``, which points to
+# Google Cloud's label rules): keys and values of lowercase letters (international ones too), digits, "_" and
+# "-"; a key starts with a letter; at most 64 labels. The length is stricter in the labels page (63 characters)
+# than in the API reference (64): the fake takes 63. The key below is the service's own: whatever a caller sets,
+# the service writes its value.
+LABEL_MAX_CHARS = 63
+MAX_LABELS = 64
+BILLING_LABEL = "vertex-ai-pipelines-run-billing-id"
+
+
+def label_error(key: str, value: str) -> str | None:
+    """What is wrong with one label under Google Cloud's rules, or None."""
+
+    def allowed(ch: str) -> bool:
+        return ch in "_-" or ch.isdigit() or (ch.isalpha() and not ch.isupper())
+
+    if not key or len(key) > LABEL_MAX_CHARS or not (key[0].isalpha() and not key[0].isupper()):
+        return (
+            f"label key {key!r} must be 1 to {LABEL_MAX_CHARS} characters and start with a lowercase letter"
+        )
+    if len(value) > LABEL_MAX_CHARS:
+        return f"label value {value!r} of {key!r} is longer than {LABEL_MAX_CHARS} characters"
+    for text in (key, value):
+        if not all(allowed(ch) for ch in text):
+            return f"label {key}={value!r}: only lowercase letters, digits, '_' and '-' are allowed"
+    return None
+
+
 class FakePipelineService:
     """Vertex AI Pipelines' PipelineService in this process: records created jobs, plays scripted states.
 
     ``states``: the states ``get_pipeline_job`` returns, in turn (the last one repeats), e.g.
     ``["PIPELINE_STATE_RUNNING", "PIPELINE_STATE_SUCCEEDED"]``.
+
+    ``create_pipeline_job`` refuses, as the service does, before creating anything (``refused`` records each):
+
+    - labels that break Google Cloud's label rules (``label_error``; at most ``MAX_LABELS``), INVALID_ARGUMENT.
+      The service's wording is not confirmed: the fake names the label and the rule.
+    - a ``service_account`` the caller may not act as (the service checks ``iam.serviceAccounts.actAs`` of the
+      caller on it; ``act_as``: the accounts that exist and the caller may act as): INVALID_ARGUMENT "You do not
+      have permission to act as service_account: X. (or it may not exist).", as reported from the service
+      (googleapis/python-aiplatform#1073). Without one the job runs as the project's Compute Engine default
+      account, which the fake does not check.
+
+    A created job carries the labels it was sent, with the service's own ``BILLING_LABEL`` set by the service.
     """
 
-    def __init__(self, states=("PIPELINE_STATE_RUNNING", "PIPELINE_STATE_SUCCEEDED")):
+    def __init__(
+        self,
+        states=("PIPELINE_STATE_RUNNING", "PIPELINE_STATE_SUCCEEDED"),
+        act_as=(),
+    ):
         self.states = list(states)
+        self.act_as = tuple(act_as)
         self.created: list = []  # (parent, PipelineJob message, job id) as sent
+        self.refused: list[str] = []
         self.gets = 0
+
+    def check(self, message) -> None:
+        """The service's checks of a PipelineJob before it is created; raises ``InvalidArgument``."""
+        from google.api_core import exceptions
+
+        errors = [error for key, value in message.labels.items() if (error := label_error(key, value))]
+        if len(message.labels) > MAX_LABELS:
+            errors.append(f"{len(message.labels)} labels: at most {MAX_LABELS} are allowed")
+        if message.service_account and message.service_account not in self.act_as:
+            errors.append(
+                f"You do not have permission to act as service_account: {message.service_account}. "
+                "(or it may not exist)."
+            )
+        if errors:
+            self.refused.append("; ".join(errors))
+            raise exceptions.InvalidArgument("; ".join(errors))
 
     def install(self, monkeypatch) -> FakePipelineService:
         from google.cloud.aiplatform_v1.services.pipeline_service import PipelineServiceClient
@@ -400,10 +469,12 @@ class FakePipelineService:
             from google.cloud import aiplatform_v1
 
             message = aiplatform_v1.PipelineJob(pipeline_job)  # the API's own message
+            fake.check(message)
             fake.created.append((parent, message, pipeline_job_id))
             created = aiplatform_v1.PipelineJob(message)
             created.name = f"{parent}/pipelineJobs/{pipeline_job_id or 'effnet-run-1'}"
             created.state = aiplatform_v1.PipelineState.PIPELINE_STATE_PENDING
+            created.labels[BILLING_LABEL] = str(len(fake.created))
             fake._job = created
             return aiplatform_v1.PipelineJob(created)
 
@@ -421,9 +492,188 @@ class FakePipelineService:
         return self
 
 
+class FakeProjectJobs:
+    """The custom jobs of a project as Vertex AI's ``JobService`` lists, gets and cancels them; the jobs are the
+    ``CustomJob`` messages (as dicts) in the JSON file ``path``, read and written back on every call.
+
+    Rules, from the v1 reference of ``ListCustomJobs``, ``GetCustomJob`` and ``CancelCustomJob``:
+
+    - Resource names carry the project number (``projects/NUMBER/locations/L/customJobs/ID``), as the service
+      returns them; a request may name the project by its id or its number (``numbers``: id -> number).
+    - A location's jobs are served by its regional endpoint (``L-aiplatform.googleapis.com``): a request for
+      another location's jobs is refused (INVALID_ARGUMENT), as a client built for one region cannot reach
+      another's.
+    - list: the jobs of ``parent`` only. ``filter`` is "the standard list filter"; the fake holds the part a
+      clean-up needs and refuses the rest (INVALID_ARGUMENT) rather than guess it: terms joined by ``AND``, each
+      ``labels.KEY=VALUE`` (key and value equality; the value quoted or not), ``labels.KEY:*`` (key existence),
+      ``state=S`` / ``state!=S``, ``display_name=NAME``. Pages: ``page_size`` jobs at most, and at most
+      ``PAGE_LIMIT`` (the service's default page size is not documented; small here, so that a client that
+      stops at the first page misses jobs); ``next_page_token`` is empty on the last page. A client gets pages
+      through the SDK's own pager (``ListCustomJobsPager``), as from the real client.
+    - get: the job, ``NOT_FOUND`` for a name the project does not have.
+    - cancel: "starts asynchronous cancellation": the job is ``JOB_STATE_CANCELLING``, then, at the next read,
+      ``JOB_STATE_CANCELLED`` with ``error.code`` 1 (``CANCELLED``). Cancelling a job that has ended
+      (succeeded, failed, cancelled, expired) is refused with ``FAILED_PRECONDITION``: not documented, the
+      fake's assumption (what Google's services answer for an operation on a resource in the wrong state).
+    """
+
+    PAGE_LIMIT = 2
+    ENDED = ("JOB_STATE_SUCCEEDED", "JOB_STATE_FAILED", "JOB_STATE_CANCELLED", "JOB_STATE_EXPIRED")
+    _TERM = re.compile(
+        r'^(?:labels\.(?P<key>[a-z][a-z0-9_-]*)(?:(?P<exists>:\*)|=(?P<value>"[^"]*"|[a-z0-9_-]+))'
+        r'|(?P<field>state|display_name)(?P<op>!?=)(?P<text>"[^"]*"|[A-Za-z0-9_-]+))$'
+    )
+
+    def __init__(self, path: str, numbers: dict[str, str]):
+        self.path = path
+        self.numbers = numbers
+
+    # The test's side.
+
+    def write(self, jobs: list[dict]) -> None:
+        with open(self.path, "w") as f:
+            json.dump({"numbers": self.numbers, "jobs": jobs}, f, indent=1)
+
+    def read(self) -> list[dict]:
+        with open(self.path) as f:
+            return json.load(f)["jobs"]
+
+    @classmethod
+    def load(cls, path: str) -> FakeProjectJobs:
+        with open(path) as f:
+            return cls(path, json.load(f)["numbers"])
+
+    def client_class(self):
+        """A ``JobServiceClient`` stand-in serving these jobs (constructed as the real one is)."""
+        fake = self
+
+        class Client:
+            def __init__(self, client_options=None, **kwargs):
+                options = client_options or {}
+                self.endpoint = (
+                    options.get("api_endpoint") if isinstance(options, dict) else options.api_endpoint
+                )
+
+            def _check_endpoint(self, name: str) -> None:
+                from google.api_core import exceptions
+
+                location = name.split("/locations/", 1)[1].split("/", 1)[0]
+                if self.endpoint and self.endpoint != f"{location}-aiplatform.googleapis.com":
+                    raise exceptions.InvalidArgument(f"{name} is not served by the endpoint {self.endpoint}")
+
+            def list_custom_jobs(self, request=None, **kwargs):
+                from google.cloud import aiplatform_v1
+                from google.cloud.aiplatform_v1.services.job_service import pagers
+
+                request = aiplatform_v1.ListCustomJobsRequest(request)  # the API's own message
+                self._check_endpoint(request.parent)
+                return pagers.ListCustomJobsPager(
+                    method=fake.list_page, request=request, response=fake.list_page(request)
+                )
+
+            def get_custom_job(self, name=None, **kwargs):
+                self._check_endpoint(name)
+                return fake.get(name)
+
+            def cancel_custom_job(self, name=None, **kwargs):
+                self._check_endpoint(name)
+                fake.cancel(name)
+
+        return Client
+
+    # The service.
+
+    def _canonical(self, name: str) -> str:
+        parts = name.split("/")
+        if len(parts) > 1 and parts[0] == "projects":
+            parts[1] = self.numbers.get(parts[1], parts[1])
+        return "/".join(parts)
+
+    def _jobs(self) -> list[dict]:
+        jobs = self.read()
+        for job in jobs:  # what happened since the last read: a cancelling job stopped
+            if job["state"] == "JOB_STATE_CANCELLING":
+                job["state"] = "JOB_STATE_CANCELLED"
+                job["error"] = {"code": 1, "message": "CANCELED"}
+        self.write(jobs)
+        return jobs
+
+    def _matches(self, job: dict, filter_text: str) -> bool:
+        from google.api_core import exceptions
+
+        if not filter_text.strip():
+            return True
+        for term in re.split(r"\s+AND\s+", filter_text.strip()):
+            match = self._TERM.match(term.strip())
+            if not match:
+                raise exceptions.InvalidArgument(f"filter term the fake does not implement: {term!r}")
+            if match["key"]:
+                labels = job.get("labels", {})
+                if match["exists"]:
+                    ok = match["key"] in labels
+                else:
+                    ok = labels.get(match["key"]) == match["value"].strip('"')
+            else:
+                value = job.get(match["field"], "")
+                ok = (value == match["text"].strip('"')) == (match["op"] == "=")
+            if not ok:
+                return False
+        return True
+
+    def list_page(self, request, **kwargs):
+        from google.cloud import aiplatform_v1
+
+        parent = self._canonical(request.parent)
+        jobs = [
+            job
+            for job in self._jobs()
+            if job["name"].rsplit("/customJobs/", 1)[0] == parent and self._matches(job, request.filter)
+        ]
+        start = int(request.page_token or 0)
+        size = min(request.page_size or self.PAGE_LIMIT, self.PAGE_LIMIT)
+        page = jobs[start : start + size]
+        token = str(start + size) if start + size < len(jobs) else ""
+        return aiplatform_v1.ListCustomJobsResponse(
+            custom_jobs=[aiplatform_v1.CustomJob(job) for job in page], next_page_token=token
+        )
+
+    def get(self, name: str):
+        from google.api_core import exceptions
+        from google.cloud import aiplatform_v1
+
+        name = self._canonical(name)
+        for job in self._jobs():
+            if job["name"] == name:
+                return aiplatform_v1.CustomJob(job)
+        raise exceptions.NotFound(f"CustomJob {name} not found")
+
+    def cancel(self, name: str) -> None:
+        from google.api_core import exceptions
+
+        name = self._canonical(name)
+        jobs = self.read()
+        for job in jobs:
+            if job["name"] == name:
+                if job["state"] in self.ENDED:
+                    raise exceptions.FailedPrecondition(f"CustomJob {name} has ended ({job['state']})")
+                job["state"] = "JOB_STATE_CANCELLING"
+                self.write(jobs)
+                return
+        raise exceptions.NotFound(f"CustomJob {name} not found")
+
+
+def project_jobs_wrapper(record_dir: str, jobs_file: str) -> list[str]:
+    """``wrapper``, the task's ``JobServiceClient`` serving the project's jobs of ``jobs_file``
+    (``FakeProjectJobs``)."""
+    return [*wrapper(record_dir)[:-1], "--project-jobs", jobs_file, "--"]
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m fake_vertex", description=__doc__.split("\n\n")[0])
     parser.add_argument("--record-dir", required=True, help="where the CustomJob requests and logs go")
+    parser.add_argument(
+        "--project-jobs", default="", help="serve the custom jobs of this file (FakeProjectJobs)"
+    )
     parser.add_argument("command", nargs=argparse.REMAINDER, help="-- python -m MODULE ARGS...")
     args = parser.parse_args(argv)
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
@@ -438,6 +688,8 @@ def main(argv: list[str] | None = None) -> None:
     from components import vertex_training
 
     gapic.JobServiceClient = FakeJobServiceClient
+    if args.project_jobs:
+        gapic.JobServiceClient = FakeProjectJobs.load(args.project_jobs).client_class()
     vertex_training.POLL_SECONDS = FAST_POLL_SECONDS
     vertex_training.CANCEL_POLL_SECONDS = FAST_POLL_SECONDS
     sys.argv = [command[2], *command[3:]]

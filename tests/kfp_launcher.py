@@ -3,23 +3,28 @@
 What the launcher of Vertex AI Pipelines (and of Kubeflow Pipelines v2) does for a container task, this does
 too, from the compiled job alone:
 
+- finds the task in the root DAG or in a DAG under it (a pipeline with an exit handler has its steps in the DAG
+  the exit handler follows);
 - resolves the task's input parameters (PipelineSpec schema 2.1): constants compiled into the task
-  (``runtimeValue.constant``) and the job's runtime parameters (``componentInputParameter``: the
-  ``runtimeConfig.parameterValues`` defaults merged with the run's values), typed by the root's input definitions
-  (``parameterType``), as ``inputs.parameterValues``, the only form the 2.1 launchers write;
+  (``runtimeValue.constant``) and the job's runtime parameters (``componentInputParameter``, followed up
+  through the enclosing DAGs' bindings to the root: the ``runtimeConfig.parameterValues`` defaults merged with
+  the run's values), typed by the root's input definitions (``parameterType``), as ``inputs.parameterValues``,
+  the only form the 2.1 launchers write;
 - resolves the input artifacts to the upstream tasks' outputs as their ``executor_output.json`` describes them
   (name, URI and metadata; the type from the consuming component's input definitions);
 - names its output artifacts and places them at ``{root}/{task}/{output_key}/{execution}`` with the type of the
   component's output definitions;
 - writes all of it as the ``ExecutorInput`` JSON in place of the ``{{$}}`` placeholder of the container's
-  args, runs the container's command as a subprocess of this interpreter (``.venv/bin/python`` standing for the
-  image's ``python``), and returns the ``ExecutorOutput`` the executor wrote.
+  args, and the run's id in place of ``{{$.pipeline_job_uuid}}`` (as Vertex's launcher does), runs the
+  container's command as a subprocess of this interpreter (``.venv/bin/python`` standing for the image's
+  ``python``), and returns the ``ExecutorOutput`` the executor wrote.
 
 Deviations, each because the real thing cannot run here:
 
 - Beam: the compiled args say ``--runner=DataflowRunner``; it becomes ``--runner=DirectRunner
-  --direct_num_workers=1``. The other compiled Beam args (project, region, ``--temp_location``,
-  ``--sdk_container_image``...) stay: the DirectRunner ignores the Dataflow-only ones, and the SDK image is what
+  --direct_num_workers=1``, unless the task is given ``dataflow`` options (a fake Dataflow service's endpoint):
+  then the runner stays and the options are added. The other compiled Beam args (project, region,
+  ``--temp_location``, ``--sdk_container_image``...) stay: the DirectRunner ignores the Dataflow-only ones, and the SDK image is what
   tells TFX not to package itself for the workers.
 - Resolver tasks (the latest blessed model) are not run: they resolve to no artifact, the first run's "no
   baseline", so the Evaluator gets an empty ``baseline_model`` list.
@@ -50,6 +55,9 @@ REPO_DIR = os.path.dirname(TESTS_DIR)
 # Lines of a failed task's log quoted in the error.
 LOG_TAIL_LINES = 60
 
+# Vertex's run-id placeholder in a task's args, and the run id it stands for when a test gives none.
+RUN_ID_PLACEHOLDER = "{{$.pipeline_job_uuid}}"
+DEFAULT_RUN_ID = "effnet-local-run"
 # PipelineSpec 2.1 parameter types and the Python type a value of each takes.
 PARAMETER_TYPES = {"STRING": str, "NUMBER_INTEGER": int, "NUMBER_DOUBLE": float, "BOOLEAN": bool}
 
@@ -110,10 +118,50 @@ def _relocate(text: str, job: dict, root: str) -> str:
     return text.replace(compiled_root(job), root.rstrip("/"))
 
 
-def _is_resolver(job: dict, task: str) -> bool:
+def task_path(job: dict, task: str) -> list[dict]:
+    """The DAG tasks from the root down to ``task`` (the last): the DAGs enclosing it, then the task.
+
+    Raises:
+      KeyError: no DAG has the task.
+    """
     spec = pipeline_spec(job)
-    label = spec["components"][spec["root"]["dag"]["tasks"][task]["componentRef"]["name"]]["executorLabel"]
-    return "resolver" in spec["deploymentSpec"]["executors"][label]
+
+    def search(component: dict, path: list[dict]) -> list[dict] | None:
+        for name, candidate in component.get("dag", {}).get("tasks", {}).items():
+            if name == task:
+                return [*path, candidate]
+            found = search(spec["components"].get(candidate["componentRef"]["name"], {}), [*path, candidate])
+            if found:
+                return found
+        return None
+
+    path = search(spec["root"], [])
+    if path is None:
+        raise KeyError(f"no task {task} in the compiled pipeline")
+    return path
+
+
+def _dag_task(job: dict, task: str) -> dict:
+    return task_path(job, task)[-1]
+
+
+def _executor_label(job: dict, task: str) -> str:
+    spec = pipeline_spec(job)
+    return spec["components"][_dag_task(job, task)["componentRef"]["name"]]["executorLabel"]
+
+
+def _is_resolver(job: dict, task: str) -> bool:
+    return "resolver" in pipeline_spec(job)["deploymentSpec"]["executors"][_executor_label(job, task)]
+
+
+def _root_parameter(job: dict, task: str, source: str) -> str:
+    """The root parameter a ``componentInputParameter`` of ``task`` comes from, through its enclosing DAGs."""
+    for enclosing in reversed(task_path(job, task)[:-1]):
+        binding = enclosing.get("inputs", {}).get("parameters", {}).get(source, {})
+        if "componentInputParameter" not in binding:
+            raise ValueError(f"{task}: {source} is not passed into its DAG from the root")
+        source = binding["componentInputParameter"]
+    return source
 
 
 def build_executor_input(
@@ -137,7 +185,7 @@ def build_executor_input(
         does not implement.
     """
     spec = pipeline_spec(job)
-    dag_task = spec["root"]["dag"]["tasks"][task]
+    dag_task = _dag_task(job, task)
     component = spec["components"][dag_task["componentRef"]["name"]]
     root = pipeline_root.rstrip("/")
     declared = spec["root"].get("inputDefinitions", {}).get("parameters", {})
@@ -149,7 +197,7 @@ def build_executor_input(
             if isinstance(value, str):
                 value = _relocate(value, job, root)
         elif "componentInputParameter" in binding:
-            source = binding["componentInputParameter"]
+            source = _root_parameter(job, task, binding["componentInputParameter"])
             value = _typed(parameters[source], declared[source]["parameterType"])
         else:
             raise ValueError(f"{task}.{name}: unsupported parameter binding {binding}")
@@ -190,11 +238,18 @@ def build_executor_input(
     }
 
 
-def container_argv(job: dict, task: str, executor_input: dict, pipeline_root: str) -> list[str]:
-    """The task's container command and args, ``{{$}}`` filled and the Beam runner made local."""
+def container_argv(
+    job: dict,
+    task: str,
+    executor_input: dict,
+    pipeline_root: str,
+    dataflow: Sequence[str] | None = None,
+    run_id: str = DEFAULT_RUN_ID,
+) -> list[str]:
+    """The task's container command and args, ``{{$}}`` and the run's id filled in, and the Beam runner made
+    local (or, with ``dataflow`` options, kept, the options added)."""
     spec = pipeline_spec(job)
-    label = spec["components"][spec["root"]["dag"]["tasks"][task]["componentRef"]["name"]]["executorLabel"]
-    container = spec["deploymentSpec"]["executors"][label]["container"]
+    container = spec["deploymentSpec"]["executors"][_executor_label(job, task)]["container"]
     command = list(container["command"])
     if command[0] == "python":
         command[0] = sys.executable
@@ -203,7 +258,9 @@ def container_argv(job: dict, task: str, executor_input: dict, pipeline_root: st
         if arg == PLACEHOLDER:
             args.append(json.dumps(executor_input))
         elif arg == DATAFLOW_RUNNER:
-            args.extend(LOCAL_BEAM_ARGS)
+            args.extend([arg, *dataflow] if dataflow is not None else LOCAL_BEAM_ARGS)
+        elif RUN_ID_PLACEHOLDER in arg:
+            args.append(arg.replace(RUN_ID_PLACEHOLDER, run_id))
         elif "{{$" in arg:
             raise ValueError(f"{task}: placeholder this launcher does not implement: {arg}")
         else:
@@ -247,6 +304,8 @@ def start_task(
     execution: int = 1,
     wrapper: Sequence[str] = (),
     env: Mapping[str, str] | None = None,
+    run_id: str = DEFAULT_RUN_ID,
+    dataflow: Sequence[str] | None = None,
 ) -> StartedTask:
     """Starts ``task`` of the compiled ``job`` as its container would (see ``run_task``), without waiting."""
     task_dir = os.path.join(scratch_dir, f"{task}-{execution}")
@@ -255,7 +314,7 @@ def start_task(
     executor_input = build_executor_input(
         job, task, pipeline_root, parameters, upstream or {}, output_file, execution
     )
-    argv = [*wrapper, *container_argv(job, task, executor_input, pipeline_root)]
+    argv = [*wrapper, *container_argv(job, task, executor_input, pipeline_root, dataflow, run_id)]
     child_env = {**os.environ, **(env or {})}
     child_env["PYTHONPATH"] = os.pathsep.join(p for p in (TESTS_DIR, child_env.get("PYTHONPATH")) if p)
     log_path = os.path.join(task_dir, "log.txt")
@@ -275,6 +334,8 @@ def run_task(
     wrapper: Sequence[str] = (),
     env: Mapping[str, str] | None = None,
     timeout: float = 900,
+    run_id: str = DEFAULT_RUN_ID,
+    dataflow: Sequence[str] | None = None,
 ) -> TaskResult:
     """Runs ``task`` of the compiled ``job`` as its container would, and returns what its executor wrote.
 
@@ -286,11 +347,16 @@ def run_task(
       execution: numbers the output URIs (run a task twice on one root with 1, 2...).
       wrapper: a command put in front of the container's (e.g. ``fake_vertex.wrapper(...)``).
       env: variables added to this process's environment for the container; ``tests/`` is on its PYTHONPATH.
+      run_id: the run's id, in place of the run-id placeholder of the task's args.
+      dataflow: Beam options that keep a Beam task on the DataflowRunner, pointed at a fake Dataflow service
+        (``fake_dataflow.FakeDataflow.beam_args``); None runs it on the DirectRunner.
 
     Raises:
       RuntimeError: the container exited non-zero (the message quotes the end of its log).
     """
-    started = start_task(job, task, pipeline_root, scratch_dir, parameters, upstream, execution, wrapper, env)
+    started = start_task(
+        job, task, pipeline_root, scratch_dir, parameters, upstream, execution, wrapper, env, run_id, dataflow
+    )
     try:
         return started.finish(timeout)
     except subprocess.TimeoutExpired:

@@ -11,7 +11,7 @@ from beam_preprocess import classes, sample_data
 from beam_preprocess.config import ShardingConfig
 from effnet_common import schema
 from effnet_common.manifest import LabelConvention, Manifest, ManifestError
-from trainer_module import input_pipeline, presets, run
+from trainer_module import input_pipeline, presets, resolve
 
 DIGIT_SYNSETS = sample_data.default_synsets(10)
 
@@ -139,7 +139,9 @@ def test_manifest_keeps_the_class_list_and_refuses_an_inconsistent_one():
 def test_trainer_sizes_its_head_from_the_manifest(found_run):
     out, _ = found_run
     train, evaluation = str(out / schema.TRAIN / "*"), str(out / schema.VALIDATION / "*")
-    config = run.with_data_sizes(presets.get_preset("demo"), train, evaluation)
+    config = resolve.resolve_run(
+        presets.get_preset("demo"), data=resolve.data_sizes(train, evaluation)
+    ).config
     assert config.model.num_classes == 10
     assert config.data.num_train_examples == len(_labels_and_synsets(train))
     assert input_pipeline.shard_classes(train) == tuple(sorted(DIGIT_SYNSETS))

@@ -9,10 +9,11 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from trainer_module import presets, report, run, train
+from trainer_module import export, presets, report, run, train
 from trainer_module.__main__ import main
 from trainer_module.config import with_overrides
 from trainer_module.recorder import read_run_log
+from trainer_module.resolve import ResolvedRun
 
 
 def _copy_tree(source: str, target: str) -> None:
@@ -42,7 +43,7 @@ def test_train_resume_and_export_with_everything_on_ram(ram_shards, tmp_path, mo
     paths = train.RunPaths(model_dir)
     config = with_overrides(presets.get_preset("smoke"), ["loop.train_epochs=1", "data.global_batch_size=16"])
 
-    first = run.run(config, [ram_shards["train"]], [ram_shards["eval"]], paths)
+    first = run.run(ResolvedRun(config), [ram_shards["train"]], [ram_shards["eval"]], paths)
     # The epoch size came from the manifest on ram://: 400 / 16 = 25 steps.
     assert first.steps == 25 and first.eval_examples == 100
     for name in ("metrics.json", "config.json", "run_log.jsonl", "checkpoints/history.json"):
@@ -52,14 +53,14 @@ def test_train_resume_and_export_with_everything_on_ram(ram_shards, tmp_path, mo
 
     # A second run of the same model directory with a larger budget resumes from the checkpoint on ram://.
     longer = with_overrides(config, ["loop.train_epochs=2"])
-    second = run.run(longer, [ram_shards["train"]], [ram_shards["eval"]], paths)
+    second = run.run(ResolvedRun(longer), [ram_shards["train"]], [ram_shards["eval"]], paths)
     assert [h["step"] for h in second.history] == [25, 50]
     starts = [e for e in read_run_log(f"{model_dir}/run_log.jsonl") if e["event"] == "start"]
     assert [(s["resumed"], s["step"]) for s in starts] == [(False, 0), (True, 25)]
 
     served = tf.saved_model.load(f"{model_dir}/export")
     record = next(iter(tf.data.TFRecordDataset(tf.io.gfile.glob(ram_shards["eval"])[0])))
-    probabilities = served.signatures["serving_default"](examples=tf.constant([record.numpy()]))[
+    probabilities = served.signatures[export.EXAMPLES_SIGNATURE](examples=tf.constant([record.numpy()]))[
         "probabilities"
     ]
     np.testing.assert_allclose(probabilities.numpy().sum(), 1.0, rtol=1e-5)

@@ -568,3 +568,136 @@ def test_replace_checks_the_config_once_with_every_change_applied():
     assert (config.loop.eval_every_epochs, config.loop.train_epochs) == (5, 10)
     with pytest.raises(ValueError, match="eval_every_epochs"):
         replace(base, {"loop.eval_every_epochs": 5})
+
+
+# ---- configs change as values ------------------------------------------------------------------------------
+
+
+def _formats_text(node: ast.AST) -> bool:
+    """An f-string, a ``.format`` call or a ``%`` formatting anywhere in ``node``."""
+    for inner in ast.walk(node):
+        if isinstance(inner, ast.JoinedStr):
+            return True
+        if (
+            isinstance(inner, ast.Call)
+            and isinstance(inner.func, ast.Attribute)
+            and inner.func.attr == "format"
+        ):
+            return True
+        if (
+            isinstance(inner, ast.BinOp)
+            and isinstance(inner.op, ast.Mod)
+            and isinstance(inner.left, ast.Constant)
+        ):
+            return isinstance(inner.left.value, str)
+    return False
+
+
+def _values_given_to_names(scope: ast.AST) -> dict[str, list[ast.AST]]:
+    """What a scope assigns to each name, appends or extends it with (``x = ...``, ``x += ...``,
+    ``x.append(...)``, ``x.extend(...)``)."""
+    given: dict[str, list[ast.AST]] = {}
+    for node in ast.walk(scope):
+        if isinstance(node, ast.Assign):
+            for target in node.targets:
+                for name in ast.walk(target):
+                    if isinstance(name, ast.Name):
+                        given.setdefault(name.id, []).append(node.value)
+        elif (
+            isinstance(node, ast.AugAssign | ast.AnnAssign)
+            and isinstance(node.target, ast.Name)
+            and node.value
+        ):
+            given.setdefault(node.target.id, []).append(node.value)
+        elif (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and node.func.attr in ("append", "extend")
+            and isinstance(node.func.value, ast.Name)
+        ):
+            given.setdefault(node.func.value.id, []).extend(node.args)
+    return given
+
+
+def _config_private_names() -> set[str]:
+    """The private module-level names of ``trainer_module.config`` (its parser ``_parse_value`` among them)."""
+    from trainer_module import config
+
+    tree = ast.parse(pathlib.Path(config.__file__).read_text())
+    names = set()
+    for node in tree.body:
+        if isinstance(node, ast.FunctionDef | ast.ClassDef):
+            names.add(node.name)
+        elif isinstance(node, ast.Assign):
+            names.update(t.id for t in node.targets if isinstance(t, ast.Name))
+    return {name for name in names if name.startswith("_")}
+
+
+def _text_config_changes(source: str, path: str, private: set[str]) -> list[str]:
+    """Where the module ``path`` (its ``source``) hands ``with_overrides`` text formatted in code (directly, or
+    through a name the same function builds), or reaches into the config module's private names."""
+    tree = ast.parse(source)
+    found = []
+    config_modules = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module == "trainer_module.config":
+            found += [f"{path}:{node.lineno} imports {a.name}" for a in node.names if a.name in private]
+        elif isinstance(node, ast.ImportFrom) and node.module == "trainer_module":
+            config_modules.update(a.asname or a.name for a in node.names if a.name == "config")
+        elif isinstance(node, ast.Import):
+            config_modules.update(
+                a.asname for a in node.names if a.name == "trainer_module.config" and a.asname
+            )
+    for node in ast.walk(tree):
+        if (
+            isinstance(node, ast.Attribute)
+            and node.attr in private
+            and isinstance(node.value, ast.Name)
+            and node.value.id in config_modules
+        ):
+            found.append(f"{path}:{node.lineno} uses config.{node.attr}")
+    scopes = [tree, *(n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef))]
+    for scope in scopes:
+        given = _values_given_to_names(scope)
+        for call in ast.walk(scope):
+            callee = getattr(call, "func", None)
+            name = getattr(callee, "id", None) or getattr(callee, "attr", None)
+            if not isinstance(call, ast.Call) or name != "with_overrides":
+                continue
+            for argument in [*call.args, *(k.value for k in call.keywords)]:
+                sources = [argument]
+                for inner in ast.walk(argument):
+                    if isinstance(inner, ast.Name):
+                        sources += given.get(inner.id, [])
+                if any(_formats_text(source) for source in sources):
+                    found.append(f"{path}:{call.lineno} formats the text it hands with_overrides")
+    return sorted(set(found))
+
+
+def test_the_text_check_finds_formatted_overrides_and_the_private_parser():
+    """The check below finds what it looks for (and not what it should leave)."""
+    private = _config_private_names()
+    assert "_parse_value" in private and "replace" not in private
+    cases = {
+        "with_overrides(c, [f'loop.train_epochs={n}'])": 1,
+        "with_overrides(c, ['loop.seed=%d' % n])": 1,
+        "with_overrides(c, ['loop.seed={}'.format(n)])": 1,
+        "def f(c, n):\n    o = list(args)\n    o.append(f'a.b={n}')\n    return with_overrides(c, o)": 1,
+        "from trainer_module.config import _parse_value": 1,
+        "from trainer_module import config as k\nk._parse_value('a', 'b', int)": 1,
+        "with_overrides(c, args.overrides)\nreplace(c, {'loop.seed': n})": 0,
+    }
+    for source, expected in cases.items():
+        assert len(_text_config_changes(source, "case.py", private)) == expected, source
+
+
+@pytest.mark.parametrize("package", PROJECT_PACKAGES)
+def test_no_package_module_formats_overrides_or_imports_the_configs_private_parser(package):
+    """Code changes a config as typed values (``config.replace``); ``--set`` text is what a person typed."""
+    root = pathlib.Path(__file__).resolve().parent.parent
+    private = _config_private_names()
+    found = []
+    for path in sorted((root / package).rglob("*.py")):
+        if path.name != "config.py" or package != "trainer_module":
+            found += _text_config_changes(path.read_text(), str(path.relative_to(root)), private)
+    assert found == []

@@ -155,7 +155,6 @@ def test_the_config_is_checked_against_the_shards_epoch_not_the_presets(digit_sh
     from trainer_module import __main__ as cli
 
     train_files, eval_files = digit_shards["train"], digit_shards["eval"]
-    parser = cli.build_parser()
 
     def preflight(batch: int, model_dir):
         argv = ["--preset", "smoke", "--train-files", train_files, "--eval-files", eval_files]
@@ -164,9 +163,9 @@ def test_the_config_is_checked_against_the_shards_epoch_not_the_presets(digit_sh
             "--set",
             "data.num_train_examples=16",
         ]  # an explicit count loses to the manifest's, as in run
-        return cli.preflight(parser.parse_args(argv), parser)
+        return cli.preflight(cli.parse_args(argv)).config
 
-    config, _ = preflight(64, tmp_path / "ok")
+    config = preflight(64, tmp_path / "ok")
     assert (config.data.num_train_examples, config.data.num_eval_examples) == (400, 100)
     assert config.data.global_batch_size == 64
     with pytest.raises(

@@ -9,7 +9,7 @@ from tensorflow.python.framework import config as tf_framework_config
 from beam_preprocess.config import ShardingConfig
 from beam_preprocess.run import run as shard
 from effnet_common import schema
-from trainer_module import presets, run, strategies, train
+from trainer_module import presets, resolve, strategies, train
 from trainer_module.config import with_overrides
 from trainer_module.recorder import read_run_log
 
@@ -52,7 +52,7 @@ def _train(digit_shards, model_dir, seed):
         ],
     )
     assert config.loop.deterministic  # the demo's setting, tested as the demo runs it
-    config = run.with_data_sizes(config, train_files, eval_files)
+    config = resolve.resolve_run(config, data=resolve.data_sizes(train_files, eval_files)).config
     result, _ = train.train_and_evaluate(
         config, train_files, eval_files, train.RunPaths(str(model_dir)), strategies.build_strategy(config)
     )

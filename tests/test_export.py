@@ -12,24 +12,42 @@ from tfx.components.trainer.fn_args_utils import FnArgs
 
 from beam_preprocess.config import ShardingConfig
 from beam_preprocess.run import run as shard
-from trainer_module import presets, tfx_trainer
+from effnet_common import schema
+from trainer_module import export, presets, tfx_trainer
 from trainer_module.config import with_overrides
 
-PREDICT = """
-import json, sys
-import numpy as np
+TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
+# In a fresh process: the export loaded as TensorFlow Serving loads it (tests/tf_serving.py: TensorFlow's C++
+# LoadSavedModel), asked in TF Serving's REST form, as a Vertex endpoint forwards a client's request.
+SERVE = """
+import base64, json, sys
+sys.path.insert(0, sys.argv[3])
 import tensorflow as tf
-model = tf.saved_model.load(sys.argv[1])
+import tf_serving
+model = tf_serving.SavedModel(sys.argv[1])
 records = [r.numpy() for r in tf.data.TFRecordDataset(sys.argv[2]).take(6)]
 jpegs = [tf.train.Example.FromString(r).features.feature["image/encoded"].bytes_list.value[0] for r in records]
-by_example = model.signatures["serving_default"](examples=tf.constant(records))
-by_jpeg = model.signatures["serve_jpeg"](images=tf.constant(jpegs))
+b64 = lambda data: {"b64": base64.b64encode(data).decode()}
+refused = {}
+for name, body in {
+    "not base64": {"instances": [{"b64": "not base64!"}]},
+    "another input name": {"instances": [{"image": b64(jpegs[0])}]},
+    "no such signature": {"signature_name": "serve_jpeg", "instances": [b64(jpegs[0])]},
+}.items():
+    try:
+        tf_serving.predict(model, body)
+    except tf_serving.RestError as e:
+        refused[name] = str(e)
 print(json.dumps({
-    "signatures": sorted(model.signatures.keys()),
-    "examples": by_example["probabilities"].numpy().tolist(),
-    "jpeg": by_jpeg["probabilities"].numpy().tolist(),
-    "classes": by_example["classes"].numpy().tolist(),
+    "signatures": sorted(model.signatures),
+    "jpeg": tf_serving.predict(model, {"instances": [b64(j) for j in jpegs]}),
+    "named": tf_serving.predict(model, {"instances": [{"image_bytes": b64(j)} for j in jpegs]}),
+    "examples": tf_serving.predict(
+        model, {"signature_name": "serve_tf_examples", "instances": [b64(r) for r in records]}
+    ),
+    "refused": refused,
 }))
+model.close()
 """
 
 
@@ -71,11 +89,13 @@ def test_run_fn_trains_on_the_artifact_and_writes_metrics(trained, clean_archive
     assert tf.io.gfile.glob(str(root / "model_run" / "tensorboard" / "events.out.tfevents.*"))
 
 
-def test_export_predicts_in_a_fresh_process_with_both_signatures(trained):
+def test_the_export_answers_tf_servings_rest_requests_in_a_fresh_process(trained):
+    """The request a client sends a Vertex endpoint, ``{"instances": [{"b64": JPEG}]}``, answered by the default
+    signature with the class, its synset and the top 5; TFMA's signature on the same images agrees."""
     root, fn_args = trained
     shard_path = tf.io.gfile.glob(fn_args.eval_files[0])[0]
     result = subprocess.run(
-        [sys.executable, "-c", PREDICT, fn_args.serving_model_dir, shard_path],
+        [sys.executable, "-c", SERVE, fn_args.serving_model_dir, shard_path, TESTS_DIR],
         capture_output=True,
         text=True,
         timeout=300,
@@ -83,9 +103,25 @@ def test_export_predicts_in_a_fresh_process_with_both_signatures(trained):
     )
     assert result.returncode == 0, result.stderr[-3000:]
     out = json.loads(result.stdout.strip().splitlines()[-1])
-    assert out["signatures"] == ["serve_jpeg", "serving_default"]
-    by_example, by_jpeg = np.array(out["examples"]), np.array(out["jpeg"])
-    assert by_example.shape == (6, 1000)
-    np.testing.assert_allclose(by_example.sum(axis=1), 1.0, atol=1e-5)
-    np.testing.assert_allclose(by_example, by_jpeg, atol=1e-6)
-    assert out["classes"] == by_example.argmax(axis=1).tolist()
+    assert out["signatures"] == [export.EXAMPLES_SIGNATURE, export.SERVING_SIGNATURE]
+    answers = out["jpeg"]["predictions"]
+    assert len(answers) == 6 and out["named"] == out["jpeg"]  # the bare value or the value by input name
+    probabilities = np.array([p[export.PROBABILITIES] for p in out["examples"]["predictions"]])
+    assert probabilities.shape == (6, 1000)
+    np.testing.assert_allclose(probabilities.sum(axis=1), 1.0, atol=1e-5)
+    synsets = schema.synsets()  # the digits' shards keep ImageNet's numbering: the manifest's 1000 synsets
+    for answer, row in zip(answers, probabilities, strict=True):
+        top = np.argsort(-row, kind="stable")[: export.TOP_K]
+        assert answer[export.TOP_CLASSES] == top.tolist() and answer[export.CLASSES] == top[0]
+        np.testing.assert_allclose(answer[export.TOP_PROBABILITIES], row[top], atol=1e-6)
+        assert answer[export.TOP_SYNSETS] == [synsets[k] for k in top]
+        assert answer[export.SYNSETS] == synsets[top[0]]
+    assert "Unable to base64 decode" in out["refused"]["not base64"]
+    assert "image_bytes" in out["refused"]["another input name"]
+    assert "serve_jpeg" in out["refused"]["no such signature"]
+
+
+def test_class_names_are_the_manifests_synsets_or_imagenets():
+    assert export.class_synsets(("n1", "n2"), 2) == ["n1", "n2"]
+    assert export.class_synsets(None, 1000) == list(schema.synsets())
+    assert export.class_synsets(None, 10) == [str(k) for k in range(10)]  # no manifest, not ImageNet's width

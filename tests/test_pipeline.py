@@ -137,8 +137,29 @@ def test_unreachable_target_stops_nothing_early_blesses_nothing_and_pushes_nothi
 def test_paper_presets_shard_for_their_hosts():
     preset = presets.get("b5-lars-1024x65536")
     assert (preset.num_hosts, preset.train_shards % 128, preset.val_shards % 128) == (128, 0, 0)
-    assert preset.target_top1 == 0.830
-    assert presets.get("demo").target_top1 == 0.95
+    assert preset.resolve(inputs={"train_dir": "t", "val_dir": "v"}).target_top1 == 0.830
+
+
+def test_a_pipeline_run_is_resolved_once_with_its_target_in_the_trainer_config():
+    """The target comes from the trainer preset, a --set setting or --target-top1 (each winning over the
+    one before); the pipeline's smoke preset gates at 0; a run without a target is refused in one line."""
+    inputs = {"train_archive": "train.tar", "val_archive": "val.tar"}
+    demo = presets.get("demo")
+    assert demo.resolve(inputs=inputs).target_top1 == 0.95
+    run = demo.resolve({"loop.target_top1": 0.5, "loop.train_epochs": 30}, inputs=inputs)
+    assert (run.target_top1, run.trainer_config.loop.target_top1, run.trainer_config.loop.train_epochs) == (
+        0.5,
+        0.5,
+        30,
+    )
+    assert demo.resolve({"loop.target_top1": 0.5}, target_top1=0.7, inputs=inputs).target_top1 == 0.7
+    assert presets.get("smoke").resolve(inputs=inputs).target_top1 == 0.0
+    with pytest.raises(ValueError, match="no target top-1"):
+        demo.resolve(target_top1=None, inputs=inputs)
+    with pytest.raises(ValueError, match=r"loop.target_top1=1.5 is outside"):
+        demo.resolve(target_top1=1.5, inputs=inputs)
+    sharding = demo.resolve(inputs=inputs).sharding
+    assert (sharding.num_hosts, sharding.train_shards, sharding.train_archive) == (2, 8, "train.tar")
 
 
 @pytest.mark.slow

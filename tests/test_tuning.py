@@ -2,22 +2,28 @@
 bit for bit, Hyperband continuing trials from their checkpoints, a search killed and resumed, the CLI's
 refusals, and TFX's Tuner and Trainer executors running ``tuner_fn`` and ``run_fn``."""
 
+import contextlib
+import io
 import json
 import os
+import random
 import signal
 import subprocess
 import sys
 import time
 
+import keras_tuner
 import numpy as np
 import pytest
 import tensorflow as tf
 
-from trainer_module import presets, run, train, tuning
-from trainer_module.__main__ import main
-from trainer_module.config import with_overrides
+from trainer_module import presets, resolve, run, train, tuning
+from trainer_module.__main__ import main, parse_args
+from trainer_module.config import replace, with_overrides
 from trainer_module.recorder import read_run_log
+from trainer_module.resolve import ResolvedRun
 from trainer_module.tuning import Dimension
+from trainer_module.tuning import trials as trial_files
 
 # 400 training digits at batch 32 (12.5 steps an epoch), 16 px, deterministic ops: a trial is mostly start-up.
 SMALL = (
@@ -39,7 +45,7 @@ def digits(digit_shards):
 
 
 SPACE_ERRORS = {
-    "not a setting": (Dimension("foo.bar", "log", 1, 2), "foo.bar: not a config setting"),
+    "not a setting": (Dimension("foo.bar", "log", 1, 2), "foo.bar: unknown config section 'foo'"),
     "unknown field": (Dimension("schedule.nope", "log", 1, 2), "schedule.nope: unknown config field"),
     "unknown kind": (Dimension("schedule.lr_per_256", "cubic", 1, 2), "kind 'cubic' is not one of"),
     "log from zero": (Dimension("schedule.lr_per_256", "log", 0, 1), "a log range needs LOW > 0"),
@@ -61,7 +67,19 @@ SPACE_ERRORS = {
     ),
     "fractional int": (Dimension("augment.num_layers", "int", 1, 2.5), "int bounds must be whole numbers"),
     "owned by the search": (Dimension("loop.train_epochs", "int", 1, 5), "set by the search itself"),
-    "bad choice": (Dimension("model.variant", "choice", choices=("tiny", "b9")), "bound 'b9' is refused"),
+    "bad choice": (Dimension("model.variant", "choice", choices=("tiny", "b9")), "choice 'b9' is refused"),
+    "choice text of the wrong type": (
+        Dimension("loop.deterministic", "choice", choices=("true", "maybe")),
+        "loop.deterministic: choice 'maybe' is refused (override loop.deterministic='maybe': expected a bool",
+    ),
+    "typed choice of the wrong type": (
+        Dimension("optimizer.label_smoothing", "choice", choices=(0.1, True)),
+        "optimizer.label_smoothing: choice True is refused (optimizer.label_smoothing=True must be float",
+    ),
+    "none beside values": (
+        Dimension("model.dropout_rate", "choice", choices=("none", "0.2")),
+        "model.dropout_rate: 'none' cannot be a choice beside values",
+    ),
 }
 
 
@@ -98,22 +116,112 @@ def test_dimensions_parse_and_the_default_space_fits_every_preset():
         assert ("optimizer.lars_eeta" in keys, "schedule.end_lr" in keys) == (lars, polynomial), name
 
 
-def test_tuned_values_become_overrides_with_epochs_scaled_to_the_budget():
+def _search(config=None, **settings) -> tuning.Search:
+    config = config or with_overrides(presets.get_preset("smoke"), SMALL)
+    return tuning.search_of_config(config, ("train-*",), ("eval-*",), **settings)
+
+
+def test_a_trial_is_handed_the_search_config_with_its_values_and_stop_as_typed_settings():
+    search = _search(max_epochs=4)
     values = {
-        "schedule.lr_per_256": 0.5,
+        "schedule.lr_per_256": 1.0,
         "schedule.warmup_epochs": 1.0,
-        "schedule.decay_epochs": 0.5,
-        tuning.SCHEDULE_EPOCHS: 5,
-        "tuner/epochs": 3,
+        tuning.SCHEDULE_EPOCHS: 4,
+        "tuner/epochs": 2,
+        "tuner/initial_epoch": 0,
+        "tuner/bracket": 1,
+        "tuner/round": 0,
     }
-    overrides, tuned = tuning.hyperparameter_overrides(values, train_epochs=20)
-    assert tuned == {"schedule.lr_per_256": 0.5, "schedule.warmup_epochs": 4.0, "schedule.decay_epochs": 2.0}
-    assert overrides == ["schedule.lr_per_256=0.5", "schedule.warmup_epochs=4.0", "schedule.decay_epochs=2.0"]
-    # TFX's Tuner writes a KerasTuner HyperParameters config: its values are read the same way.
-    assert (
-        tuning.hyperparameter_overrides({"space": [], "values": values}, 5)[1]["schedule.warmup_epochs"]
-        == 1.0
+    trial = search.trial_run(values)
+    # The search's settings: its schedule, an evaluation every epoch, no target; Hyperband's stop at epoch 2.
+    assert trial.config == replace(
+        search.config,
+        {
+            "loop.train_epochs": 4,
+            "loop.eval_every_epochs": 1,
+            "loop.target_top1": None,
+            "loop.stop_at_epoch": 2,
+            "schedule.lr_per_256": 1.0,
+            "schedule.warmup_epochs": 1.0,  # the search's own schedule: nothing to scale
+        },
     )
+    assert dict(trial.tuned) == {"schedule.lr_per_256": 1.0, "schedule.warmup_epochs": 1.0}
+    # The last round trains to the end of the schedule: no stop.
+    assert search.trial_run({**values, "tuner/epochs": 4}).config.loop.stop_at_epoch is None
+    # Values the whole config refuses (smoke's end LR above this trial's peak) fail the trial, naming why.
+    with pytest.raises(ValueError, match=r"^schedule.end_lr=0.1 exceeds the peak learning rate 0.0625"):
+        search.trial_run({"schedule.lr_per_256": 0.5})
+
+
+def test_the_search_starts_from_the_config_it_is_given_never_a_preset_guessed_from_its_name():
+    config = replace(presets.get_preset("demo"), {"name": "custom", "schedule.lr_per_256": 0.123})
+    search = _search(config)
+    assert search.config == config and search.base_config().schedule.lr_per_256 == 0.123
+    assert search.identity()["config"] == search.base_config().to_dict()
+    other = _search(replace(config, {"optimizer.weight_decay": 2e-5}))
+    assert tuning.search_digest(other) != tuning.search_digest(search)
+    assert tuning.search_digest(_search(config)) == tuning.search_digest(search)
+
+
+def test_the_trial_file_round_trips_and_the_trainer_trains_what_it_holds(tmp_path, capsys):
+    trial = _search(max_epochs=3).trial_run({"optimizer.weight_decay": 3e-5, "tuner/epochs": 1})
+    path = trial_files.write_run_file(trial, str(tmp_path / "trial_0000"))
+    assert ResolvedRun.from_json((tmp_path / "trial_0000" / trial_files.RUN_FILE).read_text()) == trial
+    command = trial_files.trainer_command(path, "MODEL", ["T1", "T2"], ["E"], cpu_devices=2)
+    assert command[1:] == [
+        "-m", "trainer_module", "train", "--config", path, "--model-dir", "MODEL",
+        "--train-files", "T1", "--train-files", "T2", "--eval-files", "E", "--cpu-devices", "2",
+    ]  # fmt: skip
+    args = parse_args(command[3:])
+    assert (args.command, args.config, args.preset, args.overrides) == ("train", path, None, [])
+    # The trainer reads the file whole: the config it plans is the trial's.
+    assert main(["train", "--config", path, "--plan"]) == 0
+    assert json.loads(capsys.readouterr().out)["config"] == trial.config.to_dict()
+
+
+def test_a_choice_of_true_and_false_reaches_the_trial_as_booleans():
+    search = _search(space=["loop.deterministic=choice:true,false", "model.variant=choice:tiny"], only=True)
+    assert [d.choices for d in search.space] == [(True, False), ("tiny",)]
+    hp = search.hyperparameters()
+    assert hp.values["loop.deterministic"] is False and hp.values["model.variant"] == "tiny"
+    assert search.trial_run(hp.values).config.loop.deterministic is False
+
+
+class _CountingTuner(keras_tuner.Tuner):
+    """Records the epochs each trial a real oracle schedules would train (from its start to its stop)."""
+
+    def __init__(self, **kwargs):
+        self.epochs = []
+        super().__init__(**kwargs)
+
+    def run_trial(self, trial, *args, **kwargs):
+        values = trial.hyperparameters.values
+        self.epochs.append(values["tuner/epochs"] - values["tuner/initial_epoch"])
+        return {tuning.OBJECTIVE: random.Random(trial.trial_id).random()}
+
+
+@pytest.mark.parametrize(
+    "max_epochs, factor, iterations", [(2, 2, 1), (9, 3, 1), (10, 3, 1), (20, 3, 1), (4, 2, 2)]
+)
+def test_the_planned_hyperband_budget_is_what_kerastuner_schedules(tmp_path, max_epochs, factor, iterations):
+    hp = keras_tuner.HyperParameters()
+    hp.Float("schedule.lr_per_256", 1e-3, 1.0, sampling="log")
+    oracle = keras_tuner.oracles.HyperbandOracle(
+        keras_tuner.Objective(tuning.OBJECTIVE, "max"),
+        max_epochs=max_epochs,
+        factor=factor,
+        hyperband_iterations=iterations,
+        seed=1,
+        hyperparameters=hp,
+    )
+    tuner = _CountingTuner(oracle=oracle, directory=str(tmp_path), project_name="count")
+    tuner.oracle.verbose = 0
+    with contextlib.redirect_stdout(io.StringIO()):
+        tuner.search()
+    scheduled = (len(tuner.epochs), sum(tuner.epochs))
+    assert tuning.hyperband_budget(max_epochs, factor, iterations) == scheduled
+    search = _search(max_epochs=max_epochs, factor=factor, iterations=iterations)
+    assert search.planned_trials_and_epochs() == scheduled
 
 
 def test_a_stop_must_fall_on_an_evaluation_within_the_budget():
@@ -134,10 +242,12 @@ def test_a_truncated_run_resumed_to_the_end_equals_a_straight_run_bit_for_bit(di
     config = with_overrides(presets.get_preset("smoke"), [*SMALL, "loop.train_epochs=2"])
 
     def train_to(model_dir, stop):
-        stopped = with_overrides(config, [f"loop.stop_at_epoch={stop}"])
-        return run.run(stopped, [digits["train"]], [digits["eval"]], train.RunPaths(str(model_dir)))
+        stopped = replace(config, {"loop.stop_at_epoch": stop})
+        return run.run(
+            ResolvedRun(stopped), [digits["train"]], [digits["eval"]], train.RunPaths(str(model_dir))
+        )
 
-    straight = train_to(tmp_path / "straight", "none")
+    straight = train_to(tmp_path / "straight", None)
     first = train_to(tmp_path / "resumed", 1)
     assert (first.stopped_at_epoch, first.steps, first.export_dir) == (1, 12, "")
     assert not (tmp_path / "resumed" / "export").exists()  # its weights are not the end of their schedule
@@ -148,7 +258,7 @@ def test_a_truncated_run_resumed_to_the_end_equals_a_straight_run_bit_for_bit(di
     ]
     assert [(e["step"], e["epoch"], e["train_epochs"]) for e in stopped] == [(12, 1, 2)]
 
-    resumed = train_to(tmp_path / "resumed", "none")
+    resumed = train_to(tmp_path / "resumed", None)
     assert resumed.stopped_at_epoch is None and resumed.export_dir
     assert [(h["step"], h["top1"], h["loss"]) for h in resumed.history] == [
         (h["step"], h["top1"], h["loss"]) for h in straight.history
@@ -212,10 +322,15 @@ def test_hyperband_continues_trials_from_their_checkpoints_and_a_killed_search_r
     (tmp_path / "tmp").mkdir()
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "TMPDIR": str(tmp_path / "tmp")}
     search = subprocess.Popen(_tune_command(digits, tune_dir), env=env, stdout=subprocess.PIPE, text=True)
-    # Kill the search (SIGKILL) in the middle of trial 0003, a 2-epoch trial, once its epoch-1 checkpoint is in.
-    checkpoint = trials / "trial_0003" / "run" / "checkpoints" / "ckpt-12.index"
-    deadline = time.time() + 600
-    while time.time() < deadline and search.poll() is None and not checkpoint.exists():
+    # Kill the search (SIGKILL) in the middle of trial 0003, a 2-epoch trial, once its epoch-1 checkpoint is in:
+    # recorded in the checkpoint manager's state file (written after the checkpoint's files, by a rename).
+    state = trials / "trial_0003" / "run" / "checkpoints" / "checkpoint"
+
+    def checkpointed() -> bool:
+        return state.exists() and '"ckpt-12"' in state.read_text()
+
+    deadline = time.time() + 1800  # three trials; minutes each on a loaded machine
+    while time.time() < deadline and search.poll() is None and not checkpointed():
         time.sleep(0.2)
     assert search.poll() is None, "the search ended before it could be killed"
     search.send_signal(signal.SIGKILL)
@@ -233,7 +348,7 @@ def test_hyperband_continues_trials_from_their_checkpoints_and_a_killed_search_r
     )
 
     again = subprocess.run(
-        _tune_command(digits, tune_dir), env=env, capture_output=True, text=True, timeout=900
+        _tune_command(digits, tune_dir), env=env, capture_output=True, text=True, timeout=1800
     )
     assert again.returncode == 0, again.stderr[-3000:]
     lines = again.stdout.splitlines()
@@ -264,6 +379,19 @@ def test_hyperband_continues_trials_from_their_checkpoints_and_a_killed_search_r
         (0, 2),
         (0, 2),
     ]
+
+    # Each trial was handed its resolved run as a file (its values as the search's, Hyperband's stop) and
+    # trained just that: the run's config.json reads back as the same run.
+    for trial_id, trial in by_id.items():
+        trial_dir = trials / f"trial_{trial_id}"
+        handed = ResolvedRun.from_json((trial_dir / trial_files.RUN_FILE).read_text())
+        assert dict(handed.tuned) == trial["values"]
+        assert handed.config.loop.stop_at_epoch == (None if trial["epochs"] == 2 else trial["epochs"])
+        assert ResolvedRun.from_json((trial_dir / "run" / "config.json").read_text()) == handed
+        assert (
+            f"trainer_module train --config {trial_dir / trial_files.RUN_FILE} "
+            in ((trial_dir / "trainer.out").read_text().splitlines()[0])
+        )
 
     # Trial 0002 continues the better of 0000 and 0001 from a copy of its checkpoint at epoch 1.
     source = by_id["0002"]["continued_from"]
@@ -336,13 +464,17 @@ def test_tune_refuses_a_directory_holding_another_search_and_training_a_bad_hype
 ):
     tune_dir = tmp_path / "tune"
     common = ["--preset", "smoke", "--train-files", digits["train"], "--eval-files", digits["eval"]]
-    search = tuning.with_space(
-        tuning.Search("smoke", (digits["train"],), (digits["eval"],), overrides=SMALL, max_epochs=3)
-    )
+    # The search the command would make (the preset resolved against the shards), but for its epochs.
+    sizes = resolve.data_sizes([digits["train"]], [digits["eval"]])
+    config = resolve.resolve_run(presets.get_preset("smoke"), data=sizes).config
+    search = tuning.with_space(tuning.Search(config, (digits["train"],), (digits["eval"],), max_epochs=3))
     tune_dir.mkdir()
     tuning.claim_directory(search, str(tune_dir))
     line = _refused(capsys, ["tune", *common, "--tune-dir", str(tune_dir), "--max-epochs", "2"])
-    assert line.startswith(f"error: --tune-dir: {tune_dir} holds another search (its max_epochs, overrides")
+    assert line == (
+        f"error: --tune-dir: {tune_dir} holds another search "
+        "(its config.loop.train_epochs, max_epochs, space differ); give a new directory"
+    )
 
     model_dir, bad = tmp_path / "run", tmp_path / "best.json"
     train_args = [*common, "--model-dir", str(model_dir), "--hyperparameters"]

@@ -7,6 +7,8 @@ network). ``test_vertex_steps.py`` runs the compiled steps.
 
 import json
 import pathlib
+import urllib.error
+import urllib.request
 
 import pytest
 import yaml
@@ -16,7 +18,7 @@ from kfp.pipeline_spec import pipeline_spec_pb2
 
 from components import runtime_gate, vertex_pusher
 from pipeline import accelerators, kubeflow_v2_runner, pipeline_def, submission
-from pipeline.template import Template
+from pipeline.template import Template, pipeline_tasks
 from trainer_module import tfx_trainer
 from trainer_module.config import TrainerConfig
 from trainer_module.presets import get_preset
@@ -24,7 +26,8 @@ from trainer_module.presets import get_preset
 DIGEST = "@sha256:" + "0123456789abcdef" * 4
 IMAGE = "us-docker.pkg.dev/my-project/effnet/pipeline" + DIGEST
 TRAINER_IMAGE = "us-docker.pkg.dev/my-project/effnet/trainer-tpu" + DIGEST
-NETWORK = "projects/123456/global/networks/effnet-vpc"
+PROJECT_NUMBER = 123456
+NETWORK = f"projects/{PROJECT_NUMBER}/global/networks/effnet-vpc"
 BASE = [
     "--project", "my-project", "--region", "us-central1", "--image", IMAGE, "--trainer-image", TRAINER_IMAGE,
     "--pipeline-root", "gs://my-bucket/pipelines",
@@ -50,8 +53,13 @@ def _spec(job) -> pipeline_spec_pb2.PipelineSpec:
     return spec
 
 
+def _tasks(job) -> dict:
+    """The compiled steps by name (under the DAG the exit handler follows)."""
+    return pipeline_tasks(job["pipelineSpec"])
+
+
 def _custom_config(job) -> dict:
-    parameters = job["pipelineSpec"]["root"]["dag"]["tasks"]["Trainer"]["inputs"]["parameters"]
+    parameters = _tasks(job)["Trainer"]["inputs"]["parameters"]
     return json.loads(parameters["custom_config"]["runtimeValue"]["constant"])
 
 
@@ -200,7 +208,7 @@ def test_compiled_job_trains_on_the_accelerator_in_the_trainer_image(tmp_path, c
     assert code == 0, capsys.readouterr().err
     job = _job(output)
     spec = _spec(job)
-    assert {"ImageNetShardGen", "Trainer", "Evaluator", "Pusher"} <= set(spec.root.dag.tasks)
+    assert {"ImageNetShardGen", "Trainer", "Evaluator", "Pusher"} <= set(spec.components["tfx-dag"].dag.tasks)
     # Every step runs the pipeline image; the training job runs the trainer image on both pools.
     for executor in job["pipelineSpec"]["deploymentSpec"]["executors"].values():
         if "container" in executor:
@@ -258,7 +266,7 @@ def test_runtime_parameters_are_root_inputs_with_the_presets_defaults(tmp_path):
         "defaultValue": "gs://my-bucket/ILSVRC2012_img_train.tar",
     }
     assert job["runtimeConfig"]["parameterValues"]["train_epochs"] == 30
-    tasks = root["dag"]["tasks"]
+    tasks = _tasks(job)
     bound = {
         task: {
             name
@@ -323,13 +331,13 @@ def test_kubeflow_yaml_spec_is_what_kfp_loads_typed_with_its_defaults(tmp_path):
 
 def test_tags_are_warned_about_and_the_vertex_pusher_is_optional(tmp_path, capsys):
     tagged = ["--image", "pipeline:latest", "--trainer-image", "trainer-tpu:latest"]
-    serving = "us-docker.pkg.dev/vertex-ai/prediction/tf2-cpu.2-16:latest"
+    serving = "us-docker.pkg.dev/vertex-ai/prediction/tf2-cpu.2-15:latest"
     code, output = _compile(tmp_path, *tagged, "--vertex-endpoint", "effnet", "--serving-image", serving)
     err = capsys.readouterr().err
     assert code == 0
     assert err.count("warning:") == 2 and "pipeline:latest is a tag" in err and "trainer-tpu:latest" in err
     job = _job(output)
-    tasks = job["pipelineSpec"]["root"]["dag"]["tasks"]
+    tasks = _tasks(job)
     assert {"Pusher", "VertexPusher"} <= set(tasks)
     config = json.loads(
         tasks["VertexPusher"]["inputs"]["parameters"]["custom_config"]["runtimeValue"]["constant"]
@@ -349,22 +357,34 @@ def test_tags_are_warned_about_and_the_vertex_pusher_is_optional(tmp_path, capsy
 @pytest.mark.parametrize(
     "image,outcome",
     [
-        ("us-docker.pkg.dev/vertex-ai/prediction/tf2-cpu.2-15:latest", "serves with TensorFlow 2.15, older"),
+        # The newest TensorFlow image the pinned SDK lists: TensorFlow 2.15, which serves the 2.16 export.
+        ("us-docker.pkg.dev/vertex-ai/prediction/tf2-cpu.2-15:latest", None),
+        ("europe-docker.pkg.dev/vertex-ai/prediction/tf2-gpu.2-15:latest", None),
         (
             "europe-docker.pkg.dev/vertex-ai/prediction/tf2-gpu.2-12:latest",
-            "serves with TensorFlow 2.12, older",
+            "serves with TensorFlow 2.12, older than 2.15",
         ),
-        ("us-docker.pkg.dev/vertex-ai/prediction/tf2-gpu.2-17:latest", None),
+        # Images the pinned SDK does not list (the refusal names the one to use).
+        (
+            "us-docker.pkg.dev/vertex-ai/prediction/tf2-cpu.2-16:latest",
+            "lists no such prebuilt prediction image",
+        ),
+        (
+            "us-docker.pkg.dev/vertex-ai/prediction/tf2-gpu.2-17:latest",
+            "lists no such prebuilt prediction image",
+        ),
         ("gcr.io/me/my-server:1", "is not a prebuilt Vertex TensorFlow image"),
     ],
 )
-def test_the_serving_image_is_checked_against_the_models_tensorflow(tmp_path, capsys, image, outcome):
+def test_the_serving_image_is_checked_against_the_sdks_prebuilt_images(tmp_path, capsys, image, outcome):
     code, _ = _compile(tmp_path, "--vertex-endpoint", "effnet", "--serving-image", image)
     err = capsys.readouterr().err
     if outcome is None:
         assert code == 0 and "serving" not in err
-    elif "older" in outcome:
+    elif "prebuilt Vertex" not in outcome:
         assert code == 2 and outcome in err and len(err.strip().splitlines()) == 1
+        # The image it names instead is one the pinned SDK lists (us-central1's registry: us-docker).
+        assert "use us-docker.pkg.dev/vertex-ai/prediction/tf2-" in err and ".2-15:latest" in err
     else:
         assert code == 0 and outcome in err
 
@@ -441,9 +461,9 @@ def test_the_baseline_is_this_pipelines_and_its_models_are_served_apart(tmp_path
         'schema_title="tfx.ModelBlessing" AND state=LIVE AND metadata.blessed.number_value=1 AND '
         f'metadata.{runtime_gate.BASELINE_SCOPE_PROPERTY}.string_value="effnet-b0-rmsprop-8x2048"'
     ]
-    evaluator = job["pipelineSpec"]["root"]["dag"]["tasks"]["Evaluator"]["inputs"]["parameters"]
+    evaluator = _tasks(job)["Evaluator"]["inputs"]["parameters"]
     assert evaluator["baseline_scope"]["runtimeValue"]["constant"] == "effnet-b0-rmsprop-8x2048"
-    pusher = job["pipelineSpec"]["root"]["dag"]["tasks"]["Pusher"]["inputs"]["parameters"]
+    pusher = _tasks(job)["Pusher"]["inputs"]["parameters"]
     destination = json.loads(pusher["push_destination"]["runtimeValue"]["constant"])
     assert (
         destination["filesystem"]["base_directory"]
@@ -561,14 +581,24 @@ def test_vertex_trainer_refuses_a_bad_runtime_value_before_any_job(monkeypatch):
 def vertex_pipelines(monkeypatch, gcs_bucket):
     """Vertex AI Pipelines faked at its client, application-default credentials anonymous, polls at once.
 
-    The SDK also checks the pipeline root's bucket before it submits: that goes to the GCS server on 127.0.0.1.
+    The SDK also checks the pipeline root's bucket before it submits: that goes to the GCS server on 127.0.0.1,
+    and the project's number it compares the bucket's with to Resource Manager, answered here (the network is
+    not reached: the SDK's retries of an unreachable Resource Manager took 40 s a submission).
     """
     import google.auth
     from fake_vertex import FakePipelineService
+    from google.cloud import resourcemanager_v3
+
+    def get_project(client, name=None, **kwargs):
+        return resourcemanager_v3.Project(name=f"projects/{PROJECT_NUMBER}", project_id=name.split("/")[1])
 
     monkeypatch.setattr(google.auth, "default", lambda *a, **k: (AnonymousCredentials(), "my-project"))
+    monkeypatch.setattr(resourcemanager_v3.ProjectsClient, "get_project", get_project)
     monkeypatch.setattr(submission, "POLL_SECONDS", 0.0)
-    return FakePipelineService().install(monkeypatch)
+    return FakePipelineService(act_as=[SERVICE_ACCOUNT]).install(monkeypatch)
+
+
+SERVICE_ACCOUNT = "effnet@my-project.iam.gserviceaccount.com"
 
 
 COMPILED_WHERE = [
@@ -607,6 +637,58 @@ def test_a_template_is_submitted_without_an_image_where_it_was_compiled_and_foll
     )
     assert out[1].endswith("?project=my-project")
     assert out[2:] == ["run state: PIPELINE_STATE_RUNNING", "run state: PIPELINE_STATE_SUCCEEDED"]
+
+
+def test_the_run_carries_the_labels_its_training_and_dataflow_jobs_carry(template_file, vertex_pipelines):
+    """The SDK takes a PipelineJob's labels only from its argument: the compiled ones are passed, so one label
+    finds the run, its training job and its Dataflow jobs."""
+    assert kubeflow_v2_runner.main(["--template", template_file, "--submit"]) == 0
+    ((_, job, _),) = vertex_pipelines.created
+    job_dict = _job(template_file)
+    expected = {"effnet-pipeline": "effnet-b0-rmsprop-8x2048", "effnet-preset": "b0-rmsprop-8x2048"}
+    assert dict(job.labels) == job_dict["labels"]  # ours, and TFX's own (tfx_version, tfx_runner...)
+    assert expected.items() <= job.labels.items()
+    assert _training_args(job_dict)["labels"] == expected
+    for step in ("ImageNetShardGen", "Evaluator"):
+        dataflow = [arg for arg in _executor_args(job_dict, step) if arg.startswith("--labels=")]
+        assert dataflow == [f"--labels={key}={value}" for key, value in expected.items()], step
+
+
+@pytest.mark.parametrize(
+    "labels,message",
+    [
+        ({"Effnet-Pipeline": "x"}, "label key 'Effnet-Pipeline' must be 1 to 63 characters and start with a lowercase"),
+        ({"9pipeline": "x"}, "label key '9pipeline' must be 1 to 63 characters and start with a lowercase letter"),
+        ({"effnet-pipeline": "B0.RMSProp"}, "label effnet-pipeline='B0.RMSProp': only lowercase letters, digits"),
+        ({"effnet-pipeline": "x" * 64}, "label value 'xxxx"),
+        ({f"k{n}": "v" for n in range(65)}, "65 labels: at most 64 are allowed"),
+    ],
+)  # fmt: skip
+def test_the_pipeline_service_refuses_labels_against_its_rules_in_one_line(
+    tmp_path, template_file, vertex_pipelines, capsys, labels, message
+):
+    bad = tmp_path / "labelled.json"
+    bad.write_text(json.dumps({**_job(template_file), "labels": labels}))
+    assert kubeflow_v2_runner.main(["--template", str(bad), "--submit"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(
+        f"error: Vertex AI Pipelines refused the run of {bad}: 400 "
+    ), err
+    assert message in err[0]
+    assert vertex_pipelines.created == []
+
+
+def test_the_pipeline_service_refuses_a_service_account_the_caller_cannot_act_as(
+    template_file, vertex_pipelines, capsys
+):
+    vertex_pipelines.act_as = ("someone-else@my-project.iam.gserviceaccount.com",)
+    assert kubeflow_v2_runner.main(["--template", template_file, "--submit"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [
+        f"error: Vertex AI Pipelines refused the run of {template_file}: 400 You do not have permission to act "
+        f"as service_account: {SERVICE_ACCOUNT}. (or it may not exist)."
+    ]
+    assert vertex_pipelines.created == []
 
 
 def test_wait_exits_1_when_the_run_fails(template_file, capsys, vertex_pipelines):
@@ -658,15 +740,28 @@ def test_no_credentials_is_one_line(template_file, capsys, monkeypatch, vertex_p
 
 # ---- open-source Kubeflow Pipelines ------------------------------------------------------------------------
 
+NAMESPACE = "team-a"
+IDENTITY = "system:serviceaccount:team-a:default-editor"
+TOKEN = "eyJhbGciOiJSUzI1NiJ9.team-a-default-editor.signature"
+
 
 @pytest.fixture
 def kfp_server():
-    """A Kubeflow Pipelines API server on 127.0.0.1 applying the backend's rules to submitted runs."""
-    from fake_kfp_server import FakeKfpServer
+    """A multi-user Kubeflow Pipelines API server behind Kubeflow's gateway, on 127.0.0.1: it lets in the
+    bearer token ``TOKEN`` as ``IDENTITY``, which may use namespace ``NAMESPACE`` only, and applies the backend's
+    rules to submitted runs."""
+    from fake_kfp_server import FakeKfpServer, User
 
-    server = FakeKfpServer()
+    server = FakeKfpServer(users={TOKEN: User(IDENTITY, (NAMESPACE,))})
     yield server
     server.stop()
+
+
+@pytest.fixture
+def token_file(tmp_path):
+    path = tmp_path / "kfp-token"
+    path.write_text(TOKEN + "\n")
+    return str(path)
 
 
 @pytest.fixture(scope="module")
@@ -676,10 +771,48 @@ def kubeflow_yaml(tmp_path_factory):
     return str(output)
 
 
-def test_kubeflow_takes_the_yaml_and_the_run_is_followed(kubeflow_yaml, kfp_server, capsys):
-    code = kubeflow_v2_runner.main(
-        ["--template", kubeflow_yaml, "--kfp-host", kfp_server.host, "--param", "train_epochs=30", "--submit", "--wait"]
-    )  # fmt: skip
+def _kfp(kubeflow_yaml, server, *extra):
+    return kubeflow_v2_runner.main(
+        ["--template", kubeflow_yaml, "--kfp-host", server.host, *extra, "--submit"]
+    )
+
+
+def test_a_multi_user_kubeflow_takes_the_run_in_the_namespace_with_the_token(
+    kubeflow_yaml, kfp_server, token_file, capsys
+):
+    """The held-out check: --template effnet.yaml --kfp-host URL --kfp-namespace NS --kfp-token-file PATH --submit
+    creates the run on a multi-user server that requires both; without the namespace, one line names it."""
+    code = _kfp(kubeflow_yaml, kfp_server, "--kfp-namespace", NAMESPACE, "--kfp-token-file", token_file)
+    out = capsys.readouterr().out.splitlines()
+    assert code == 0, kfp_server.refused
+    (run,) = kfp_server.runs
+    assert kfp_server.experiments[run["experiment_id"]] == {
+        "experiment_id": run["experiment_id"],
+        "display_name": "effnet-b0-rmsprop-8x2048",
+        "namespace": NAMESPACE,
+    }
+    assert out[0] == f"submitted Kubeflow run {run['run_id']} in namespace {NAMESPACE}"
+    # Every call went through the gateway with the token, as the identity it stands for.
+    assert kfp_server.calls and {identity for _, _, identity in kfp_server.calls} == {IDENTITY}
+
+    code = _kfp(kubeflow_yaml, kfp_server, "--kfp-token-file", token_file)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1, err
+    assert err[0] == (
+        f"error: --kfp-namespace: Kubeflow Pipelines at {kfp_server.host} is multi-user: name the namespace "
+        "(your Kubeflow profile) to create the run in"
+    )
+    assert len(kfp_server.runs) == 1 and len(kfp_server.experiments) == 1  # nothing more created
+
+
+def test_kfps_own_token_variable_is_honoured_and_the_run_followed(
+    kubeflow_yaml, kfp_server, token_file, capsys, monkeypatch
+):
+    monkeypatch.setenv(submission.KFP_TOKEN_ENV, token_file)
+    monkeypatch.setattr(submission, "POLL_SECONDS", 0.0)
+    code = _kfp(
+        kubeflow_yaml, kfp_server, "--kfp-namespace", NAMESPACE, "--param", "train_epochs=30", "--wait"
+    )
     out = capsys.readouterr().out.splitlines()
     assert code == 0, kfp_server.refused
     (run,) = kfp_server.runs
@@ -687,10 +820,151 @@ def test_kubeflow_takes_the_yaml_and_the_run_is_followed(kubeflow_yaml, kfp_serv
         "parameters": {"train_epochs": 30},
         "pipeline_root": "gs://my-bucket/pipelines",
     }
+    assert out[1:] == [
+        f"follow it at {kfp_server.host}/#/runs/details/{run['run_id']}",
+        "run state: RUNNING",
+        "run state: SUCCEEDED",
+    ]
+    assert {identity for _, _, identity in kfp_server.calls} == {IDENTITY}
+
+
+def test_the_token_file_is_read_at_every_call(token_file):
+    """A token refreshed in place (a projected service-account token, rotated by the kubelet) is the one sent
+    while --wait follows a run for hours: kfp calls the hook before every request."""
+    import kfp_server_api
+
+    credentials = submission.kfp_credentials(token_file)
+    config = kfp_server_api.Configuration()
+    credentials.refresh_api_key_hook(config)
+    assert config.api_key["authorization"] == TOKEN
+    pathlib.Path(token_file).write_text("rotated-token\n")
+    credentials.refresh_api_key_hook(config)
+    assert config.api_key["authorization"] == "rotated-token"
+
+
+@pytest.mark.parametrize(
+    "flags,message",
+    [
+        (["--kfp-namespace", NAMESPACE],
+         "refused the call: 401 Unauthorized (no token sent: give --kfp-token-file PATH or set KF_PIPELINES_SA_"),
+        (["--kfp-namespace", NAMESPACE, "--kfp-token-file", "{wrong}"],
+         "refused the call: 401 Unauthorized: Jwt verification fails (the token of --kfp-token-file {wrong})"),
+        (["--kfp-namespace", "team-b", "--kfp-token-file", "{token}"],
+         f"refused the run: List experiments failed: Failed to authorize with API: Failed to authorize with API: "
+         f"PermissionDenied: User '{IDENTITY}' is not authorized with reason: (request: &ResourceAttributes{{"
+         "Namespace:team-b,Verb:list,Group:pipelines.kubeflow.org,"),
+        (["--kfp-namespace", NAMESPACE, "--kfp-token-file", "{missing}"],
+         "error: --kfp-token-file {missing}: no such file (it should hold the bearer token"),
+        (["--kfp-namespace", NAMESPACE, "--kfp-token-file", "{empty}"],
+         "error: --kfp-token-file {empty}: expected one bearer token, found nothing"),
+    ],
+)  # fmt: skip
+def test_what_a_multi_user_kubeflow_refuses_is_one_line_and_creates_nothing(
+    kubeflow_yaml, kfp_server, token_file, tmp_path, capsys, flags, message
+):
+    files = {
+        "token": token_file,
+        "wrong": tmp_path / "wrong",
+        "missing": tmp_path / "missing",
+        "empty": tmp_path / "empty",
+    }
+    files["wrong"].write_text("an-expired-token")
+    files["empty"].write_text("\n")
+    code = _kfp(kubeflow_yaml, kfp_server, *[_named(flag, files) for flag in flags])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1, err
+    assert _named(message, files) in err[0]
+    assert kfp_server.runs == [] and kfp_server.experiments == {}
+    if "{missing}" in flags or "{empty}" in flags:
+        assert kfp_server.calls == []  # refused before anything is sent
+
+
+def _named(text: str, paths: dict) -> str:
+    """``text`` with each ``{name}`` replaced by ``paths[name]``."""
+    for name, path in paths.items():
+        text = text.replace(f"{{{name}}}", str(path))
+    return text
+
+
+def test_the_fake_refuses_what_kfp_sends_without_a_namespace_as_the_server_does(kfp_server, monkeypatch):
+    """kfp's own client, given the token and no namespace, is refused by the multi-user server's rule for
+    experiments (what the runner's own check spares a user)."""
+    import kfp
+    import kfp_server_api
+
+    monkeypatch.setattr(kfp.Client, "_LOCAL_KFP_CONTEXT", "/nonexistent/kfp/context.json")
+    client = kfp.Client(host=kfp_server.host, existing_token=TOKEN)
+    assert client.get_kfp_healthz().multi_user is True
+    with pytest.raises(kfp_server_api.ApiException) as refused:
+        client.create_experiment("effnet")
+    assert refused.value.status == 400
+    assert json.loads(refused.value.body)["message"] == (
+        "List experiments failed: Failed to authorize with API: Invalid input error: An experiment cannot have an "
+        "empty namespace in multi-user mode"
+    )
+    with pytest.raises(
+        kfp_server_api.ApiException, match="Experiment id can not be empty in multi-user mode"
+    ):
+        client.run_pipeline(experiment_id="", job_name="effnet", pipeline_id="p", version_id="v")
+    assert kfp_server.experiments == {} and kfp_server.runs == []
+    # An identity header without a token does not get past the gateway (it sets the header from the token).
+    request = urllib.request.Request(
+        f"{kfp_server.host}/apis/v2beta1/experiments?namespace={NAMESPACE}",
+        headers={"kubeflow-userid": IDENTITY},
+    )
+    with pytest.raises(urllib.error.HTTPError) as unauthenticated:
+        urllib.request.urlopen(request, timeout=10)
+    assert (unauthenticated.value.code, unauthenticated.value.read()) == (401, b"Unauthorized")
+
+
+@pytest.mark.parametrize(
+    "argv,message",
+    [
+        (["--template", "{yaml}", "--submit"],
+         "error: --kfp-host: {yaml} is a Kubeflow Pipelines PipelineSpec; give --kfp-host URL to submit it"),
+        (["--output", "{new_yaml}", *BASE, "--submit"],
+         "error: --kfp-host: {new_yaml} is a Kubeflow Pipelines PipelineSpec; give --kfp-host URL to submit it"),
+        (["--template", "{json}", "--kfp-host", "http://127.0.0.1:1", "--submit"],
+         "error: --kfp-host takes a PipelineSpec: compile to .yaml, not {json}"),
+        (["--template", "{json}", "--kfp-namespace", NAMESPACE, "--submit"],
+         "error: --kfp-namespace goes with --kfp-host (a Kubeflow Pipelines endpoint)"),
+        (["--template", "{json}", "--kfp-token-file", "token", "--submit"],
+         "error: --kfp-token-file goes with --kfp-host (a Kubeflow Pipelines endpoint)"),
+    ],
+)  # fmt: skip
+def test_a_yaml_goes_to_kubeflow_only_and_its_flags_with_it(
+    kubeflow_yaml, template_file, tmp_path, capsys, vertex_pipelines, argv, message
+):
+    names = {"yaml": kubeflow_yaml, "json": template_file, "new_yaml": tmp_path / "effnet.yaml"}
+    code = kubeflow_v2_runner.main([_named(arg, names) for arg in argv])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1, err
+    assert err[0].startswith(_named(message, names)), err
+    assert vertex_pipelines.created == [] and list(tmp_path.iterdir()) == []
+
+
+def test_a_single_user_kubeflow_takes_the_yaml_without_namespace_or_token(kubeflow_yaml, capsys, monkeypatch):
+    """Standalone Kubeflow Pipelines (single-user, reached without a gateway, as through kubectl port-forward)
+    still takes the run as before: no identity, no namespace."""
+    from fake_kfp_server import FakeKfpServer
+
+    monkeypatch.setattr(submission, "POLL_SECONDS", 0.0)
+    server = FakeKfpServer()
+    try:
+        code = _kfp(kubeflow_yaml, server, "--param", "train_epochs=30", "--wait")
+    finally:
+        server.stop()
+    out = capsys.readouterr().out.splitlines()
+    assert code == 0, server.refused
+    (run,) = server.runs
+    assert run["runtime_config"] == {
+        "parameters": {"train_epochs": 30},
+        "pipeline_root": "gs://my-bucket/pipelines",
+    }
     assert run["display_name"] == "effnet-b0-rmsprop-8x2048"
     assert out == [
         f"submitted Kubeflow run {run['run_id']}",
-        f"follow it at {kfp_server.host}/#/runs/details/{run['run_id']}",
+        f"follow it at {server.host}/#/runs/details/{run['run_id']}",
         "run state: RUNNING",
         "run state: SUCCEEDED",
     ]
@@ -729,10 +1003,10 @@ def test_the_backends_rules_refuse_what_tfx_emits_by_default(kubeflow_yaml, temp
         check_run(vertex_spec, {})
 
 
-def test_a_run_kubeflow_refuses_is_one_line(tmp_path, template_file, kfp_server, capsys):
+def test_a_run_kubeflow_refuses_is_one_line(tmp_path, template_file, kfp_server, token_file, capsys):
     spec = tmp_path / "with-resolver.yaml"
     spec.write_text(yaml.safe_dump(_job(template_file)["pipelineSpec"]))
-    code = kubeflow_v2_runner.main(["--template", str(spec), "--kfp-host", kfp_server.host, "--submit"])
+    code = _kfp(str(spec), kfp_server, "--kfp-namespace", NAMESPACE, "--kfp-token-file", token_file)
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 1
     assert err[0].startswith(
@@ -748,7 +1022,7 @@ def test_tuning_compiles_to_a_vertex_job_of_parallel_trials_feeding_the_trainer(
     code, output = _compile(tmp_path, "--tune", "--tune-parallel-trials", "3", "--tune-max-epochs", "35")
     assert code == 0
     job = _job(output)
-    tasks = job["pipelineSpec"]["root"]["dag"]["tasks"]
+    tasks = _tasks(job)
     executor = job["pipelineSpec"]["deploymentSpec"]["executors"]["Tuner_executor"]["container"]["args"]
     assert executor[:2] == ["--executor_class_path", "components.runtime_gate.VertexTunerExecutor"]
     custom = json.loads(tasks["Tuner"]["inputs"]["parameters"]["custom_config"]["runtimeValue"]["constant"])

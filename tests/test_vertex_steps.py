@@ -184,12 +184,14 @@ def test_trainer_runs_as_a_vertex_custom_job_with_the_run_values(trainer, local_
     assert "train_epochs" not in properties and "target_top1" not in properties
     loop = json.loads(json.loads(properties["custom_config"])["trainer_config"])["loop"]
     assert {name: loop[name] for name in ("train_epochs", "target_top1")} == trainer_values()
-    # A run of its own: the compiled name plus its start, the pipeline's labels, a timeout and restarts.
+    # A run of its own: the compiled name plus its start, the pipeline's labels and the run's (by which the run's
+    # exit handler finds the job, components.run_cleanup), a timeout and restarts.
     custom_job = record["custom_job"]
     assert custom_job["display_name"].startswith("effnet-smoke-trainer-")
-    assert {key: custom_job["labels"][key] for key in ("effnet-pipeline", "effnet-preset")} == {
+    assert {key: custom_job["labels"][key] for key in ("effnet-pipeline", "effnet-preset", "effnet_run")} == {
         "effnet-pipeline": "effnet-smoke",
         "effnet-preset": "smoke",
+        "effnet_run": kfp_launcher.DEFAULT_RUN_ID,
     }
     assert spec["scheduling"]["restart_job_on_worker_restart"] is True
     assert spec["scheduling"]["timeout"] == "7200s"  # the smoke run's estimate is minutes: the 2-hour floor

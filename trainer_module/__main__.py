@@ -1,4 +1,9 @@
-"""python -m trainer_module: train, evaluate in the loop and export one EfficientNet run.
+"""python -m trainer_module: train, evaluate in the loop and export one EfficientNet run; search
+hyperparameters; draw a run's report.
+
+    python -m trainer_module [train] --preset P | --config FILE ...   one run (the bare form is ``train``)
+    python -m trainer_module tune --preset P ...                      a hyperparameter search
+    python -m trainer_module report MODEL_DIR                         a run's report.html
 
 With --plan it trains nothing and reads no data: it prints one JSON object with the resolved config, what it
 resolves to (steps per epoch, warmup and total steps, peak learning rate, per-replica batch, batch-norm group,
@@ -7,9 +12,10 @@ paying for it.
 
 ``python -m trainer_module tune ...`` searches hyperparameters, training each trial as a run of this command
 (``python -m trainer_module tune --help``); ``--hyperparameters TUNE_DIR/best_hyperparameters.json`` trains
-with what it found.
+with what it found. ``--config FILE`` trains a run resolved before (a run's config.json, or the file a search
+hands each trial) instead of a preset.
 
-A training run writes MODEL_DIR/export/ (SavedModel: serving_default on serialized tf.Example, serve_jpeg on raw JPEG),
+A training run writes MODEL_DIR/export/ (SavedModel: serving_default on JPEG bytes, serve_tf_examples for TFMA),
 MODEL_DIR/metrics.json (final and peak top-1, evaluation history, time to accuracy, images/s),
 MODEL_DIR/run_log.jsonl, MODEL_DIR/config.json, TensorBoard summaries (MODEL_DIR/tensorboard) and checkpoints.
 Re-running with the same MODEL_DIR resumes from the last checkpoint. The console shows one line per
@@ -33,16 +39,50 @@ from effnet_common import console  # noqa: E402
 LOG_DIR = "logs"
 
 
+COMMANDS = ("train", "tune", "report")
+
+
 def build_parser() -> argparse.ArgumentParser:
+    """The command line: ``train`` (also the bare form), ``tune`` and ``report`` as subcommands."""
     from trainer_module import presets
 
+    epilog = __doc__.split("\n\n", 2)[2] + "\npresets: " + ", ".join(presets.preset_names())
+    formatter = argparse.RawDescriptionHelpFormatter
     parser = argparse.ArgumentParser(
         prog="python -m trainer_module",
         description=__doc__.split("\n\n")[0],
-        epilog=__doc__.split("\n\n", 1)[1] + "\npresets: " + ", ".join(presets.preset_names()),
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=epilog,
+        formatter_class=formatter,
     )
-    parser.add_argument("--preset", required=True, help="named config (see the list below)")
+    commands = parser.add_subparsers(dest="command", metavar="{train,tune,report}")
+    train = commands.add_parser(
+        "train", help="one training run (the bare form)", epilog=epilog, formatter_class=formatter
+    )
+    add_train_arguments(train)
+    add_tune_arguments(commands.add_parser("tune", help="a hyperparameter search, each trial a run"))
+    report = commands.add_parser("report", help="draw report.html and its plots from a model directory")
+    report.add_argument("model_dir", help="the run's model directory (local, gs://, ...)")
+    return parser
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    """The command's arguments; without a subcommand (``python -m trainer_module --preset ...``) it is
+    ``train``, as the command was before it had others."""
+    parser = build_parser()
+    if not argv[:1] or (argv[0] not in COMMANDS and argv[0] not in ("-h", "--help")):
+        argv = ["train", *argv]
+    args = parser.parse_args(argv)
+    args.parser = parser._subparsers._group_actions[0].choices[args.command]
+    return args
+
+
+def add_train_arguments(parser: argparse.ArgumentParser) -> None:
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--preset", help="named config (see the list below)")
+    source.add_argument(
+        "--config", metavar="FILE",
+        help="a run resolved before: a run's config.json or the file a search hands its trials",
+    )  # fmt: skip
     parser.add_argument("--train-files", action="append", help="glob of training shards")
     parser.add_argument("--eval-files", action="append", help="glob of validation shards")
     parser.add_argument("--model-dir", help="checkpoints, logs, metrics and the export")
@@ -72,7 +112,6 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="show the libraries' logs live instead of writing them to MODEL_DIR/logs/",
     )
-    return parser
 
 
 def _step_list(text: str) -> list[int]:
@@ -85,14 +124,8 @@ def _step_list(text: str) -> list[int]:
     return steps
 
 
-def report_main(argv: list[str]) -> int:
+def report_main(args) -> int:
     """``python -m trainer_module report MODEL_DIR``: redraws the run report of a finished or running run."""
-    parser = argparse.ArgumentParser(
-        prog="python -m trainer_module report",
-        description="Draws report.html and its PNG plots from a model directory (local, gs://, ...).",
-    )
-    parser.add_argument("model_dir", help="the run's model directory")
-    args = parser.parse_args(argv)
     from trainer_module import report
 
     try:
@@ -121,124 +154,126 @@ def _upload(local_path: str, path: str) -> None:
         files.write_text(path, f.read())
 
 
-def tuned_config(preset: str, overrides: list[str], hyperparameters: str | None):
-    """The config of ``preset`` with a search's values (``--hyperparameters``) and then ``overrides``; and the
-    values that came from the search and stayed (an explicit ``--set`` of the same key wins).
+def base_config(args):
+    """The config the run starts from: ``--preset``'s, or the resolved run of ``--config`` (its search's values
+    stay recorded as such). Raises console.UsageError naming the flag."""
+    from trainer_module import files, presets, resolve
+
+    if args.preset:
+        try:
+            return resolve.ResolvedRun(presets.get_preset(args.preset))
+        except ValueError as e:
+            raise console.UsageError("--preset", args.preset, console.one_line(e)) from None
+    try:
+        return resolve.ResolvedRun.from_json(files.read_text(args.config))
+    except (files.Error, TypeError, ValueError) as e:
+        raise console.UsageError(
+            "--config", args.config, console.one_line(getattr(e, "message", e))
+        ) from None
+
+
+def resolved_run(args, data=None):
+    """The run of these arguments (``trainer_module.resolve``): the base config, ``--hyperparameters``, the
+    ``--set`` settings, then the shards' ``data`` sizes.
 
     Raises:
       console.UsageError: naming the override, or the hyperparameters file and its problem.
     """
-    from trainer_module import presets
-    from trainer_module.config import with_overrides
+    from trainer_module import resolve
+    from trainer_module.config import parse_overrides
 
+    base = base_config(args)
     try:
-        config = with_overrides(presets.get_preset(preset), overrides)
+        settings = parse_overrides(args.overrides)
+        run = resolve.resolve_run(base.config, settings, data=data, tuned=base.tuned)
     except (TypeError, ValueError) as e:
         raise console.UsageError("", "", console.one_line(e)) from None  # the message names the override
-    if not hyperparameters:
-        return config, {}
-    from trainer_module import tuning
-
+    if not getattr(args, "hyperparameters", None):
+        return run
     try:
-        values = tuning.read_hyperparameters(hyperparameters)
-        tuned_overrides, tuned = tuning.hyperparameter_overrides(values, config.loop.train_epochs)
-        config = with_overrides(presets.get_preset(preset), tuned_overrides + overrides)
+        values = resolve.read_hyperparameters(args.hyperparameters)
+        return resolve.resolve_run(base.config, settings, hyperparameters=values, data=data, tuned=base.tuned)
     except (TypeError, ValueError) as e:
-        raise console.UsageError("--hyperparameters", hyperparameters, console.one_line(e)) from None
-    explicit = {override.partition("=")[0].strip() for override in overrides}
-    return config, {key: value for key, value in tuned.items() if key not in explicit}
+        raise console.UsageError("--hyperparameters", args.hyperparameters, console.one_line(e)) from None
 
 
 def check_data(train_files: list[str], eval_files: list[str]) -> None:
     """Each glob of ``--train-files`` / ``--eval-files`` matches a file whose first byte can be read."""
-    import tensorflow as tf
+    from trainer_module import files
 
     for flag, patterns in (("--train-files", train_files), ("--eval-files", eval_files)):
         for pattern in patterns:
             try:
-                matches = tf.io.gfile.glob(pattern)
+                matches = files.glob(pattern)
                 if not matches:
                     raise console.UsageError(flag, pattern, "matches no file")
-                with tf.io.gfile.GFile(matches[0], "rb") as f:
-                    f.read(1)
-            except tf.errors.OpError as e:
+                files.read_first_byte(matches[0])
+            except files.Error as e:
                 raise console.UsageError(
                     flag, pattern, f"cannot read ({console.one_line(e.message)})"
                 ) from None
 
 
-def shard_size_overrides(train_files: list[str], eval_files: list[str]) -> list[str]:
-    """The shards' example counts as overrides, where their manifests give them (nothing is read end to end).
+def manifest_sizes(train_files: list[str], eval_files: list[str]):
+    """The shards' sizes and classes where their manifests give them (nothing is read end to end), or None.
 
-    The run takes its epoch from the shards' manifest whatever the preset says (``run.with_data_sizes``), so
-    the config is checked against that epoch: batch 4096 of the demo preset on 60,000 sharded images is a
-    valid run, though the demo's own data has 1,438. Shards without a manifest are counted by the run.
+    The run takes its epoch from the shards' manifest whatever the preset says, so the config is checked
+    against that epoch: batch 4096 of the demo preset on 60,000 sharded images is a valid run, though the
+    demo's own data has 1,438. Shards without a manifest are counted by the run.
 
     Raises:
-      console.UsageError: a manifest that does not describe the files beside it, naming the flag.
+      console.UsageError: a manifest that does not describe the files beside it, naming the flags.
     """
-    import tensorflow as tf
+    from trainer_module import resolve
 
-    from trainer_module import shard_files
-
-    overrides = []
-    for flag, key, patterns in (
-        ("--train-files", "data.num_train_examples", train_files),
-        ("--eval-files", "data.num_eval_examples", eval_files),
-    ):
-        files = shard_files.list_files(patterns)
-        manifests = {shard_files.manifest_path_of(f) for f in files}
-        if not files or not all(tf.io.gfile.exists(m) for m in manifests):
-            continue
-        try:
-            overrides.append(f"{key}={sum(shard_files.record_counts(files))}")
-        except ValueError as e:
-            raise console.UsageError(flag, ",".join(patterns), console.one_line(e)) from None
-    return overrides
+    try:
+        return resolve.data_sizes(train_files, eval_files, manifests_only=True)
+    except ValueError as e:
+        flags = "--train-files/--eval-files"
+        raise console.UsageError(flags, ",".join(train_files + eval_files), console.one_line(e)) from None
 
 
 def make_directory(flag: str, path: str) -> None:
     """Creates the output directory ``path`` (last, so that a failed check before leaves nothing behind)."""
-    import tensorflow as tf
+    from trainer_module import files
 
     try:
-        tf.io.gfile.makedirs(path)
-        if not tf.io.gfile.isdir(path):
-            raise console.UsageError(flag, path, "is not a directory")
-    except tf.errors.OpError as e:
+        files.make_directory(path)
+    except NotADirectoryError:
+        raise console.UsageError(flag, path, "is not a directory") from None
+    except files.Error as e:
         raise console.UsageError(flag, path, f"cannot create it ({e.message})") from None
 
 
-def preflight(args, parser):
+def preflight(args):
     """The config, the data (each glob matches a readable file), the model directory (created last, so that
-    a failed check leaves nothing behind); every path through tf.io.gfile (local, gs://, ram://). Returns
-    the config and the settings in it that came from ``--hyperparameters``.
+    a failed check leaves nothing behind); every path through ``trainer_module.files`` (local, gs://,
+    ram://). Returns the resolved run.
 
     Raises:
       console.UsageError: naming the flag and the problem.
     """
     if args.plan:
-        return tuned_config(args.preset, args.overrides, args.hyperparameters)
+        return resolved_run(args)
     if args.lr_steps:
-        parser.error("--lr-steps goes with --plan")
+        args.parser.error("--lr-steps goes with --plan")
     missing = [flag for flag in ("train_files", "eval_files", "model_dir") if not getattr(args, flag)]
     if missing:
-        tuned_config(args.preset, args.overrides, args.hyperparameters)  # a wrong setting first, if any
-        parser.error("a training run needs " + ", ".join("--" + m.replace("_", "-") for m in missing))
+        resolved_run(args)  # a wrong setting first, if any
+        args.parser.error("a training run needs " + ", ".join("--" + m.replace("_", "-") for m in missing))
     check_data(args.train_files, args.eval_files)
-    sizes = shard_size_overrides(args.train_files, args.eval_files)
-    config, tuned = tuned_config(args.preset, args.overrides + sizes, args.hyperparameters)
+    run = resolved_run(args, manifest_sizes(args.train_files, args.eval_files))
     make_directory("--model-dir", args.model_dir)
-    return config, tuned
+    return run
 
 
-def build_tune_parser() -> argparse.ArgumentParser:
+def add_tune_arguments(parser: argparse.ArgumentParser) -> None:
     from trainer_module import tuning
 
-    parser = argparse.ArgumentParser(
-        prog="python -m trainer_module tune",
-        description="Searches hyperparameters; each trial is a run of python -m trainer_module (its in-loop "
-        "top-1 the objective). Run again in the same --tune-dir to resume: finished trials are kept.",
+    parser.description = (
+        "Searches hyperparameters; each trial is a run of python -m trainer_module train --config, handed its "
+        "resolved run as a file (its in-loop top-1 the objective). Run again in the same --tune-dir to resume: "
+        "finished trials are kept."
     )
     parser.add_argument("--preset", required=True, help="named config the trials start from")
     parser.add_argument("--train-files", action="append", required=True, help="glob of training shards")
@@ -269,11 +304,11 @@ def build_tune_parser() -> argparse.ArgumentParser:
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="FIELD=VALUE")
     parser.add_argument("--cpu-devices", type=int, default=0, help="logical CPU devices of each trial")
     parser.add_argument("--verbose", action="store_true", help="show the libraries' logs live")
-    return parser
 
 
 def tune_preflight(args):
-    """The search (config, space, budget), the data, then the directory (created and claimed last).
+    """The search (the resolved run its trials start from, the space, the budget), the data, then the
+    directory (created and claimed last).
 
     Raises:
       console.UsageError: naming the flag and the problem.
@@ -281,17 +316,15 @@ def tune_preflight(args):
     from trainer_module import tuning
 
     check_data(args.train_files, args.eval_files)
-    overrides = args.overrides + shard_size_overrides(args.train_files, args.eval_files)
-    tuned_config(args.preset, overrides, None)  # the preset and overrides, in one line if wrong
+    run = resolved_run(args, manifest_sizes(args.train_files, args.eval_files))
     try:
         changes = tuple(tuning.Dimension.parse(text) for text in args.space)
     except ValueError as e:
         raise console.UsageError("--space", "", console.one_line(e)) from None
     search = tuning.Search(
-        preset=args.preset,
+        config=run.config,
         train_files=tuple(args.train_files),
         eval_files=tuple(args.eval_files),
-        overrides=tuple(overrides),
         search=args.search,
         max_epochs=args.max_epochs,
         max_trials=args.max_trials,
@@ -312,75 +345,73 @@ def tune_preflight(args):
     return search
 
 
-def tune_main(argv: list[str]) -> int:
+def tune_main(args, session) -> int:
     """``python -m trainer_module tune``: one line per trial, then the best values and where they are."""
-    with console.session(verbose=console.wants_verbose(argv)) as session:
-        args = build_tune_parser().parse_args(argv)
-        try:
-            search = tune_preflight(args)
-        except console.UsageError as e:
-            return console.fail(e)
-        from trainer_module import files, tuning
+    try:
+        search = tune_preflight(args)
+    except console.UsageError as e:
+        return console.fail(e)
+    from trainer_module import files, tuning
 
-        session.keep_log(files.join(args.tune_dir, LOG_DIR, console.log_name("tune")), _upload)
-        tuner = tuning.build_tuner(search, args.tune_dir, report=lambda s: console.say(tuning.trial_line(s)))
-        console.say(tuning.planned_budget_line(search))
-        try:
-            tuner.search()
-        except RuntimeError as e:  # KerasTuner ends a search after consecutive failed trials
-            return console.fail(e, status=1)
-        best = tuning.write_summaries(tuner)
-        if best is None:
-            return console.fail("no trial completed; see " + files.join(args.tune_dir, tuning.TRIALS_FILE), 1)
+    session.keep_log(files.join(args.tune_dir, LOG_DIR, console.log_name("tune")), _upload)
+    tuner = tuning.build_tuner(search, args.tune_dir, report=lambda s: console.say(tuning.trial_line(s)))
+    console.say(tuning.planned_budget_line(search))
+    try:
+        tuner.search()
+    except RuntimeError as e:  # KerasTuner ends a search after consecutive failed trials
+        return console.fail(e, status=1)
+    best = tuning.write_summaries(tuner)
+    if best is None:
+        return console.fail("no trial completed; see " + files.join(args.tune_dir, tuning.TRIALS_FILE), 1)
+    console.say("best top-1 %.4f (trial %s): %s", best["top1"], best["trial_id"], tuning.values_text(best))
+    console.say("wrote %s", files.join(args.tune_dir, tuning.BEST_HYPERPARAMETERS_FILE))
+    return 0
+
+
+def train_main(args, session) -> int:
+    """``python -m trainer_module [train]``: one line per evaluation, then the peak and the export."""
+    try:
+        run = preflight(args)
+    except console.UsageError as e:
+        return console.fail(e)
+    config = run.config
+    if args.plan:
+        from trainer_module.dry_run import plan_report
+
+        print(json.dumps(plan_report(config, args.lr_steps), indent=2))
+        return 0
+    from trainer_module import files, input_pipeline, train
+    from trainer_module import run as runs
+
+    session.keep_log(
+        files.join(args.model_dir, LOG_DIR, console.log_name("trainer" + _task_suffix())), _upload
+    )
+    devices = runs.use_logical_cpus(args.cpu_devices) if args.cpu_devices else None
+    try:
+        result = runs.run(run, args.train_files, args.eval_files, train.RunPaths(args.model_dir), devices)
+    except (input_pipeline.LabelError, train.NonFiniteLossError, ValueError) as e:
+        return console.fail(e)
+    peak = "none" if result.peak_top1 is None else f"{result.peak_top1:.4f} at step {result.peak_step}"
+    if result.stopped_at_epoch is None:
+        console.say("peak top-1 %s; exported to %s", peak, result.export_dir)
+    else:
         console.say(
-            "best top-1 %.4f (trial %s): %s", best["top1"], best["trial_id"], tuning.values_text(best)
+            "peak top-1 %s; stopped at epoch %d of %d (run again with a later loop.stop_at_epoch to go on)",
+            peak,
+            result.stopped_at_epoch,
+            config.loop.train_epochs,
         )
-        console.say("wrote %s", files.join(args.tune_dir, tuning.BEST_HYPERPARAMETERS_FILE))
+    print(json.dumps(result.summary()))
     return 0
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    if argv[:1] == ["report"]:
-        return report_main(argv[1:])
-    if argv[:1] == ["tune"]:
-        return tune_main(argv[1:])
+    if argv[:1] == ["report"]:  # no console session: it prints the report's path and nothing else
+        return report_main(parse_args(argv))
     with console.session(verbose=console.wants_verbose(argv)) as session:
-        parser = build_parser()
-        args = parser.parse_args(argv)
-        try:
-            config, tuned = preflight(args, parser)
-        except console.UsageError as e:
-            return console.fail(e)
-        if args.plan:
-            from trainer_module.dry_run import plan_report
-
-            print(json.dumps(plan_report(config, args.lr_steps), indent=2))
-            return 0
-        from trainer_module import files, input_pipeline, run, train
-
-        session.keep_log(
-            files.join(args.model_dir, LOG_DIR, console.log_name("trainer" + _task_suffix())), _upload
-        )
-        devices = run.use_logical_cpus(args.cpu_devices) if args.cpu_devices else None
-        try:
-            result = run.run(
-                config, args.train_files, args.eval_files, train.RunPaths(args.model_dir), devices, tuned
-            )
-        except (input_pipeline.LabelError, train.NonFiniteLossError, ValueError) as e:
-            return console.fail(e)
-        peak = "none" if result.peak_top1 is None else f"{result.peak_top1:.4f} at step {result.peak_step}"
-        if result.stopped_at_epoch is None:
-            console.say("peak top-1 %s; exported to %s", peak, result.export_dir)
-        else:
-            console.say(
-                "peak top-1 %s; stopped at epoch %d of %d (run again with a later loop.stop_at_epoch to go on)",
-                peak,
-                result.stopped_at_epoch,
-                config.loop.train_epochs,
-            )
-    print(json.dumps(result.summary()))
-    return 0
+        args = parse_args(argv)
+        return {"train": train_main, "tune": tune_main}[args.command](args, session)
 
 
 if __name__ == "__main__":

@@ -773,8 +773,18 @@ def parse_overrides(overrides: Iterable[str]) -> dict[str, object]:
         if not separator:
             raise ValueError(f"override {override!r} is not of the form section.field=value")
         key = key.strip()
-        values[key] = _parse_value(key, text, setting_field(key)[2])
+        values[key] = parse_setting(key, text)
     return values
+
+
+def parse_setting(key: str, text: str):
+    """The typed value of one setting given as text ('loop.deterministic', 'true' -> True), parsed by the
+    field's type as ``--set`` parses it (a tuning space's choices given as text).
+
+    Raises:
+      ValueError: an unknown key, or text that is not of the field's type, naming the key.
+    """
+    return _parse_value(key, text, setting_field(key)[2])
 
 
 def with_overrides(config: TrainerConfig, overrides: Iterable[str]) -> TrainerConfig:

@@ -90,3 +90,24 @@ def remove_tree(path: str) -> None:
     """Removes ``path`` and everything under it, if it exists."""
     if tf.io.gfile.exists(path):
         tf.io.gfile.rmtree(path)
+
+
+def glob(pattern: str) -> list[str]:
+    return tf.io.gfile.glob(pattern)
+
+
+def read_first_byte(path: str) -> bytes:
+    """The first byte of ``path`` (a check that it can be read, without fetching more of an object)."""
+    with tf.io.gfile.GFile(path, "rb") as f:
+        return f.read(1)
+
+
+def make_directory(path: str) -> None:
+    """Creates ``path`` and its parents; NotADirectoryError when something else is there."""
+    tf.io.gfile.makedirs(path)
+    if not tf.io.gfile.isdir(path):
+        raise NotADirectoryError(path)
+
+
+# What tf.io.gfile raises for a path it cannot use (missing, refused, unknown scheme).
+Error = tf.errors.OpError

@@ -89,14 +89,11 @@ def build_strategy(config: TrainerConfig, devices: list[str] | None = None) -> t
 
 
 def check_replicas(config: TrainerConfig, num_replicas: int) -> None:
-    """The global batch and batch-norm groups must fit the replicas the strategy really has."""
+    """The strategy must have the replicas the config was made for (the config checks that its global batch
+    and batch-norm groups split over ``data.num_cores``)."""
     if num_replicas != config.data.num_cores:
         raise ValueError(
             f"the {config.loop.strategy} strategy has {num_replicas} replicas but data.num_cores="
             f"{config.data.num_cores}: set data.num_cores={num_replicas} (global batch "
             f"{config.data.global_batch_size} must be divisible by it)"
-        )
-    if num_replicas % config.plan.bn_group_replicas:
-        raise ValueError(
-            f"batch-norm group size {config.plan.bn_group_replicas} does not divide the {num_replicas} replicas"
         )

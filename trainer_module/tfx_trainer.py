@@ -8,9 +8,10 @@ manifest, so a preset's epoch means a pass over the real dataset.
 ``custom_config['tuning']`` (``TUNING_KEY``: ``search``, ``max_epochs``, ``max_trials``, ``factor``,
 ``iterations``, ``seed``, ``space`` as 'KEY=KIND:LOW:HIGH' strings or ``Dimension`` dicts replacing or adding to
 the default space, ``only`` to tune those alone, ``cpu_devices``, ``directory`` for a search that survives a
-restarted execution); each trial runs ``python -m trainer_module``. The Tuner writes the best values, which the
-Trainer hands ``run_fn`` as ``fn_args.hyperparameters``: they override the config (epoch-denominated ones scaled
-to its budget) and the run's config.json and report list them.
+restarted execution), the config resolved against the shards' manifests; each trial is handed its resolved run
+as a file and runs ``python -m trainer_module train --config`` on it. The Tuner writes the best values, which
+the Trainer hands ``run_fn`` as ``fn_args.hyperparameters``: they override the config (epoch-denominated ones
+scaled to its budget) and the run's config.json and report list them.
 
 ``custom_config['checkpoint_root']`` (``CHECKPOINT_ROOT_KEY``, optional) keeps the run's checkpoints outside
 its model directory, which is new for every pipeline run: in ``ROOT/<checkpoint_key>``, a directory named by
@@ -73,19 +74,18 @@ def run_fn(fn_args) -> None:
     metrics.json to ``fn_args.model_run_dir`` (the checkpoints under ``CHECKPOINT_ROOT_KEY`` when the config
     names one) and the SavedModel to ``fn_args.serving_model_dir``; the values a Tuner found
     (``fn_args.hyperparameters``) override the config."""
-    config, tuned = config_from_fn_args(fn_args), {}
-    if fn_args.hyperparameters:
-        from trainer_module import tuning
-        from trainer_module.config import with_overrides
+    from trainer_module import resolve
 
-        overrides, tuned = tuning.hyperparameter_overrides(fn_args.hyperparameters, config.loop.train_epochs)
-        config = with_overrides(config, overrides)
-        logger.info("trainer config from the Tuner's values: %s", tuned)
     train_files, eval_files = list(fn_args.train_files), list(fn_args.eval_files)
+    resolved = resolve.resolve_run(
+        config_from_fn_args(fn_args), hyperparameters=fn_args.hyperparameters or None
+    )
+    if resolved.tuned:
+        logger.info("trainer config from the Tuner's values: %s", dict(resolved.tuned))
     checkpoints = ""
     root = (fn_args.custom_config or {}).get(CHECKPOINT_ROOT_KEY)
     if root:
-        sized = run.with_data_sizes(config, train_files, eval_files)  # the config the run trains
+        sized = resolved.with_data(resolve.data_sizes(train_files, eval_files)).config  # what the run trains
         checkpoints = files.join(root, checkpoint_key(sized, train_files, eval_files))
         logger.info("checkpoints of this run's settings: %s", checkpoints)
     paths = train.RunPaths(
@@ -94,7 +94,7 @@ def run_fn(fn_args) -> None:
         export_dir=fn_args.serving_model_dir,
         checkpoints=checkpoints,
     )
-    result = run.run(config, train_files, eval_files, paths, tuned=tuned)
+    result = run.run(resolved, train_files, eval_files, paths)
     logger.info("trainer finished: peak top-1 %s, final top-1 %s", result.peak_top1, result.final_top1)
 
 
@@ -104,12 +104,15 @@ def tuner_fn(fn_args):
     ``tuning['directory']`` or the Tuner's working directory."""
     from tfx.components.tuner.component import TunerFnResult
 
-    from trainer_module import tuning
+    from trainer_module import resolve, tuning
 
-    config = config_from_fn_args(fn_args)
+    train_files, eval_files = list(fn_args.train_files), list(fn_args.eval_files)
+    # The trials' run against the shards' manifests (their epoch and classes), as each trial resolves it.
+    sizes = resolve.data_sizes(train_files, eval_files, manifests_only=True)
+    config = resolve.resolve_run(config_from_fn_args(fn_args), data=sizes).config
     settings = dict((fn_args.custom_config or {}).get(TUNING_KEY) or {})
     root = settings.pop("directory", None)
-    search = tuning.search_of_config(config, fn_args.train_files, fn_args.eval_files, **settings)
+    search = tuning.search_of_config(config, train_files, eval_files, **settings)
     # Under a given root, each search has a directory of its own (named by what makes it that search): every
     # replica of a parallel search finds the same one, and a retried execution resumes it.
     directory = files.join(root, tuning.search_digest(search)) if root else fn_args.working_dir

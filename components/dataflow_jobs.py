@@ -1,0 +1,255 @@
+"""Dataflow jobs: a Beam step's job cancelled when its task is stopped, a run's jobs found and cancelled.
+
+Beam's DataflowRunner submits a step's job and then waits on it; when the task that waits is stopped (its run is
+cancelled, its pod evicted: the container gets SIGTERM), the task exits and the job goes on, on up to a hundred
+workers. ``StoppablePipeline`` is the Beam pipeline of such a step (the sharding step, the Evaluator): on
+Dataflow, a SIGTERM or SIGINT while the job runs, or any failure while the step waits on it, cancels the job and
+follows it until Dataflow reports it ended (within the grace period a stopped pod has); the task then fails
+with one line naming the job. A signal that arrives while the job is being submitted is held until Dataflow
+has returned its id, then acted on. On other runners it is Beam's pipeline as it is.
+
+``DataflowApi`` reaches the jobs of one project and region with Beam's own Dataflow client (the one the
+DataflowRunner submits with), built from the step's Beam options: ``--project`` and ``--region`` (where the
+jobs are), ``--dataflow_endpoint``, and the credentials Beam finds for them (``--impersonate_service_account``,
+``--no_auth``). ``jobs_labelled`` finds a run's jobs by a label: Dataflow's list returns summaries without
+labels, so each active job is read with the view that carries them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+import signal
+import threading
+import time
+
+import apache_beam as beam
+
+logger = logging.getLogger("components.dataflow_jobs")
+
+# After cancelling: how long to follow the job to its end. Kubernetes gives a stopped pod 30 s by default.
+CANCEL_WAIT_SECONDS = 20.0
+CANCEL_POLL_SECONDS = 2.0
+CANCELLED = "JOB_STATE_CANCELLED"
+# Dataflow's terminal job states: a job in one of them cannot be cancelled.
+TERMINAL = ("JOB_STATE_DONE", "JOB_STATE_FAILED", CANCELLED, "JOB_STATE_UPDATED", "JOB_STATE_DRAINED")
+CONSOLE = "https://console.cloud.google.com/dataflow/jobs/{region}/{job}?project={project}"
+_STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
+class TaskStopped(RuntimeError):
+    """The pipeline task was told to stop (SIGTERM / SIGINT) while its Dataflow job ran."""
+
+
+@dataclasses.dataclass(frozen=True)
+class DataflowJob:
+    """A Dataflow job as the clean-up reports it."""
+
+    id: str
+    name: str
+    state: str
+
+
+class DataflowApi:
+    """The Dataflow jobs of the project and region of a step's Beam options."""
+
+    def __init__(self, options):
+        from apache_beam.internal.gcp.auth import get_service_credentials
+        from apache_beam.internal.http_client import get_new_http
+        from apache_beam.options.pipeline_options import GoogleCloudOptions
+        from apache_beam.runners.dataflow.internal.clients import dataflow
+
+        cloud = options.view_as(GoogleCloudOptions)
+        self.project, self.region = cloud.project, cloud.region
+        self._messages = dataflow
+        self._client = dataflow.DataflowV1b3(
+            url=cloud.dataflow_endpoint,
+            credentials=None if cloud.no_auth else get_service_credentials(options),
+            get_credentials=not cloud.no_auth,
+            http=get_new_http(),
+            response_encoding="utf8",
+        )
+
+    @classmethod
+    def from_args(cls, beam_args: list[str]) -> DataflowApi:
+        from apache_beam.options.pipeline_options import PipelineOptions
+
+        return cls(PipelineOptions(beam_args))
+
+    def console_url(self, job_id: str) -> str:
+        return CONSOLE.format(region=self.region, job=job_id, project=self.project)
+
+    def _where(self) -> dict:
+        return {"projectId": self.project, "location": self.region}
+
+    def get(self, job_id: str, with_labels: bool = False):
+        """The job (a Dataflow ``Job`` message); ``with_labels`` asks for the view that carries its labels."""
+        requests = self._messages
+        view = requests.DataflowProjectsLocationsJobsGetRequest.ViewValueValuesEnum
+        request = requests.DataflowProjectsLocationsJobsGetRequest(
+            jobId=job_id,
+            view=view.JOB_VIEW_DESCRIPTION if with_labels else view.JOB_VIEW_SUMMARY,
+            **self._where(),
+        )
+        return self._client.projects_locations_jobs.Get(request)
+
+    def state(self, job_id: str) -> str:
+        return str(self.get(job_id).currentState)
+
+    def active_jobs(self):
+        """Every job not in a terminal state, as summaries, page after page."""
+        requests = self._messages
+        active = requests.DataflowProjectsLocationsJobsListRequest.FilterValueValuesEnum.ACTIVE
+        token = None
+        while True:
+            request = requests.DataflowProjectsLocationsJobsListRequest(
+                filter=active, pageToken=token, **self._where()
+            )
+            response = self._client.projects_locations_jobs.List(request)
+            yield from response.jobs
+            token = response.nextPageToken
+            if not token:
+                return
+
+    def jobs_labelled(self, key: str, value: str) -> list[DataflowJob]:
+        """The active jobs carrying label ``key=value``."""
+        found = []
+        for summary in self.active_jobs():
+            job = self.get(summary.id, with_labels=True)
+            labels = {p.key: p.value for p in job.labels.additionalProperties} if job.labels else {}
+            if labels.get(key) == value and str(job.currentState) not in TERMINAL:
+                found.append(DataflowJob(job.id, job.name or "", str(job.currentState)))
+        return found
+
+    def cancel(self, job_id: str) -> str:
+        """Asks Dataflow to cancel job ``job_id`` and follows it until it ended (or ``CANCEL_WAIT_SECONDS``);
+        returns the last state seen. A job that ended before the request stays as it ended.
+
+        Raises:
+          apitools' HttpError: Dataflow refused the request and the job has not ended.
+        """
+        from apitools.base.py import exceptions
+
+        requests = self._messages
+        cancel = requests.Job(requestedState=requests.Job.RequestedStateValueValuesEnum.JOB_STATE_CANCELLED)
+        request = requests.DataflowProjectsLocationsJobsUpdateRequest(
+            jobId=job_id, job=cancel, **self._where()
+        )
+        try:
+            self._client.projects_locations_jobs.Update(request)
+        except exceptions.HttpError:
+            state = self.state(job_id)
+            if state in TERMINAL:  # it ended meanwhile: nothing to cancel
+                return state
+            raise
+        logger.warning("cancelling Dataflow job %s (%s)", job_id, self.console_url(job_id))
+        deadline = time.monotonic() + CANCEL_WAIT_SECONDS
+        state = self.state(job_id)
+        while state not in TERMINAL and time.monotonic() < deadline:
+            time.sleep(CANCEL_POLL_SECONDS)
+            state = self.state(job_id)
+        logger.warning("Dataflow job %s is %s", job_id, state)
+        return state
+
+
+class _StopSignals:
+    """SIGTERM / SIGINT while inside: raise ``TaskStopped`` at once, or (``held``) note them in ``received``."""
+
+    def __init__(self, held: bool = False):
+        self.held = held
+        self.received: str | None = None
+        self._previous = {}
+
+    def _handle(self, signum, frame):
+        name = signal.Signals(signum).name
+        if self.held:
+            self.received = self.received or name
+            return
+        raise TaskStopped(f"the pipeline task received {name}")
+
+    def __enter__(self) -> _StopSignals:
+        self._previous = {sig: signal.signal(sig, self._handle) for sig in _STOP_SIGNALS}
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+
+
+@contextlib.contextmanager
+def _ignoring_signals():
+    """A second signal must not interrupt the cancellation."""
+    previous = {sig: signal.signal(sig, signal.SIG_IGN) for sig in _STOP_SIGNALS}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+class _StoppableResult:
+    """The DataflowRunner's result, whose ``wait_until_finish`` cancels the job if the task is stopped or fails
+    while it waits. Everything else is the result's own."""
+
+    def __init__(self, result, options):
+        self._result = result
+        self._options = options
+
+    def __getattr__(self, name):
+        return getattr(self._result, name)
+
+    def stop(self, reason: BaseException) -> None:
+        """Cancels the job (unless it ended) and raises ``reason``."""
+        job_id = self._result.job_id()
+        with _ignoring_signals():
+            try:
+                api = DataflowApi(self._options)
+                if api.state(job_id) not in TERMINAL:
+                    api.cancel(job_id)
+            except Exception as error:  # the task is failing anyway; say what could not be done
+                logger.error("could not cancel Dataflow job %s: %s", job_id, error)
+        raise reason
+
+    def wait_until_finish(self, duration=None):
+        with _StopSignals():
+            try:
+                return self._result.wait_until_finish(duration)
+            except BaseException as error:
+                self.stop(error)
+
+
+class StoppablePipeline(beam.Pipeline):
+    """A Beam pipeline whose Dataflow job is cancelled when its task is stopped or fails while the job runs (see
+    the module's docstring); on another runner, or off the main thread (signals reach the main thread only),
+    Beam's pipeline as it is."""
+
+    def run(self, test_runner_api="AUTO"):
+        from apache_beam.runners.dataflow.dataflow_runner import DataflowRunner
+
+        if (
+            not isinstance(self.runner, DataflowRunner)
+            or threading.current_thread() is not threading.main_thread()
+        ):
+            return super().run(test_runner_api)
+        with _StopSignals(held=True) as signals:  # the job has no id until Dataflow returns it
+            result = super().run(test_runner_api)
+        if not getattr(result, "has_job", False):  # a template was written: no job runs
+            return result
+        stoppable = _StoppableResult(result, self._options)
+        if signals.received:
+            stoppable.stop(TaskStopped(f"the pipeline task received {signals.received}"))
+        return stoppable
+
+
+class StoppableBeamExecutor:
+    """Mixin for a TFX Beam executor (before it in the bases): its Beam pipeline is a ``StoppablePipeline`` whose
+    Dataflow job carries the label of the run named among the task's arguments (``components.run_label``)."""
+
+    def _make_beam_pipeline(self):
+        from components import run_label
+
+        if self._make_beam_pipeline_fn is not None:  # a TFX operator's own pipeline
+            return self._make_beam_pipeline_fn()
+        run_id, args = run_label.take_run_id(self._beam_pipeline_args)
+        return StoppablePipeline(argv=[*args, *run_label.beam_args(run_id)])

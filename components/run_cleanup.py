@@ -1,0 +1,165 @@
+"""``RunCleanup``: the pipeline's exit handler, which cancels every job of the run still running when it ends.
+
+The steps that start cloud jobs cancel their own job when their task is stopped (``components.vertex_training``,
+``components.dataflow_jobs``), but a task killed outright (SIGKILL, out of memory, its node lost), or stopped
+before its job had an id, leaves the job running and billing: a training job until its timeout (days for some
+presets), a Dataflow job of up to a hundred workers until it ends. On Vertex AI Pipelines the exit handler runs
+once every other task of the run has ended, whatever their state; it finds the run's jobs by the label every
+step puts on them (``components.run_label``): the Vertex AI custom jobs (training, tuning) of
+the project and region, and the Dataflow jobs (sharding, evaluation). Each one not ended is cancelled and
+followed until it ends (within ``CANCEL_WAIT_SECONDS`` of each module); the task logs one line per job and a
+summary, ``run RUN: cancelled ...`` or ``run RUN: no job left running``.
+
+The task takes its run's id as every task of the run does (the argument ``run_label.RUN_ARG``). It fails, with one
+line, when it cannot tell its run (an orchestrator that did not replace the run-id placeholder) or a job could
+not be cancelled: a run whose jobs may still bill is not reported clean.
+
+The handler takes no final-status input (``PipelineTaskFinalStatus``): it cancels whatever is left, in any state.
+A pipeline compiled for Kubeflow Pipelines has no exit handler: its jobs carry no run label (``run_label``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from typing import Any
+
+from tfx.dsl.components.base import base_beam_component, base_beam_executor, executor_spec
+from tfx.types import component_spec
+
+from components import dataflow_jobs, run_label, vertex_training
+
+PROJECT_KEY = "project"
+REGION_KEY = "region"
+STEP_ID = "RunCleanup"
+
+logger = logging.getLogger("components.run_cleanup")
+
+
+@dataclasses.dataclass
+class CleanupReport:
+    """What the clean-up of one run found and did: ``(job, state after)`` of each job cancelled, and what failed."""
+
+    run: str
+    custom_jobs: list[tuple[str, str]] = dataclasses.field(default_factory=list)
+    dataflow_jobs: list[tuple[str, str]] = dataclasses.field(default_factory=list)
+    failures: list[str] = dataclasses.field(default_factory=list)
+
+    def summary(self) -> str:
+        """One line: ``run RUN: cancelled ...``, ``run RUN: no job left running``, and what could not be cancelled."""
+        parts = [
+            f"{len(jobs)} {kind}{'s' if len(jobs) > 1 else ''} ({', '.join(f'{job}: {state}' for job, state in jobs)})"
+            for kind, jobs in (
+                ("Vertex AI custom job", self.custom_jobs),
+                ("Dataflow job", self.dataflow_jobs),
+            )
+            if jobs
+        ]
+        done = "cancelled " + " and ".join(parts) if parts else "no job cancelled"
+        if not self.failures:
+            return f"run {self.run}: {done if parts else 'no job left running'}"
+        return f"run {self.run}: {done}; could not cancel: {'; '.join(self.failures)}"
+
+
+def _one_line(error: BaseException) -> str:
+    return " ".join(str(error).split())
+
+
+def cancel_custom_jobs(project: str, region: str, run: str, report: CleanupReport) -> None:
+    """Cancels the run's Vertex AI custom jobs that have not ended, into ``report``."""
+    from google.cloud.aiplatform import gapic
+
+    client = gapic.JobServiceClient(client_options={"api_endpoint": f"{region}-aiplatform.googleapis.com"})
+    request = {
+        "parent": f"projects/{project}/locations/{region}",
+        "filter": f'labels.{run_label.RUN_LABEL}="{run}"',
+    }
+    try:
+        jobs = [
+            job
+            for job in client.list_custom_jobs(request=request)
+            if job.state.name not in vertex_training.ENDED
+        ]
+    except Exception as error:
+        report.failures.append(
+            f"listing the Vertex AI custom jobs of {request['parent']}: {_one_line(error)}"
+        )
+        return
+    for job in jobs:
+        state = vertex_training.cancel(client, job.name)  # best effort: UNKNOWN when the request failed
+        if state == "UNKNOWN":  # refused, or it ended meanwhile?
+            try:
+                state = client.get_custom_job(name=job.name).state.name
+            except Exception:
+                state = "UNKNOWN"
+        if state in vertex_training.ENDED or state == "JOB_STATE_CANCELLING":
+            report.custom_jobs.append((job.name, state))
+        else:
+            report.failures.append(f"{job.name} is {state} ({vertex_training.console_url(job.name)})")
+
+
+def cancel_dataflow_jobs(api: dataflow_jobs.DataflowApi, run: str, report: CleanupReport) -> None:
+    """Cancels the run's Dataflow jobs that have not ended, into ``report``."""
+    try:
+        jobs = api.jobs_labelled(run_label.RUN_LABEL, run)
+    except Exception as error:
+        report.failures.append(f"listing the Dataflow jobs of {api.project}/{api.region}: {_one_line(error)}")
+        return
+    for job in jobs:
+        try:
+            report.dataflow_jobs.append((f"{job.id} {job.name}".strip(), api.cancel(job.id)))
+        except Exception as error:
+            report.failures.append(f"Dataflow job {job.id} ({api.console_url(job.id)}): {_one_line(error)}")
+
+
+def clean_up(project: str, region: str, run_id: str, beam_args: list[str]) -> CleanupReport:
+    """Cancels every job of run ``run_id`` still running in ``project`` / ``region``: its Vertex AI custom jobs,
+    and its Dataflow jobs (reached with the Beam options ``beam_args``, as its Beam steps reach Dataflow).
+
+    Raises:
+      run_label.NoRunId: ``run_id`` names no run.
+    """
+    run = run_label.run_value(run_id)
+    report = CleanupReport(run)
+    cancel_custom_jobs(project, region, run, report)
+    api = dataflow_jobs.DataflowApi.from_args([*beam_args, f"--project={project}", f"--region={region}"])
+    cancel_dataflow_jobs(api, run, report)
+    return report
+
+
+class Executor(base_beam_executor.BaseBeamExecutor):
+    """Runs ``clean_up`` for the run named among the task's arguments; fails in one line if a job could not be
+    cancelled."""
+
+    def Do(self, input_dict: dict, output_dict: dict, exec_properties: dict[str, Any]) -> None:  # noqa: N802
+        del input_dict, output_dict
+        run_id, beam_args = run_label.take_run_id(self._beam_pipeline_args)
+        report = clean_up(exec_properties[PROJECT_KEY], exec_properties[REGION_KEY], run_id, beam_args)
+        summary = report.summary()
+        logger.warning("%s", summary)
+        print(summary, flush=True)
+        if report.failures:
+            raise RuntimeError(summary)
+
+
+class RunCleanupSpec(component_spec.ComponentSpec):
+    """Where the run's jobs are: project and region."""
+
+    PARAMETERS = {
+        PROJECT_KEY: component_spec.ExecutionParameter(type=str),
+        REGION_KEY: component_spec.ExecutionParameter(type=str),
+    }
+    INPUTS = {}
+    OUTPUTS = {}
+
+
+class RunCleanup(base_beam_component.BaseBeamComponent):
+    """The exit handler: cancels the run's jobs left running (see the module's docstring). A Beam component so
+    that it reaches Dataflow with the Beam options of the pipeline's Beam steps (``with_beam_pipeline_args``),
+    which carry the run's id."""
+
+    SPEC_CLASS = RunCleanupSpec
+    EXECUTOR_SPEC = executor_spec.BeamExecutorSpec(Executor)
+
+    def __init__(self, project: str, region: str):
+        super().__init__(spec=RunCleanupSpec(**{PROJECT_KEY: project, REGION_KEY: region}))
