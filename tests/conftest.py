@@ -92,42 +92,28 @@ def digit_shards(tmp_path_factory):
 # The suite runs on two pytest-xdist workers, a test module at a time on one worker (``--dist loadfile`` in
 # scripts/test.sh: a module's fixtures, such as a trained pipeline, are built once). Modules are handed out in
 # collection order, so the long ones go first and the short ones fill the gaps at the end; the figures are
-# seconds measured on 2 quiet cores, the order is all that matters. Unlisted modules keep their order, after.
+# seconds of the whole suite on 2 loaded cores (2026-11-26), the order is all that matters. Unlisted modules
+# keep their order, after.
 LONG_MODULES_FIRST = (
-    "test_train.py",  # 400 s: replicas in BN groups, SIGKILL and resume, multi-worker over loopback
-    "test_vertex_steps.py",  # 200 s: the compiled pipeline's steps as their containers run them
-    "test_tuning.py",  # 220 s: searches whose trials are trainer processes, a killed search resumed, TFX
-    "test_pipeline.py",  # 140 s: the demo pipeline and its cached rerun
+    "test_vertex_steps.py",  # 520 s: the compiled pipeline's steps as their containers run them
+    "test_tuning.py",  # 355 s: searches whose trials are trainer processes, a killed search resumed, TFX
+    "test_pipeline.py",  # 327 s: the demo pipeline, its cached rerun, the tuned pipeline
+    "test_train.py",  # 277 s: replicas in BN groups, SIGKILL and resume, multi-worker over loopback
+    "test_run_cleanup.py",  # 102 s: a failed run's jobs cancelled by the exit task
     "test_console.py",  # 90 s
-    "test_cloud_paths.py",  # 75 s
-    "test_preflight.py",  # 110 s
-    "test_overfit.py",  # 85 s
-    "test_determinism.py",  # 60 s
-    "test_efficientnet.py",
-    "test_export.py",
-    "test_gcs_storage.py",
+    "test_efficientnet.py",  # 89 s
+    "test_overfit.py",  # 88 s
+    "test_preflight.py",  # 80 s
+    "test_determinism.py",  # 76 s
+    "test_gcs_storage.py",  # 59 s
+    "test_export.py",  # 55 s
+    "test_cloud_paths.py",  # 47 s
+    "test_vertex.py",  # 41 s
+    "test_vertex_training.py",  # 33 s
 )
 
 
-# Slow tests (pytest.ini: left out of ``scripts/test.sh --fast``) of the modules that other work edits at the
-# same time: marked here by node id (a module, a test, or one parametrization) instead of by decorators in
-# those files, to keep the edits apart. Each says why; CPU seconds measured one test at a time.
-SLOW_TESTS = {
-    "tests/test_export.py": "its module fixture trains the tiny model for 2 epochs through run_fn, and one test "
-    "loads the export in a fresh TensorFlow process",
-}
-
-
-def _listed_slow(nodeid: str) -> bool:
-    return any(nodeid == listed or nodeid.startswith((f"{listed}::", f"{listed}[")) for listed in SLOW_TESTS)
-
-
-@pytest.hookimpl(tryfirst=True)  # before -m "not slow" deselects by marker
 def pytest_collection_modifyitems(items):
-    for item in items:
-        if _listed_slow(item.nodeid):
-            item.add_marker(pytest.mark.slow)
-
     def rank(item):
         name = item.path.name
         return LONG_MODULES_FIRST.index(name) if name in LONG_MODULES_FIRST else len(LONG_MODULES_FIRST)

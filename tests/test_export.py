@@ -76,6 +76,7 @@ def trained(clean_archives, tmp_path_factory):
     return root, fn_args
 
 
+@pytest.mark.slow  # the module fixture trains through run_fn for 2 epochs
 def test_run_fn_trains_on_the_artifact_and_writes_metrics(trained, clean_archives):
     root, fn_args = trained
     with open(root / "model_run" / "metrics.json") as f:
@@ -89,6 +90,7 @@ def test_run_fn_trains_on_the_artifact_and_writes_metrics(trained, clean_archive
     assert tf.io.gfile.glob(str(root / "model_run" / "tensorboard" / "events.out.tfevents.*"))
 
 
+@pytest.mark.slow
 def test_the_export_answers_tf_servings_rest_requests_in_a_fresh_process(trained):
     """The request a client sends a Vertex endpoint, ``{"instances": [{"b64": JPEG}]}``, answered by the default
     signature with the class, its synset and the top 5; TFMA's signature on the same images agrees."""

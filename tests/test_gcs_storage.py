@@ -67,6 +67,7 @@ def test_storage_layer_on_gcs(gcs_bucket):
     assert emulator.list_objects("effnet-test", "storage-layer/") == []
 
 
+@pytest.mark.slow  # the CLI in a Python process of its own
 def test_cli_shards_gcs_archives_into_gcs_leaving_only_shards_and_manifest(
     gcs_bucket, gcs_archives, clean_archives, tmp_path
 ):
@@ -172,6 +173,7 @@ def test_shard_writers_read_back_from_gcs_about_what_they_write(gcs_bucket, gcs_
     assert storage.remove_tree(f"{bucket}/stage-two") == len(spills) + len(shards)
 
 
+@pytest.mark.slow  # TFX's executor end to end
 def test_component_executor_reads_and_writes_gcs(gcs_bucket, gcs_archives, clean_archives, tmp_path):
     emulator, bucket = gcs_bucket
     train, val = gcs_archives

@@ -47,6 +47,7 @@ def test_tiny_lars_grouped_bn_overfits_a_small_batch(logical_cpus):
     assert trainer.step == 1 + steps
 
 
+@pytest.mark.slow  # about 20 s of training
 def test_weight_averaging_swaps_in_the_averages_for_evaluation_and_back():
     config = with_overrides(presets.get_preset("smoke"), ["optimizer.ema_decay=0.5", "model.num_classes=10"])
     trainer = train.Trainer(config, tf.distribute.OneDeviceStrategy("/cpu:0"))

@@ -614,6 +614,7 @@ def template_file(tmp_path_factory):
     return str(output)
 
 
+@pytest.mark.slow  # compiles, then submits and follows the run
 def test_a_template_is_submitted_without_an_image_where_it_was_compiled_and_followed(
     template_file, capsys, vertex_pipelines
 ):
