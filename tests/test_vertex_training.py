@@ -21,6 +21,7 @@ from components import runtime_gate, vertex_training
 from effnet_common import schema
 from effnet_common.manifest import LabelConvention, Manifest, Shard, SplitManifest
 from pipeline import accelerators, kubeflow_v2_runner
+from pipeline.template import pipeline_tasks
 from trainer_module import presets, tfx_trainer
 from trainer_module.config import TrainerConfig, with_overrides
 
@@ -237,7 +238,7 @@ def compiled_trainer(tmp_path, *flags) -> dict:
         "--image", IMAGE, "--preset", "b0-rmsprop-8x2048", *INPUTS, *flags,
     ]  # fmt: skip
     assert kubeflow_v2_runner.main(argv) == 0
-    parameters = json.loads(output.read_text())["pipelineSpec"]["root"]["dag"]["tasks"]["Trainer"]["inputs"]
+    parameters = pipeline_tasks(json.loads(output.read_text())["pipelineSpec"])["Trainer"]["inputs"]
     return {
         k: v["runtimeValue"]["constant"] for k, v in parameters["parameters"].items() if "runtimeValue" in v
     }
@@ -482,7 +483,7 @@ def test_what_compiles_the_fake_service_accepts(tmp_path, flags):
         kubeflow_v2_runner.main([*argv, *(flags if "--region" in flags else ["--region", REGION, *flags])])
         == 0
     )
-    parameters = json.loads(output.read_text())["pipelineSpec"]["root"]["dag"]["tasks"]["Trainer"]["inputs"]
+    parameters = pipeline_tasks(json.loads(output.read_text())["pipelineSpec"])["Trainer"]["inputs"]
     training = json.loads(parameters["parameters"]["custom_config"]["runtimeValue"]["constant"])
     job_args = {k: v for k, v in training["ai_platform_training_args"].items() if k != "project"}
     fake_vertex.check_custom_job(f"projects/{PROJECT}/locations/{region}", aiplatform_v1.CustomJob(job_args))
