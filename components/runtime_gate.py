@@ -16,7 +16,7 @@ of their own, and their executors fold them into what TFX's executors read, so o
 - ``Evaluator``: ``target_top1`` becomes the lower bound of the top-1 value threshold of the ``EvalConfig``;
   and ``baseline_scope`` (the pipeline's name, a constant) is written on the blessing it produces
   (``BASELINE_SCOPE_PROPERTY``), so that the latest-blessed-model lookup of a compiled pipeline can ask for
-  blessings of its own pipeline only (``kubeflow_v2_runner`` adds that condition to the lookup's query).
+  blessings of its own pipeline only (``pipeline.spec_patches`` adds that condition to the lookup's query).
 
 Left as None (the local runner), each parameter leaves the config as it was built.
 
