@@ -38,7 +38,7 @@ from tfx.types import artifact_utils, component_spec
 
 from beam_preprocess import run
 from beam_preprocess.config import ShardingConfig
-from components import dataflow_jobs, parameters
+from components import beam_executor, dataflow_jobs, parameters
 from effnet_common import schema
 from effnet_common.manifest import Manifest
 
@@ -97,7 +97,11 @@ def describe_artifact(examples: tfx.types.standard_artifacts.Examples, manifest:
     examples.set_int_custom_property("failed_inputs", len(manifest.failures))
 
 
-class Executor(dataflow_jobs.StoppableBeamExecutor, base_beam_executor.BaseBeamExecutor):
+class Executor(
+    dataflow_jobs.StoppableBeamExecutor,
+    beam_executor.InstalledTfxOnLocalRunners,
+    base_beam_executor.BaseBeamExecutor,
+):
     """Runs ``ShardImageNet`` into the Examples artifact, then enforces the failure budget. On Dataflow, the job
     carries the run's label and is cancelled if the task is stopped (``dataflow_jobs.StoppableBeamExecutor``)."""
 

@@ -6,7 +6,7 @@ before anything heavy loads).
 - the Trainer and Evaluator (``components.runtime_gate``): ``train_epochs`` and ``target_top1``, the one target
   that both stops the training and gates the blessing.
 
-A compiled pipeline exposes them all as root parameters (``pipeline.kubeflow_v2_runner.RUNTIME_PARAMETERS``).
+A compiled pipeline exposes them all as root parameters (``pipeline.compiler.RUNTIME_PARAMETERS``).
 """
 
 INPUT_PARAMETERS = {"train_archive": str, "val_archive": str, "train_dir": str, "val_dir": str}

@@ -27,7 +27,7 @@ from typing import Any
 from tfx.dsl.components.base import base_beam_component, base_beam_executor, executor_spec
 from tfx.types import component_spec
 
-from components import dataflow_jobs, run_label, vertex_training
+from components import beam_executor, dataflow_jobs, run_label, vertex_training
 
 PROJECT_KEY = "project"
 REGION_KEY = "region"
@@ -127,7 +127,7 @@ def clean_up(project: str, region: str, run_id: str, beam_args: list[str]) -> Cl
     return report
 
 
-class Executor(base_beam_executor.BaseBeamExecutor):
+class Executor(beam_executor.InstalledTfxOnLocalRunners, base_beam_executor.BaseBeamExecutor):
     """Runs ``clean_up`` for the run named among the task's arguments; fails in one line if a job could not be
     cancelled."""
 

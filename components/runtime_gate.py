@@ -16,7 +16,7 @@ of their own, and their executors fold them into what TFX's executors read, so o
 - ``Evaluator``: ``target_top1`` becomes the lower bound of the top-1 value threshold of the ``EvalConfig``;
   and ``baseline_scope`` (the pipeline's name, a constant) is written on the blessing it produces
   (``BASELINE_SCOPE_PROPERTY``), so that the latest-blessed-model lookup of a compiled pipeline can ask for
-  blessings of its own pipeline only (``kubeflow_v2_runner`` adds that condition to the lookup's query).
+  blessings of its own pipeline only (``pipeline.spec_patches`` adds that condition to the lookup's query).
 
 Left as None (the local runner), each parameter leaves the config as it was built.
 
@@ -39,7 +39,7 @@ from tfx.dsl.components.base import base_executor, executor_spec
 from tfx.types import component_spec, standard_component_specs
 from tfx.utils import json_utils, name_utils
 
-from components import dataflow_jobs, run_label, vertex_training
+from components import beam_executor, dataflow_jobs, run_label, vertex_training
 from components.parameters import TARGET_TOP1_KEY, TOP1_METRIC, TRAIN_EPOCHS_KEY
 
 BASELINE_SCOPE_KEY = "baseline_scope"
@@ -205,7 +205,9 @@ class VertexTunerExecutor(base_executor.BaseExecutor):
         vertex_training.run_job(request)
 
 
-class EvaluatorExecutor(dataflow_jobs.StoppableBeamExecutor, evaluator_executor.Executor):
+class EvaluatorExecutor(
+    dataflow_jobs.StoppableBeamExecutor, beam_executor.InstalledTfxOnLocalRunners, evaluator_executor.Executor
+):
     """TFMA's evaluator executor, after setting the top-1 gate to ``target_top1``; its blessing names the
     pipeline (``baseline_scope``). On Dataflow, its job carries the run's label and is cancelled if the task is
     stopped (``dataflow_jobs.StoppableBeamExecutor``)."""

@@ -33,7 +33,7 @@ import warnings
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 warnings.filterwarnings("ignore", category=FutureWarning)
 
-from components import parameters  # noqa: E402
+from pipeline import compiler  # noqa: E402
 from pipeline.accelerators import AcceleratorMismatch  # noqa: E402
 from pipeline.cloud import (  # noqa: E402
     DEFAULT_MAX_WAIT_HOURS,
@@ -45,321 +45,14 @@ from pipeline.cloud import (  # noqa: E402
     DataflowWorkers,
 )
 
-# The runtime parameters of a compiled pipeline and their types (names as the Vertex run form shows them): the
-# sharding step's inputs and layout, the Trainer's and Evaluator's run values, each declared by its component.
-RUNTIME_PARAMETERS = {**parameters.SHARDING_PARAMETERS, **parameters.RUN_PARAMETERS}
-INPUT_KEYS = tuple(parameters.INPUT_PARAMETERS)
-# The PipelineSpec 2.1 type of each Python type above.
-PARAMETER_TYPES = {str: "STRING", int: "NUMBER_INTEGER", float: "NUMBER_DOUBLE"}
-
-
-@dataclasses.dataclass(frozen=True)
-class VertexPush:
-    """Optional push of the blessed model to the Vertex AI Model Registry, served on ``endpoint``: a version of
-    the pipeline's registry model per blessed model, deployed alone (``components.vertex_pusher``)."""
-
-    endpoint: str
-    serving_image: str
-    machine_type: str = "n1-standard-4"
-
-    def component(self, settings: CloudSettings, pipeline: str, labels: dict[str, str]):
-        """A builder of the Vertex push step from (model channel, blessing channel)."""
-        from components import vertex_pusher
-
-        target = vertex_pusher.PushTarget(
-            project=settings.project,
-            region=settings.region,
-            pipeline=pipeline,
-            endpoint=self.endpoint,
-            serving_image=self.serving_image,
-            machine_type=self.machine_type,
-            labels=dict(labels),
-        )
-        config = {vertex_pusher.CONFIG_KEY: target.to_config()}
-
-        def build(model, blessing):
-            return vertex_pusher.VertexPusher(
-                model=model, model_blessing=blessing, custom_config=config
-            ).with_id("VertexPusher")
-
-        return build
-
-    def check(self, region: str) -> str | None:
-        """The serving image against the pinned SDK's prebuilt images and the export: a warning or None.
-
-        Raises:
-          ValueError: a prebuilt image that the SDK does not list, or too old (``check_serving_image``).
-        """
-        from components import vertex_pusher
-
-        return vertex_pusher.check_serving_image(self.serving_image, region)
-
-
-@dataclasses.dataclass(frozen=True)
-class Compiled:
-    """What ``plan_pipeline`` resolved: the pipeline run (``pipeline.presets.PipelineRun``: the trainer config
-    with its target and epochs, the sharding step), the runtime parameters' default values (read from that
-    run) and the tuning step (``Tuning``, or None without ``--tune``)."""
-
-    resolved: object
-    defaults: dict
-    tuning: Tuning | None = None
-
-    @property
-    def preset(self):
-        return self.resolved.preset
-
-    @property
-    def trainer_config(self):
-        return self.resolved.trainer_config
-
-    @property
-    def sharding(self):
-        return self.resolved.sharding
-
-
-@dataclasses.dataclass(frozen=True)
-class Tuning:
-    """The Tuner step of a compiled pipeline: its search settings (``trainer_module.tfx_trainer.TUNING_KEY``;
-    the trials' directory under the pipeline root), its parallel trials, and the epochs it trains in all."""
-
-    settings: dict
-    parallel_trials: int
-    epochs: int
-
-
-def plan_pipeline(
-    preset_name: str,
-    settings: CloudSettings,
-    inputs: dict,
-    overrides: list[str],
-    params: dict,
-    tune: dict | None = None,
-):
-    """Resolves and checks everything a compilation needs, before anything is written.
-
-    The run is resolved as the local runner resolves it (``PipelinePreset.resolve``): the preset's trainer
-    config bound to the accelerator (its strategy and replicas per host, which the config must fit), the
-    user's ``--set`` overrides, ``params`` (already typed: the target, the epochs, the inputs and the shard
-    layout). The runtime parameters' defaults are read from that run and validated as the executors will
-    validate them.
-
-    Raises:
-      AcceleratorMismatch / ValueError: one line naming the problem.
-    """
-    from pipeline import presets
-    from trainer_module.config import parse_overrides
-    from trainer_module.resolve import UNSET
-
-    preset = presets.get(preset_name)
-    changes = parse_overrides(overrides)
-    if "train_epochs" in params:
-        changes["loop.train_epochs"] = params["train_epochs"]
-    layout = {key: params[key] for key in parameters.LAYOUT_PARAMETERS if key in params}
-    resolved = preset.resolve(
-        changes,
-        target_top1=params.get("target_top1", UNSET),
-        inputs={key: params.get(key, inputs.get(key, "")) for key in INPUT_KEYS},
-        machine=settings.machine,
-        layout=layout,
-    )
-    config = resolved.trainer_config
-    defaults = {
-        **{key: getattr(resolved.sharding, key) or "" for key in INPUT_KEYS},
-        "train_shards": resolved.sharding.train_shards,
-        "val_shards": resolved.sharding.val_shards,
-        "train_epochs": config.loop.train_epochs,
-        "target_top1": resolved.target_top1,
-    }
-    return Compiled(resolved, defaults, _tuning(config, settings, tune))
-
-
-def _tuning(config, settings: CloudSettings, tune: dict | None) -> Tuning | None:
-    """The Tuner step of ``--tune`` (``tune``: ``search``, ``max_epochs``, ``max_trials``,
-    ``parallel_trials``), its search checked against the config; None without ``--tune``."""
-    if tune is None:
-        return None
-    from trainer_module import tuning
-
-    tune = dict(tune)
-    parallel = tune.pop("parallel_trials")
-    tune["max_epochs"] = tune["max_epochs"] or max(1, config.loop.train_epochs // 10)
-    search = tuning.search_of_config(config, ("<shards>",), ("<shards>",), **tune)
-    root = settings.pipeline_root.rstrip("/")
-    directory = f"{root}/tuning/{pipeline_name(config.name)}"
-    return Tuning({**tune, "directory": directory}, parallel, search.planned_trials_and_epochs()[1])
-
-
-def pipeline_name(preset_name: str) -> str:
-    """The compiled pipeline's name (and its Vertex display name): one per preset."""
-    return f"effnet-{preset_name}"
-
-
-def build_pipeline(
-    compiled: Compiled,
-    settings: CloudSettings,
-    vertex_push: VertexPush | None = None,
-    for_kubeflow: bool = False,
-):
-    """The cloud pipeline: Dataflow sharding, training on the accelerator in Vertex, TFMA gate, Pusher(s).
-
-    Each Beam step gets its own Dataflow workers; the pushed models of each pipeline (one per preset) go to a
-    serving directory of its own, ``ROOT/serving_model/PIPELINE``. ``for_kubeflow`` leaves out the
-    latest-blessed-model lookup (a TFX resolver node, which the open-source Kubeflow Pipelines backend does not
-    run): the Evaluator then gates on the target top-1 alone; and the run's id among the tasks' arguments
-    (``components.run_label``), which Kubeflow does not fill in.
-    """
-    from tfx.orchestration import data_types
-
-    from components import run_label, runtime_gate
-    from pipeline import pipeline_def
-
-    runtime = {
-        name: data_types.RuntimeParameter(name=name, ptype=kind, default=compiled.defaults[name])
-        for name, kind in RUNTIME_PARAMETERS.items()
-    }
-    root = settings.pipeline_root.rstrip("/")
-    name = pipeline_name(compiled.preset.name)
-    labels = settings.labels(name, compiled.preset.name)
-    # Every task's arguments carry the run's id, which Vertex fills in, for the run's label on its jobs.
-    run_args = () if for_kubeflow else (run_label.RUN_ARG,)
-    return pipeline_def.create_pipeline(
-        pipeline_def.PipelineSettings(
-            name=name,
-            root=root,
-            sharding=compiled.sharding,
-            trainer_config=compiled.trainer_config,
-            serving_model_dir=f"{root}/serving_model/{name}",
-            metadata_connection_config=None,  # Vertex / Kubeflow bring their own metadata store
-            beam_pipeline_args=(*settings.dataflow_args(labels), *run_args),
-            step_beam_args={
-                pipeline_def.SHARDING_STEP: settings.sharding_workers.args(),
-                pipeline_def.EVALUATOR_STEP: settings.evaluator_workers.args(),
-            },
-            enable_cache=settings.enable_cache,
-            runtime=runtime,
-            trainer=pipeline_def.TrainerStep(
-                runtime_gate.VertexTrainer,
-                settings.vertex_training_config(compiled.trainer_config, name, labels),
-            ),
-            tuning=_tuning_step(compiled, settings, name, labels),
-            extra_pusher=vertex_push.component(settings, name, labels) if vertex_push else None,
-            compare_with_latest_blessed=not for_kubeflow,
-        )
-    )
-
-
-def _tuning_step(compiled: Compiled, settings: CloudSettings, name: str, labels: dict):
-    """The Tuner step on Vertex: TFX's Vertex Tuner, trials in parallel on the accelerator (None: no tuning)."""
-    tuning = compiled.tuning
-    if tuning is None:
-        return None
-    from components import runtime_gate
-    from pipeline import pipeline_def
-
-    config = settings.vertex_tuning_config(
-        compiled.trainer_config, name, labels, tuning.parallel_trials, tuning.epochs
-    )
-    return pipeline_def.TuningStep(tuning.settings, runtime_gate.VertexTuner, config, tuning.parallel_trials)
-
-
-def scope_baseline_query(spec: dict, name: str) -> int:
-    """Restricts the compiled latest-blessed-model lookup to blessings of pipeline ``name``.
-
-    TFX compiles the lookup to a query over every ModelBlessing of the project's metadata store, whatever
-    pipeline or preset wrote it; the Evaluator writes its pipeline's name on each blessing
-    (``runtime_gate.BASELINE_SCOPE_PROPERTY``), and this adds that condition to the query. Returns the number
-    of queries changed.
-    """
-    from components import runtime_gate
-
-    condition = f'metadata.{runtime_gate.BASELINE_SCOPE_PROPERTY}.string_value="{name}"'
-    changed = 0
-    for executor in spec["deploymentSpec"]["executors"].values():
-        for query in executor.get("resolver", {}).get("outputArtifactQueries", {}).values():
-            if 'schema_title="tfx.ModelBlessing"' in query["filter"]:
-                query["filter"] = f"{query['filter']} AND {condition}"
-                changed += 1
-    return changed
-
-
-def bind_exit_dag_parameters(spec: dict) -> None:
-    """Passes the root's runtime parameters into the DAG the exit handler follows (TFX's ``tfx-dag``).
-
-    With an exit handler, TFX compiles the pipeline's steps into that DAG but leaves their parameters bound to
-    the root's inputs (``componentInputParameter``), which a task resolves against its parent DAG's inputs only
-    (Kubeflow's driver: "parent DAG does not have input parameter"). The DAG declares each root parameter under
-    the same name, and the root's task of the DAG passes it in.
-    """
-    from tfx.orchestration.kubeflow import utils
-
-    declared = spec["root"].get("inputDefinitions", {}).get("parameters", {})
-    spec["components"][utils.TFX_DAG_NAME]["inputDefinitions"] = {
-        "parameters": {
-            name: {"parameterType": parameter["parameterType"]} for name, parameter in declared.items()
-        }
-    }
-    spec["root"]["dag"]["tasks"][utils.TFX_DAG_NAME]["inputs"] = {
-        "parameters": {name: {"componentInputParameter": name} for name in declared}
-    }
-
-
-def compile_pipeline(
-    pipeline, settings: CloudSettings, output: str, defaults: dict, labels: dict[str, str]
-) -> str:
-    """Writes the Vertex PipelineJob (``.json``) or Kubeflow PipelineSpec (``.yaml``) to ``output``.
-
-    PipelineSpec schema 2.1.0 (what the Kubeflow Pipelines API server accepts, and Vertex too): every input
-    parameter typed (``parameterType``), constants as plain values. The runtime parameters' ``defaults`` go into
-    the root input definitions (``defaultValue``, which TFX does not write) and, for a PipelineJob, its
-    ``runtimeConfig``; the pipeline root into ``defaultPipelineRoot`` (the serving directory and Dataflow's
-    temp location are compiled under it, so a run must use it); ``labels`` onto the PipelineJob. The
-    latest-blessed-model lookup is scoped to this pipeline (``scope_baseline_query``). A PipelineJob has an exit
-    handler (``components.run_cleanup``), which runs after the pipeline's steps, whatever their state, and
-    cancels the jobs the run left running; a Kubeflow PipelineSpec has none, as its jobs carry no run label
-    (``components.run_label``).
-    """
-    import yaml
-    from tfx import v1 as tfx
-
-    from components import run_cleanup
-    from trainer_module import files
-
-    runner = tfx.orchestration.experimental.KubeflowV2DagRunner(
-        config=tfx.orchestration.experimental.KubeflowV2DagRunnerConfig(
-            default_image=settings.image, use_pipeline_spec_2_1=True
-        ),
-        output_dir=os.path.dirname(output) or ".",
-        output_filename=os.path.basename(output),
-    )
-    is_job = output.endswith(".json")
-    if (
-        is_job
-    ):  # it reaches Dataflow, and finds its run's id, as the pipeline's steps do: in their Beam options
-        cleanup = run_cleanup.RunCleanup(settings.project, settings.region).with_id(run_cleanup.STEP_ID)
-        runner.set_exit_handler(cleanup.with_beam_pipeline_args(pipeline.beam_pipeline_args))
-    job = runner.run(pipeline, parameter_values=defaults, write_out=False)
-    spec = job["pipelineSpec"]
-    scope_baseline_query(spec, pipeline.pipeline_info.pipeline_name)
-    for name, parameter in spec["root"].get("inputDefinitions", {}).get("parameters", {}).items():
-        parameter["defaultValue"] = defaults[name]
-    if is_job:
-        bind_exit_dag_parameters(spec)
-    spec["defaultPipelineRoot"] = settings.pipeline_root.rstrip("/")
-    job["labels"] = {**job.get("labels", {}), **labels}
-    if is_job:
-        files.write_text(output, json.dumps(job, sort_keys=True))
-    else:
-        files.write_text(output, yaml.safe_dump(spec, sort_keys=True))
-    return output
-
 
 def parse_params(pairs: list[str]) -> dict:
     """``NAME=VALUE`` pairs of the compiled pipeline's runtime parameters, typed (``template.parse_params``)."""
     from pipeline import template
 
     return template.parse_params(
-        pairs, {name: PARAMETER_TYPES[kind] for name, kind in RUNTIME_PARAMETERS.items()}
+        pairs,
+        {name: compiler.PARAMETER_TYPES[kind] for name, kind in compiler.RUNTIME_PARAMETERS.items()},
     )
 
 
@@ -467,7 +160,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     run = parser.add_argument_group("what it runs")
     run.add_argument("--preset", default="b0-rmsprop-8x2048")
-    for key in INPUT_KEYS:
+    for key in compiler.INPUT_KEYS:
         run.add_argument(f"--{key.replace('_', '-')}", default="")
     tune = parser.add_argument_group(
         "tuning (a Tuner step: trials on the accelerator's machines, in parallel)"
@@ -485,7 +178,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--set", dest="overrides", action="append", default=[], metavar="FIELD=VALUE")
     run.add_argument(
         "--param", dest="params", action="append", default=[], metavar="NAME=VALUE",
-        help="a runtime parameter: " + ", ".join(RUNTIME_PARAMETERS),
+        help="a runtime parameter: " + ", ".join(compiler.RUNTIME_PARAMETERS),
     )  # fmt: skip
     return parser
 
@@ -627,24 +320,36 @@ def run(args) -> int:
         if not args.submit:
             raise ValueError("--template submits a compiled pipeline: add --submit")
         return submit(_template_for(args), args)
+    return compile_run(args)
+
+
+def compile_run(args) -> int:
+    """Compiles to ``--output`` (``pipeline.compiler``), every setting checked before anything is written, and
+    with ``--submit`` submits the compiled file."""
+    from pipeline import presets
+    from pipeline.local_runner import tuning_settings  # the same --tune flags
+    from trainer_module.config import parse_overrides
+
     settings = _settings(args)
     _check_output(args.output)
+    for_kubeflow = not args.output.endswith(".json")
     if args.submit:
-        _check_destination(args, not args.output.endswith(".json"), args.output)
+        _check_destination(args, for_kubeflow, args.output)
     if args.vertex_endpoint and not args.serving_image:
         raise ValueError("--vertex-endpoint needs --serving-image (a Vertex prediction image for TensorFlow)")
-    inputs = {key: getattr(args, key) for key in INPUT_KEYS if getattr(args, key)}
+    inputs = {key: getattr(args, key) for key in compiler.INPUT_KEYS if getattr(args, key)}
     params = parse_params(args.params)
-    tune = None
-    if args.tune:
-        tune = {
-            "search": args.tune_search,
-            "max_epochs": args.tune_max_epochs,
-            "max_trials": args.tune_max_trials,
-            "parallel_trials": args.tune_parallel_trials,
-        }
-    compiled = plan_pipeline(args.preset, settings, inputs, args.overrides, params, tune)
-    push = VertexPush(args.vertex_endpoint, args.serving_image) if args.vertex_endpoint else None
+    preset = presets.get(args.preset)
+    compiled = compiler.plan_pipeline(
+        preset,
+        settings,
+        inputs,
+        parse_overrides(args.overrides),
+        params,
+        tuning_settings(args),
+        args.tune_parallel_trials,
+    )
+    push = compiler.VertexPush(args.vertex_endpoint, args.serving_image) if args.vertex_endpoint else None
     warning = push.check(settings.region) if push else None
     if warning:
         print(f"warning: {warning}", file=sys.stderr)
@@ -654,16 +359,9 @@ def run(args) -> int:
             f"image: pass IMAGE@sha256:DIGEST (or --no-cache)",
             file=sys.stderr,
         )
-    name = pipeline_name(compiled.preset.name)
-    for_kubeflow = not args.output.endswith(".json")
-    pipeline = build_pipeline(compiled, settings, push, for_kubeflow)
-    compile_pipeline(
-        pipeline, settings, args.output, compiled.defaults, settings.labels(name, compiled.preset.name)
-    )
+    compiler.compile_pipeline(compiled, settings, args.output, push)
     machine = settings.machine
-    print(
-        f"compiled {args.output}: {compiled.preset.name} on {machine.describe()} ({machine.replicas} replicas)"
-    )
+    print(f"compiled {args.output}: {preset.name} on {machine.describe()} ({machine.replicas} replicas)")
     if for_kubeflow:
         print(
             "note: Kubeflow Pipelines runs no TFX resolver node, so this PipelineSpec has no latest-blessed-model "

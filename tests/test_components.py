@@ -309,3 +309,42 @@ def test_local_dag_runner_records_the_examples_in_mlmd(clean_archives, tmp_path)
     assert sorted(os.listdir(os.path.join(artifact.uri, "Split-validation"))) == [
         schema.shard_name("validation", i, VAL_SHARDS) for i in range(VAL_SHARDS)
     ]
+
+
+# ---- TFX's package for remote Beam workers --------------------------------------------------------------------
+
+
+def _executors(beam_args):
+    from components import run_cleanup, runtime_gate
+
+    for executor in (imagenet_shards.Executor, runtime_gate.EvaluatorExecutor, run_cleanup.Executor):
+        yield executor(executor.Context(beam_pipeline_args=list(beam_args)))
+
+
+def test_local_beam_steps_build_no_tfx_package_and_keep_their_options(tmp_path, monkeypatch):
+    import tempfile
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # where TFX would build it
+    for args in (
+        [],
+        ["--direct_num_workers=2", "--direct_running_mode=multi_threading"],
+        ["--runner=DirectRunner"],
+    ):
+        for executor in _executors(args):
+            assert executor._beam_pipeline_args == args, type(executor).__name__
+    assert os.listdir(tmp_path) == []
+
+
+def test_a_remote_runner_without_an_image_still_gets_tfxs_package(tmp_path, monkeypatch):
+    import tempfile
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    args = ["--runner=DataflowRunner", "--project=p", "--region=us-central1"]
+    executor = imagenet_shards.Executor(imagenet_shards.Executor.Context(beam_pipeline_args=args))
+    packages = [a for a in executor._beam_pipeline_args if a.startswith("--extra_package=")]
+    assert len(packages) == 1 and packages[0].startswith(f"--extra_package={tmp_path}/")
+    assert packages[0].endswith(".tar.gz") and os.path.isfile(packages[0].partition("=")[2])
+    # The compiled cloud steps name their SDK image: TFX builds nothing for them.
+    image = [*args, "--sdk_container_image=gcr.io/p/effnet@sha256:" + "0" * 64, "--sdk_location=container"]
+    for executor in _executors(image):
+        assert not any(a.startswith("--extra_package") for a in executor._beam_pipeline_args)

@@ -13,6 +13,7 @@ the DataflowRunner with its staging on the GCS emulator.
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -349,6 +350,7 @@ def test_the_run_label_goes_on_the_training_job_and_the_evaluators_dataflow_job(
     assert "effnet_run" not in options  # taken out of Beam's options, put on the job as a label
     labels = pipeline.options.view_as(GoogleCloudOptions).labels
     assert "effnet-preset=smoke" in labels and f"{run_label.RUN_LABEL}={RUN}" in labels
+    shutil.rmtree(pipeline.local_tempdir)  # Beam removes a pipeline's temporary directory when it has run
 
 
 # ---- a Beam step stopped while its Dataflow job runs ----------------------------------------------------------

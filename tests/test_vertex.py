@@ -17,7 +17,7 @@ from google.protobuf import json_format
 from kfp.pipeline_spec import pipeline_spec_pb2
 
 from components import runtime_gate, vertex_pusher
-from pipeline import accelerators, kubeflow_v2_runner, pipeline_def, submission
+from pipeline import accelerators, compiler, kubeflow_v2_runner, pipeline_def, submission
 from pipeline.template import Template, pipeline_tasks
 from trainer_module import tfx_trainer
 from trainer_module.config import TrainerConfig
@@ -255,7 +255,7 @@ def test_runtime_parameters_are_root_inputs_with_the_presets_defaults(tmp_path):
     job = _job(output)
     root = job["pipelineSpec"]["root"]
     declared = root["inputDefinitions"]["parameters"]
-    assert set(declared) == set(kubeflow_v2_runner.RUNTIME_PARAMETERS)
+    assert set(declared) == set(compiler.RUNTIME_PARAMETERS)
     # PipelineSpec 2.1: typed parameters with plain defaults, values in runtimeConfig.parameterValues.
     assert job["pipelineSpec"]["schemaVersion"] == "2.1.0"
     assert declared["train_epochs"] == {"parameterType": "NUMBER_INTEGER", "defaultValue": 30}
@@ -297,8 +297,7 @@ def test_vertex_job_takes_parameter_values_without_recompiling(tmp_path):
     assert code == 0
     template = Template.read(str(output))
     assert template.parameters == {
-        name: kubeflow_v2_runner.PARAMETER_TYPES[kind]
-        for name, kind in kubeflow_v2_runner.RUNTIME_PARAMETERS.items()
+        name: compiler.PARAMETER_TYPES[kind] for name, kind in compiler.RUNTIME_PARAMETERS.items()
     }
     params = template.parse(["train_epochs=3", "target_top1=0.25", "val_dir=gs://b/val"])
     job = submission.vertex_pipeline_job(template, params, True, credentials=AnonymousCredentials())
@@ -325,7 +324,7 @@ def test_kubeflow_yaml_spec_is_what_kfp_loads_typed_with_its_defaults(tmp_path):
     assert kinds["train_epochs"] == ("Integer", 350)
     assert kinds["target_top1"] == ("Float", 0.763)
     assert kinds["train_archive"] == ("String", "gs://my-bucket/ILSVRC2012_img_train.tar")
-    assert set(kinds) == set(kubeflow_v2_runner.RUNTIME_PARAMETERS)
+    assert set(kinds) == set(compiler.RUNTIME_PARAMETERS)
     assert Template.read(str(output)).defaults["val_shards"] == 128
 
 
@@ -1054,3 +1053,42 @@ def test_tuning_that_vertex_cannot_run_is_refused_at_compile_time(tmp_path, caps
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and message in err[-1], err
     assert not output.exists()
+
+
+# ---- the compiler, called from code ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["effnet.json", "effnet.yaml"])
+def test_the_compiler_takes_typed_settings_and_writes_what_the_cli_writes(tmp_path, name):
+    """``pipeline.compiler`` takes typed values (``CloudSettings``, a preset, typed changes and parameters), no
+    command line; the runner is only its CLI, so the same run compiled either way is the same file."""
+    from pipeline import presets
+    from pipeline.cloud import CloudSettings
+
+    code, cli_output = _compile(
+        tmp_path, "--tune", "--set", "loop.train_epochs=40", "--param", "target_top1=0.5", name=name
+    )
+    assert code == 0
+    settings = CloudSettings(
+        project="my-project",
+        region="us-central1",
+        image=IMAGE,
+        pipeline_root="gs://my-bucket/pipelines",
+        trainer_image=TRAINER_IMAGE,
+    )
+    inputs = {"train_archive": BASE[BASE.index("--train-archive") + 1], "val_archive": BASE[-1]}
+    tune = {"search": "hyperband", "max_epochs": 0, "max_trials": 10}
+    compiled = compiler.plan_pipeline(
+        presets.get("b0-rmsprop-8x2048"),
+        settings,
+        inputs,
+        {"loop.train_epochs": 40},
+        {"target_top1": 0.5},
+        tune,
+        parallel_trials=2,
+    )
+    assert compiled.defaults["train_epochs"] == 40 and compiled.defaults["target_top1"] == 0.5
+    output = tmp_path / "from_code" / name
+    output.parent.mkdir()
+    assert compiler.compile_pipeline(compiled, settings, str(output)) == str(output)
+    assert output.read_bytes() == cli_output.read_bytes()
