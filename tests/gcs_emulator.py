@@ -126,3 +126,19 @@ class GcsEmulator:
         """gs:// paths of the live objects of ``bucket`` under ``prefix``, read from the server's own state."""
         objects, _ = self.storage.get_file_list(bucket, prefix=prefix or None)
         return sorted(f"gs://{bucket}/{obj['name']}" for obj in objects)
+
+
+def upload_archives(folder: str, archives) -> list[str]:
+    """Copies an archive pair (``clean_archives``) into ``folder`` (a gs:// URL on the emulator) under the same
+    names; returns the train and validation URLs."""
+    import os
+
+    from effnet_common import storage
+
+    urls = []
+    for local in (archives.train_archive, archives.val_archive):
+        url = f"{folder}/{os.path.basename(local)}"
+        with open(local, "rb") as f, storage.open_write(url) as out:
+            out.write(f.read())
+        urls.append(url)
+    return urls

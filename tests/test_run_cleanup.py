@@ -20,6 +20,7 @@ import sys
 import time
 
 import fake_vertex
+import gcs_emulator
 import kfp_launcher
 import pytest
 import yaml
@@ -430,15 +431,8 @@ def test_a_failed_run_leaves_no_job_running(dataflow, gcs_bucket, clean_archives
     """The sharding step's task is killed outright (SIGKILL: evicted, out of memory) while its Dataflow job runs,
     and the training job outlives its killed task: the exit handler, run as its container, cancels both by the
     run's label, and leaves another run's jobs alone."""
-    from effnet_common import storage
-
     emulator, bucket = gcs_bucket
-    archives = []
-    for local in (clean_archives.train_archive, clean_archives.val_archive):
-        url = f"{bucket}/cleanup-inputs/{os.path.basename(local)}"
-        with open(local, "rb") as f, storage.open_write(url) as out:
-            out.write(f.read())
-        archives.append(url)
+    archives = gcs_emulator.upload_archives(f"{bucket}/cleanup-inputs", clean_archives)
     root = f"{bucket}/cleanup-root"
     job = compile_smoke(tmp_path, root, *archives)
     parameters = kfp_launcher.runtime_parameters(job)

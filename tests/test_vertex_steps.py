@@ -27,6 +27,7 @@ import os
 import pathlib
 
 import fake_vertex
+import gcs_emulator
 import kfp_launcher
 import pytest
 import tensorflow_model_analysis as tfma
@@ -231,15 +232,8 @@ def test_sharding_step_reads_and_writes_gcs(gcs_bucket, clean_archives, tmp_path
     Only this step runs on gs:// here: the Trainer, TFMA and the Pusher go through TensorFlow's own gs://, which
     cannot reach the emulator. Beam's GCS client finds it through STORAGE_EMULATOR_HOST, given to the container.
     """
-    from effnet_common import storage
-
     emulator, bucket = gcs_bucket
-    archives = []
-    for local in (clean_archives.train_archive, clean_archives.val_archive):
-        url = f"{bucket}/vertex-inputs/{os.path.basename(local)}"
-        with open(local, "rb") as f, storage.open_write(url) as out:
-            out.write(f.read())
-        archives.append(url)
+    archives = gcs_emulator.upload_archives(f"{bucket}/vertex-inputs", clean_archives)
     root = f"{bucket}/vertex-root"
     job = compile_job(tmp_path, root, *archives)
     parameters = kfp_launcher.runtime_parameters(job, {"train_shards": RUN["train_shards"]})
