@@ -53,6 +53,7 @@ sys.path.insert(0, REPO)
 
 from beam_preprocess import sample_data  # noqa: E402
 from effnet_common import schema  # noqa: E402
+from trainer_module.config import learning_rate_per_256  # noqa: E402 - no TensorFlow
 
 FASHION_DIR = "/usr/share/datasets/fashion-mnist"
 FASHION_PACKAGE = "dataset-fashion-mnist"
@@ -412,7 +413,7 @@ class Run:
             "optimizer.weight_decay=1e-5",
             "optimizer.label_smoothing=0.1",
             "schedule.kind=polynomial",
-            f"schedule.lr_per_256={self.lr * 256 / self.batch:.10g}",  # the config's unit; the peak is self.lr
+            f"schedule.lr_per_256={learning_rate_per_256(self.lr, self.batch):.10g}",  # the peak is self.lr
             f"schedule.warmup_epochs={design.warmup_share * self.epochs:.6g}",
             f"schedule.end_lr={design.end_lr:g}",
             f"data.num_train_examples={split['num_train']}",

@@ -82,6 +82,14 @@ def scaled_learning_rate(lr_per_256: float, global_batch_size: int) -> float:
     return lr_per_256 * global_batch_size / REFERENCE_BATCH_SIZE
 
 
+def learning_rate_per_256(peak_learning_rate: float, global_batch_size: int) -> float:
+    """The ``lr_per_256`` whose linearly scaled peak at ``global_batch_size`` is ``peak_learning_rate``: the
+    inverse of ``scaled_learning_rate``, for stating an absolute peak in the config's unit."""
+    if global_batch_size <= 0:
+        raise ValueError(f"global_batch_size must be positive, got {global_batch_size}")
+    return peak_learning_rate * REFERENCE_BATCH_SIZE / global_batch_size
+
+
 # The evaluation centre crop of today's reference: this share of the short side.
 EVAL_CROP_FRACTION = 0.875
 
