@@ -377,13 +377,21 @@ def _wait_for(predicate, what: str, process, timeout: float = 240.0) -> None:
         time.sleep(0.2)
 
 
-def _start_beam_step(dataflow, bucket, emulator, log_path):
+def _start_beam_step(dataflow, bucket, emulator, tmp_path):
+    """The Beam step as a process of its own, its output in ``tmp_path/step.log``. Beam's Dataflow stager leaves
+    the submission's dependency list and its requirements cache in the temporary directory: here the test's."""
+    (tmp_path / "tmp").mkdir()
     args = [
         "--runner=DataflowRunner", f"--project={PROJECT}", f"--region={REGION}", f"--temp_location={bucket}/beam-tmp",
         f"--sdk_container_image={IMAGE}", "--sdk_location=container", f"--effnet_run={RUN}", *dataflow.beam_args(),
     ]  # fmt: skip
-    env = {**os.environ, "STORAGE_EMULATOR_HOST": emulator.host, "PYTHONPATH": kfp_launcher.REPO_DIR}
-    with open(log_path, "wb") as log:
+    env = {
+        **os.environ,
+        "STORAGE_EMULATOR_HOST": emulator.host,
+        "PYTHONPATH": kfp_launcher.REPO_DIR,
+        "TMPDIR": str(tmp_path / "tmp"),
+    }
+    with open(tmp_path / "step.log", "wb") as log:
         return subprocess.Popen(
             [sys.executable, "-c", BEAM_STEP, *args], cwd=kfp_launcher.REPO_DIR, env=env, stdout=log,
             stderr=subprocess.STDOUT,
@@ -394,7 +402,7 @@ def _start_beam_step(dataflow, bucket, emulator, log_path):
 def test_sigterm_while_the_job_runs_cancels_it(dataflow, gcs_bucket, tmp_path):
     emulator, bucket = gcs_bucket
     log = tmp_path / "step.log"
-    step = _start_beam_step(dataflow, bucket, emulator, log)
+    step = _start_beam_step(dataflow, bucket, emulator, tmp_path)
     _wait_for(
         lambda: any(job["currentState"] == "JOB_STATE_RUNNING" for job in dataflow.jobs.values()), "job", step
     )
@@ -414,7 +422,7 @@ def test_sigterm_while_the_job_is_submitted_cancels_it_once_it_exists(dataflow, 
     emulator, bucket = gcs_bucket
     dataflow.create_delay_s = 3.0
     log = tmp_path / "step.log"
-    step = _start_beam_step(dataflow, bucket, emulator, log)
+    step = _start_beam_step(dataflow, bucket, emulator, tmp_path)
     _wait_for(lambda: any(r["method"] == "POST" for r in dataflow.requests), "create request", step)
     step.send_signal(signal.SIGTERM)
     assert step.wait(timeout=60) != 0
@@ -436,7 +444,10 @@ def test_a_failed_run_leaves_no_job_running(dataflow, gcs_bucket, clean_archives
     root = f"{bucket}/cleanup-root"
     job = compile_smoke(tmp_path, root, *archives)
     parameters = kfp_launcher.runtime_parameters(job)
-    env = {"STORAGE_EMULATOR_HOST": emulator.host}
+    # The sharding step is killed outright: what Beam's Dataflow stager put in the temporary directory stays in
+    # the test's.
+    (tmp_path / "tmp").mkdir()
+    env = {"STORAGE_EMULATOR_HOST": emulator.host, "TMPDIR": str(tmp_path / "tmp")}
     scratch = str(tmp_path / "launcher")
     sharding = kfp_launcher.start_task(
         job, "ImageNetShardGen", root, scratch, parameters, env=env, run_id=RUN, dataflow=dataflow.beam_args()
