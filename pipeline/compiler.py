@@ -108,7 +108,7 @@ class Compiled:
 
     @property
     def name(self) -> str:
-        return pipeline_name(self.preset.name)
+        return self.preset.pipeline_name
 
     @property
     def defaults(self) -> dict:
@@ -121,11 +121,6 @@ class Compiled:
             "train_epochs": self.trainer_config.loop.train_epochs,
             "target_top1": self.resolved.target_top1,
         }
-
-
-def pipeline_name(preset_name: str) -> str:
-    """The compiled pipeline's name (and its Vertex display name): one per preset."""
-    return f"effnet-{preset_name}"
 
 
 def plan_pipeline(
@@ -161,10 +156,14 @@ def plan_pipeline(
         machine=settings.machine,
         layout={key: params[key] for key in parameters.LAYOUT_PARAMETERS if key in params},
     )
-    return Compiled(resolved, _tuning(resolved.trainer_config, settings, tune, parallel_trials))
+    return Compiled(
+        resolved, _tuning(preset.pipeline_name, resolved.trainer_config, settings, tune, parallel_trials)
+    )
 
 
-def _tuning(config, settings: CloudSettings, tune: Mapping | None, parallel_trials: int) -> Tuning | None:
+def _tuning(
+    name: str, config, settings: CloudSettings, tune: Mapping | None, parallel_trials: int
+) -> Tuning | None:
     """The Tuner step of ``tune``, its search checked against the config; None without ``tune``."""
     if tune is None:
         return None
@@ -174,7 +173,7 @@ def _tuning(config, settings: CloudSettings, tune: Mapping | None, parallel_tria
     tune["max_epochs"] = tune["max_epochs"] or max(1, config.loop.train_epochs // 10)
     search = tuning.search_of_config(config, ("<shards>",), ("<shards>",), **tune)
     root = settings.pipeline_root.rstrip("/")
-    directory = f"{root}/tuning/{pipeline_name(config.name)}"
+    directory = f"{root}/tuning/{name}"
     return Tuning({**tune, "directory": directory}, parallel_trials, search.planned_trials_and_epochs()[1])
 
 

@@ -264,7 +264,7 @@ def run(args, session: console.Session) -> int:
         console.say(
             "data: the embedded digits as ILSVRC2012 archives in %s", os.path.join(root, EMBEDDED_DIR)
         )
-    name = f"effnet-{preset.name}"
+    name = preset.pipeline_name
     console.say("pipeline %s: preset %s, target top-1 %.4f, root %s", name, preset.name, target, root)
     serving_dir = os.path.join(root, "serving_model", name)  # each pipeline (preset) pushes apart
     metadata_path = os.path.join(root, "metadata.sqlite")

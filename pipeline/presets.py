@@ -64,6 +64,12 @@ class PipelinePreset:
     val_shards: int = 0
     settings: Mapping[str, object] = dataclasses.field(default_factory=dict)
 
+    @property
+    def pipeline_name(self) -> str:
+        """The pipeline's name, one per preset: its Vertex display name, the scope of its baseline and of its
+        pushes, and its label on every job."""
+        return f"effnet-{self.name}"
+
     def trainer_config(self):
         return trainer_presets.get_preset(self.name)
 

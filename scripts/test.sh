@@ -25,7 +25,15 @@ trap 'rm -rf "$run_tmp"' EXIT
 status=0
 TMPDIR=$run_tmp .venv/bin/python -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder --durations=25 \
   ${tier[@]+"${tier[@]}"} ${args[@]+"${args[@]}"} || status=$?
-left=$(cd "$run_tmp" && ls -A)
+# TensorFlow removes the sources it generates for autograph when its process exits; pytest-xdist stops a worker
+# that has not exited 10 s after the run (execnet), before those exit handlers run, which a loaded machine
+# makes likely. Those are named and removed, and do not fail the run; anything else left does.
+generated=$(cd "$run_tmp" && ls -A | grep -c '^__autograph_generated_file.*[.]py$' || true)
+if [ "$generated" -gt 0 ]; then
+  echo "note: $generated of TensorFlow's generated autograph sources were left by a process stopped before it" \
+    "exited (removed now)" >&2
+fi
+left=$(cd "$run_tmp" && ls -A | grep -v '^__autograph_generated_file.*[.]py$' || true)
 if [ -n "$left" ]; then
   echo "error: the tests left these in their TMPDIR ($run_tmp), removed now:" >&2
   echo "$left" | sed 's/^/  /' >&2
