@@ -95,20 +95,8 @@ class Compiled:
     tuning: Tuning | None = None
 
     @property
-    def preset(self) -> PipelinePreset:
-        return self.resolved.preset
-
-    @property
-    def trainer_config(self):
-        return self.resolved.trainer_config
-
-    @property
-    def sharding(self):
-        return self.resolved.sharding
-
-    @property
     def name(self) -> str:
-        return self.preset.pipeline_name
+        return self.resolved.preset.pipeline_name
 
     @property
     def defaults(self) -> dict:
@@ -118,7 +106,7 @@ class Compiled:
             **{key: getattr(sharding, key) or "" for key in INPUT_KEYS},
             "train_shards": sharding.train_shards,
             "val_shards": sharding.val_shards,
-            "train_epochs": self.trainer_config.loop.train_epochs,
+            "train_epochs": self.resolved.trainer_config.loop.train_epochs,
             "target_top1": self.resolved.target_top1,
         }
 
@@ -202,7 +190,7 @@ def compile_pipeline(
         name=compiled.name,
         defaults=compiled.defaults,
         pipeline_root=settings.pipeline_root.rstrip("/"),
-        labels=settings.labels(compiled.name, compiled.preset.name),
+        labels=settings.labels(compiled.name, compiled.resolved.preset.name),
         exit_handler=is_job,
     )
     if is_job:
@@ -238,15 +226,15 @@ def build_pipeline(
     }
     root = settings.pipeline_root.rstrip("/")
     name = compiled.name
-    labels = settings.labels(name, compiled.preset.name)
+    labels = settings.labels(name, compiled.resolved.preset.name)
     # Every task's arguments carry the run's id, which Vertex fills in, for the run's label on its jobs.
     run_args = () if for_kubeflow else (run_label.RUN_ARG,)
     return pipeline_def.create_pipeline(
         pipeline_def.PipelineSettings(
             name=name,
             root=root,
-            sharding=compiled.sharding,
-            trainer_config=compiled.trainer_config,
+            sharding=compiled.resolved.sharding,
+            trainer_config=compiled.resolved.trainer_config,
             serving_model_dir=f"{root}/serving_model/{name}",
             metadata_connection_config=None,  # Vertex / Kubeflow bring their own metadata store
             beam_pipeline_args=(*settings.dataflow_args(labels), *run_args),
@@ -258,7 +246,7 @@ def build_pipeline(
             runtime=runtime,
             trainer=pipeline_def.TrainerStep(
                 runtime_gate.VertexTrainer,
-                settings.vertex_training_config(compiled.trainer_config, name, labels),
+                settings.vertex_training_config(compiled.resolved.trainer_config, name, labels),
             ),
             tuning=_tuning_step(compiled, settings, name, labels),
             extra_pusher=vertex_push.component(settings, name, labels) if vertex_push else None,
@@ -276,7 +264,7 @@ def _tuning_step(compiled: Compiled, settings: CloudSettings, name: str, labels:
     from pipeline import pipeline_def
 
     config = settings.vertex_tuning_config(
-        compiled.trainer_config, name, labels, tuning.parallel_trials, tuning.epochs
+        compiled.resolved.trainer_config, name, labels, tuning.parallel_trials, tuning.epochs
     )
     return pipeline_def.TuningStep(tuning.settings, runtime_gate.VertexTuner, config, tuning.parallel_trials)
 

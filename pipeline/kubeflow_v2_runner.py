@@ -214,13 +214,12 @@ def _settings(args) -> CloudSettings:
 def _print_plan(args) -> None:
     """The trainer's plan on the accelerator and the run's estimate (hours, accelerator-hours, timeout)."""
     from pipeline import accelerators, presets
+    from trainer_module.config import parse_overrides
     from trainer_module.dry_run import plan_report
 
     machine = accelerators.get(args.accelerator, args.machines)
     if args.region and not args.skip_region_check:
         machine.check_region(args.region)
-    from trainer_module.config import parse_overrides
-
     config = presets.get(args.preset).resolve(parse_overrides(args.overrides), machine=machine).trainer_config
     report = {
         "accelerator": dataclasses.asdict(machine),
