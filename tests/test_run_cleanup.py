@@ -452,7 +452,12 @@ def test_a_failed_run_leaves_no_job_running(dataflow, gcs_bucket, clean_archives
     sharding = kfp_launcher.start_task(
         job, "ImageNetShardGen", root, scratch, parameters, env=env, run_id=RUN, dataflow=dataflow.beam_args()
     )
-    _wait_for(lambda: dataflow.jobs, "Dataflow job", sharding.process)
+    # Killed once its job runs (the step has read it back from Dataflow), not merely once it was submitted.
+    _wait_for(
+        lambda: any(job["currentState"] == "JOB_STATE_RUNNING" for job in dataflow.jobs.values()),
+        "running Dataflow job",
+        sharding.process,
+    )
     sharding.process.kill()
     sharding.process.wait()
     (sharding_job,) = dataflow.jobs
