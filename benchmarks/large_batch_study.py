@@ -38,6 +38,7 @@ import gzip
 import json
 import math
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -75,6 +76,7 @@ HELD_OUT_EVERY = 6
 RESULTS = "large_batch_study.json"
 REPORT = "large_batch_study.md"
 PLOT = "large_batch_study.png"
+SETTINGS_FILE = "study_settings.json"  # in a run's model directory: the settings it was started with
 VERDICTS = ("reproduces", "refutes", "budget-limited")
 
 
@@ -494,15 +496,15 @@ class Runner:
     def _train(self, run: Run, settings: dict) -> dict:
         split = self.data[run.split]
         model_dir = os.path.join(self.work_dir, "runs", run.name)
-        shutil.rmtree(model_dir, ignore_errors=True)
-        os.makedirs(os.path.dirname(model_dir), exist_ok=True)
+        resumed_at_epoch = prepare_model_dir(model_dir, settings)
         command = [sys.executable, "-m", "trainer_module", "--preset", "demo", "--model-dir", model_dir]
         command += ["--train-files", split["train"], "--eval-files", split["eval"], "--cpu-devices", "1"]
         for override in [f"name=study-{run.name}", *settings["overrides"]]:
             command += ["--set", override]
-        say(f"[study] {run.name}: training {run.epochs} epochs at peak LR {run.lr:g}")
+        where = f", resuming after epoch {resumed_at_epoch:g}" if resumed_at_epoch else ""
+        say(f"[study] {run.name}: training {run.epochs} epochs at peak LR {run.lr:g}{where}")
         start = time.time()
-        with open(model_dir + ".log", "w") as log:
+        with open(model_dir + ".log", "a" if resumed_at_epoch else "w") as log:
             child = subprocess.Popen(
                 command, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, env=_child_env()
             )
@@ -513,9 +515,11 @@ class Runner:
             "settings": settings,
             "name": run.name,
             **dataclasses.asdict(run),
-            "cpu_seconds": usage.ru_utime + usage.ru_stime,
+            "cpu_seconds": usage.ru_utime + usage.ru_stime,  # of the last attempt: a killed one reports nothing
             "wall_seconds": time.time() - start,
         }
+        if resumed_at_epoch:
+            entry["resumed_at_epoch"] = resumed_at_epoch
         if os.path.exists(metrics_path):
             with open(metrics_path) as f:
                 metrics = json.load(f)
@@ -531,6 +535,40 @@ class Runner:
         figure = "diverged" if entry["diverged"] else f"top-1 {entry['final_top1']:.4f}"
         say(f"[study] {run.name}: {figure} ({entry['cpu_seconds'] / 60:.0f} CPU-min)")
         return entry
+
+
+def prepare_model_dir(model_dir: str, settings: dict) -> float:
+    """Readies a run's model directory; returns the epoch the run resumes after (0: from scratch).
+
+    The trainer resumes from the last checkpoint in its model directory (one at every evaluation, named by its
+    step, the seeded input stream continued), so a study stopped mid-run loses at most an epoch of each run
+    in flight. That is only kept when the directory was started with the very same settings
+    (``SETTINGS_FILE``); anything else there is removed and the run starts afresh.
+    """
+    marker = os.path.join(model_dir, SETTINGS_FILE)
+    step = _checkpoint_step(os.path.join(model_dir, "checkpoints"))
+    if step and os.path.exists(marker):
+        with open(marker) as f:
+            same = json.load(f) == settings
+        with open(os.path.join(model_dir, "checkpoints", "history.json")) as f:
+            done = [h["epoch"] for h in json.load(f) if h["step"] <= step]
+        if same and done:
+            return float(done[-1])
+    shutil.rmtree(model_dir, ignore_errors=True)
+    os.makedirs(model_dir)
+    with open(marker, "w") as f:
+        json.dump(settings, f)
+    return 0.0
+
+
+def _checkpoint_step(checkpoint_dir: str) -> int:
+    """The step of the newest checkpoint (TensorFlow's state file names it ``ckpt-<step>``), 0 if none."""
+    state = os.path.join(checkpoint_dir, "checkpoint")
+    if not os.path.exists(state):
+        return 0
+    with open(state) as f:
+        match = re.search(r'^model_checkpoint_path: "ckpt-(\d+)"', f.read(), re.MULTILINE)
+    return int(match.group(1)) if match else 0
 
 
 def _diverged(log_path: str) -> bool:
@@ -736,6 +774,13 @@ def _fmt(value, spec=".4f") -> str:
     return "—" if value is None else format(value, spec)
 
 
+def _cpu_minutes(run: dict) -> str:
+    minutes = f"{run['cpu_seconds'] / 60:.1f}"
+    if run.get("resumed_at_epoch"):
+        return f"{minutes} (the attempt after epoch {run['resumed_at_epoch']:g})"
+    return minutes
+
+
 def results_section(design: Design, report: dict, runs: dict[str, dict], reference: dict | None) -> str:
     s = report["summary"]
     lines = ["## Results", ""]
@@ -766,7 +811,7 @@ def results_section(design: Design, report: dict, runs: dict[str, dict], referen
         lines.append(
             f"| {name} | {r['batch']} | {r['lr']:g} | {r['epochs']} | {r['seed']} | {r['steps'] or '—'} | {figure} "
             f"| {steps_to_target(r.get('history', []), design.target_top1) or 'not reached'} "
-            f"| {r['cpu_seconds'] / 60:.1f} |"
+            f"| {_cpu_minutes(r)} |"
         )
     lines += ["", "**Verdict** (computed by the script from the per-seed figures above):", ""]
     if s["delta"] is None:

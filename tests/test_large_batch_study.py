@@ -208,3 +208,26 @@ def test_report_writes_the_design_before_any_run_and_the_verdict_after(study, tm
     assert saved["summary"]["verdict"] == "refutes"
     text = (tmp_path / study.REPORT).read_text()
     assert "- **refutes**" in text and (tmp_path / study.PLOT).exists()
+
+
+def test_a_stopped_run_resumes_only_in_a_directory_started_with_its_settings(study, tmp_path):
+    settings = {"overrides": ["a=1"], "split": "final"}
+    model_dir = str(tmp_path / "runs" / "final-256-seed0")
+    assert study.prepare_model_dir(model_dir, settings) == 0.0  # new: started afresh, settings recorded
+    checkpoints = tmp_path / "runs" / "final-256-seed0" / "checkpoints"
+    checkpoints.mkdir()
+    history = [{"epoch": 1.0, "step": 3}, {"epoch": 2.0, "step": 7}, {"epoch": 3.0, "step": 10}]
+    (checkpoints / "history.json").write_text(json.dumps(history))
+    # Killed between writing the history and the checkpoint of epoch 3: it resumes after epoch 2.
+    (checkpoints / "ckpt-7.index").write_text("x")
+    (checkpoints / "checkpoint").write_text('model_checkpoint_path: "ckpt-7"\nall_model_checkpoint_paths: "ckpt-7"\n')
+    assert study.prepare_model_dir(model_dir, settings) == 2.0
+    assert (checkpoints / "ckpt-7.index").exists()
+    # Other settings: the checkpoints are not theirs, so the directory starts afresh.
+    assert study.prepare_model_dir(model_dir, {**settings, "overrides": ["a=2"]}) == 0.0
+    assert not checkpoints.exists()
+    # Killed before its first checkpoint (the history may be written already): nothing to resume from.
+    checkpoints.mkdir()
+    (checkpoints / "history.json").write_text(json.dumps(history[:1]))
+    assert study.prepare_model_dir(model_dir, {**settings, "overrides": ["a=2"]}) == 0.0
+    assert not checkpoints.exists()
