@@ -515,7 +515,8 @@ class Runner:
             "settings": settings,
             "name": run.name,
             **dataclasses.asdict(run),
-            "cpu_seconds": usage.ru_utime + usage.ru_stime,  # of the last attempt: a killed one reports nothing
+            "cpu_seconds": usage.ru_utime
+            + usage.ru_stime,  # of the last attempt: a killed one reports nothing
             "wall_seconds": time.time() - start,
         }
         if resumed_at_epoch:

@@ -244,12 +244,25 @@ class StoppablePipeline(beam.Pipeline):
 
 class StoppableBeamExecutor:
     """Mixin for a TFX Beam executor (before it in the bases): its Beam pipeline is a ``StoppablePipeline`` whose
-    Dataflow job carries the label of the run named among the task's arguments (``components.run_label``)."""
+    Dataflow job carries the label of the run named among the task's arguments, or in its output URIs on
+    Kubeflow (``components.run_label``)."""
+
+    _run_outputs: dict | None = None
+
+    def Do(self, input_dict, output_dict, exec_properties):  # noqa: N802 - TFX's executor interface
+        """The executor's ``Do`` (TFMA's, which makes its pipeline itself), the task's outputs kept for the run id."""
+        self._run_outputs = output_dict  # where a Kubeflow run's id is (run_label.FROM_OUTPUT_URI)
+        return super().Do(input_dict, output_dict, exec_properties)
+
+    def _make_beam_pipeline_for(self, output_dict: dict):
+        """The Beam pipeline of an executor whose own ``Do`` makes it, given the task's outputs."""
+        self._run_outputs = output_dict
+        return self._make_beam_pipeline()
 
     def _make_beam_pipeline(self):
         from components import run_label
 
         if self._make_beam_pipeline_fn is not None:  # a TFX operator's own pipeline
             return self._make_beam_pipeline_fn()
-        run_id, args = run_label.take_run_id(self._beam_pipeline_args)
+        run_id, args = run_label.take_run_id(self._beam_pipeline_args, self._run_outputs)
         return StoppablePipeline(argv=[*args, *run_label.beam_args(run_id)])

@@ -3,19 +3,21 @@
 The steps that start cloud jobs cancel their own job when their task is stopped (``components.vertex_training``,
 ``components.dataflow_jobs``), but a task killed outright (SIGKILL, out of memory, its node lost), or stopped
 before its job had an id, leaves the job running and billing: a training job until its timeout (days for some
-presets), a Dataflow job of up to a hundred workers until it ends. On Vertex AI Pipelines the exit handler runs
-once every other task of the run has ended, whatever their state; it finds the run's jobs by the label every
+presets), a Dataflow job of up to a hundred workers until it ends. On Vertex AI Pipelines and Kubeflow Pipelines
+the exit handler runs once every other task of the run has ended, whatever their state; it finds the run's jobs by the label every
 step puts on them (``components.run_label``): the Vertex AI custom jobs (training, tuning) of
 the project and region, and the Dataflow jobs (sharding, evaluation). Each one not ended is cancelled and
 followed until it ends (within ``CANCEL_WAIT_SECONDS`` of each module); the task logs one line per job and a
 summary, ``run RUN: cancelled ...`` or ``run RUN: no job left running``.
 
-The task takes its run's id as every task of the run does (the argument ``run_label.RUN_ARG``). It fails, with one
-line, when it cannot tell its run (an orchestrator that did not replace the run-id placeholder) or a job could
-not be cancelled: a run whose jobs may still bill is not reported clean.
+The task takes its run's id from its parameter ``RUN_ID_KEY`` when it has one: compiled for Kubeflow Pipelines it
+is the run-id placeholder, which Kubeflow fills in input parameters (and the task has no outputs to read it from;
+it is never cached, so a parameter costs nothing). Compiled for Vertex it takes it as every task of the run does,
+from the argument ``run_label.RUN_ARG``. It fails, with one line, when it cannot tell its run (an orchestrator that
+did not replace the placeholder) or a job could not be cancelled: a run whose jobs may still bill is not reported
+clean.
 
 The handler takes no final-status input (``PipelineTaskFinalStatus``): it cancels whatever is left, in any state.
-A pipeline compiled for Kubeflow Pipelines has no exit handler: its jobs carry no run label (``run_label``).
 """
 
 from __future__ import annotations
@@ -31,6 +33,9 @@ from components import beam_executor, dataflow_jobs, run_label, vertex_training
 
 PROJECT_KEY = "project"
 REGION_KEY = "region"
+RUN_ID_KEY = (
+    "run_id"  # optional: the run's id (a placeholder the orchestrator fills in), else from the arguments
+)
 STEP_ID = "RunCleanup"
 
 logger = logging.getLogger("components.run_cleanup")
@@ -134,6 +139,7 @@ class Executor(beam_executor.InstalledTfxOnLocalRunners, base_beam_executor.Base
     def Do(self, input_dict: dict, output_dict: dict, exec_properties: dict[str, Any]) -> None:  # noqa: N802
         del input_dict, output_dict
         run_id, beam_args = run_label.take_run_id(self._beam_pipeline_args)
+        run_id = exec_properties.get(RUN_ID_KEY) or run_id
         report = clean_up(exec_properties[PROJECT_KEY], exec_properties[REGION_KEY], run_id, beam_args)
         summary = report.summary()
         logger.warning("%s", summary)
@@ -143,11 +149,12 @@ class Executor(beam_executor.InstalledTfxOnLocalRunners, base_beam_executor.Base
 
 
 class RunCleanupSpec(component_spec.ComponentSpec):
-    """Where the run's jobs are: project and region."""
+    """Where the run's jobs are: project and region; and, optionally, which run's they are."""
 
     PARAMETERS = {
         PROJECT_KEY: component_spec.ExecutionParameter(type=str),
         REGION_KEY: component_spec.ExecutionParameter(type=str),
+        RUN_ID_KEY: component_spec.ExecutionParameter(type=str, optional=True),
     }
     INPUTS = {}
     OUTPUTS = {}
@@ -161,5 +168,8 @@ class RunCleanup(base_beam_component.BaseBeamComponent):
     SPEC_CLASS = RunCleanupSpec
     EXECUTOR_SPEC = executor_spec.BeamExecutorSpec(Executor)
 
-    def __init__(self, project: str, region: str):
-        super().__init__(spec=RunCleanupSpec(**{PROJECT_KEY: project, REGION_KEY: region}))
+    def __init__(self, project: str, region: str, run_id: str | None = None):
+        parameters = {PROJECT_KEY: project, REGION_KEY: region}
+        if run_id is not None:
+            parameters[RUN_ID_KEY] = run_id
+        super().__init__(spec=RunCleanupSpec(**parameters))

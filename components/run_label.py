@@ -1,17 +1,22 @@
 """The label that names a pipeline run on every cloud job it starts, so that the run's jobs can be found.
 
 A compiled pipeline is the same for every run; what tells one run from another is the orchestrator's run id.
-Vertex AI Pipelines puts it in place of the placeholder ``{{$.pipeline_job_uuid}}`` in a task's container
-arguments, so a compiled Vertex pipeline gives every task the argument ``RUN_ARG``
-(``--effnet_run={{$.pipeline_job_uuid}}``, among the Beam options TFX passes to every task). Every step that
-starts a cloud job puts the value on it as the label ``RUN_LABEL``: the training and tuning custom jobs on Vertex
-AI, the Dataflow jobs of the sharding step and of the Evaluator; the pipeline's exit handler
-(``components.run_cleanup``) finds the run's jobs by that label.
+Every step that starts a cloud job puts it on the job as the label ``RUN_LABEL``: the training and tuning custom
+jobs on Vertex AI, the Dataflow jobs of the sharding step and of the Evaluator; the pipeline's exit handler
+(``components.run_cleanup``) finds the run's jobs by that label. A step learns the id from the argument
+``RUN_FLAG`` (among the Beam options TFX passes to every task), compiled as one of:
 
-The run id is an argument and not an input parameter because Vertex AI Pipelines (and Kubeflow Pipelines) make a
-step's cache key of its input parameters' values and its compiled arguments: a run-id parameter would give every
-run's steps a new key, and no step of a re-run would be reused. Kubeflow Pipelines replaces the run placeholders
-in input parameters only, not in arguments, so a pipeline compiled for it carries no run id.
+- ``RUN_ARG`` (``--effnet_run={{$.pipeline_job_uuid}}``), on Vertex AI Pipelines, which puts the run's id in place
+  of the placeholder in a task's container arguments;
+- ``KFP_RUN_ARG`` (``--effnet_run=from-output-uri``), on Kubeflow Pipelines, which replaces the placeholder in
+  input parameters only, never in arguments. There the id is read off the step's output artifacts: Kubeflow's
+  driver places a run's artifacts under ``<pipeline root>/<pipeline or run name>/<run id>/<task>/<output>``,
+  the run id a UUID (``run_id_in_uri``: the last UUID-shaped segment of the URI).
+
+The run id is never an input parameter of a step because Vertex AI Pipelines and Kubeflow Pipelines make a step's
+cache key of its input parameters' values and its compiled arguments: a run-id parameter would give every run's
+steps a new key, and no step of a re-run would be reused. An output URI is not in the key (Kubeflow keys a step
+by its outputs' types, not their URIs), and a cached step starts no job.
 
 An argument whose placeholder was not replaced is no run id (``run_value`` says so): a label made of it would
 name every run at once.
@@ -20,6 +25,9 @@ name every run at once.
 from __future__ import annotations
 
 import logging
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 # The label key on the run's jobs.
 RUN_LABEL = "effnet_run"
@@ -27,6 +35,11 @@ RUN_LABEL = "effnet_run"
 RUN_ID_PLACEHOLDER = "{{$.pipeline_job_uuid}}"
 RUN_FLAG = "--effnet_run"
 RUN_ARG = f"{RUN_FLAG}={RUN_ID_PLACEHOLDER}"
+# The argument a pipeline compiled for Kubeflow gives every task: the run id is in the output artifacts' URIs.
+FROM_OUTPUT_URI = "from-output-uri"
+KFP_RUN_ARG = f"{RUN_FLAG}={FROM_OUTPUT_URI}"
+# A Kubeflow run id (a UUID) as a segment of an artifact URI.
+_RUN_ID_SEGMENT = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
 
 logger = logging.getLogger("components.run_label")
 
@@ -35,15 +48,38 @@ class NoRunId(ValueError):
     """The task was given no run id, or a placeholder its orchestrator did not replace."""
 
 
-def take_run_id(args: list[str]) -> tuple[str | None, list[str]]:
-    """The run id among a task's arguments (``RUN_FLAG``; None when absent) and the other arguments."""
+def take_run_id(
+    args: list[str], outputs: Mapping[str, Sequence[Any]] | None = None
+) -> tuple[str | None, list[str]]:
+    """The run id among a task's arguments (``RUN_FLAG``; None when absent) and the other arguments.
+
+    ``FROM_OUTPUT_URI`` stands for the run id in the URIs of the task's ``outputs`` (TFX's ``output_dict``:
+    artifact lists by key), as a Kubeflow run places them; when none has one, the placeholder itself is returned
+    (``run_value`` then says what is missing).
+    """
     run_id, rest = None, []
     for arg in args:
         if arg.startswith(f"{RUN_FLAG}="):
             run_id = arg.split("=", 1)[1]
         else:
             rest.append(arg)
+    if run_id == FROM_OUTPUT_URI:
+        found = {
+            run_id_in_uri(artifact.uri) for artifacts in (outputs or {}).values() for artifact in artifacts
+        }
+        found.discard(None)
+        if len(found) == 1:
+            run_id = found.pop()
     return run_id, rest
+
+
+def run_id_in_uri(uri: str) -> str | None:
+    """The Kubeflow run id in an artifact URI: its last segment shaped like a UUID (None if none is).
+
+    Kubeflow's driver writes a run's artifacts under ``<pipeline root>/<pipeline or run name>/<run id>/``, then
+    the task and output names: TFX's component ids and output keys, never UUID-shaped."""
+    segments = [segment for segment in uri.rstrip("/").split("/") if _RUN_ID_SEGMENT.match(segment)]
+    return segments[-1] if segments else None
 
 
 def run_value(run_id: str | None) -> str:
@@ -54,6 +90,11 @@ def run_value(run_id: str | None) -> str:
     """
     from pipeline.cloud import label_value
 
+    if run_id == FROM_OUTPUT_URI:
+        raise NoRunId(
+            f"no run id: {RUN_FLAG} is {run_id!r} and no output URI of the task holds a Kubeflow run id (a UUID "
+            f"segment under the pipeline root)"
+        )
     if not run_id or "{{$" in run_id:
         raise NoRunId(
             f"no run id: {RUN_FLAG} is {run_id!r}; the orchestrator did not replace {RUN_ID_PLACEHOLDER} in the "
@@ -63,8 +104,8 @@ def run_value(run_id: str | None) -> str:
 
 
 def labels(run_id: str | None) -> dict[str, str]:
-    """``{RUN_LABEL: value}`` for a job of run ``run_id``; {} when there is no run id (outside a compiled Vertex
-    pipeline; with a warning when the placeholder was not replaced): the job is then not found by the run's
+    """``{RUN_LABEL: value}`` for a job of run ``run_id``; {} when there is no run id (outside a compiled
+    pipeline; with a warning when the orchestrator gave none): the job is then not found by the run's
     clean-up."""
     if run_id is None:
         return {}

@@ -21,8 +21,8 @@ of their own, and their executors fold them into what TFX's executors read, so o
 Left as None (the local runner), each parameter leaves the config as it was built.
 
 The steps that start cloud jobs (``VertexTrainer``, ``VertexTuner``, ``Evaluator`` on Dataflow) also put the run's
-id, an argument of every task of a compiled Vertex pipeline (``components.run_label``), on their job as the run's
-label, by which the pipeline's exit handler finds what a run left running (``components.run_cleanup``).
+id (an argument of every task of a compiled Vertex pipeline, the output URIs on Kubeflow: ``components.run_label``)
+on their job as the run's label, by which the pipeline's exit handler finds what a run left running (``components.run_cleanup``).
 """
 
 from __future__ import annotations
@@ -139,10 +139,12 @@ def run_timeout(input_dict, exec_properties: dict[str, Any], custom_config: dict
     return rule.seconds(run.with_data(resolve.data_sizes(fn_args.train_files, fn_args.eval_files)).config)
 
 
-def labelled_with_run(custom_config: dict, args_key: str, task_args: list[str] | None) -> dict:
+def labelled_with_run(
+    custom_config: dict, args_key: str, task_args: list[str] | None, output_dict: dict | None = None
+) -> dict:
     """``custom_config`` whose job (under ``args_key``) also carries the label of the run named among the task's
-    arguments (``run_label``; none outside a compiled Vertex pipeline)."""
-    run_id, _ = run_label.take_run_id(task_args or [])
+    arguments, or on Kubeflow in its ``output_dict``'s URIs (``run_label``; none outside a compiled pipeline)."""
+    run_id, _ = run_label.take_run_id(task_args or [], output_dict)
     job_args = custom_config[args_key]
     labels = {**job_args.get("labels", {}), **run_label.labels(run_id)}
     return {**custom_config, args_key: {**job_args, "labels": labels}}
@@ -163,6 +165,7 @@ class VertexTrainerExecutor(base_executor.BaseExecutor):
             json_utils.loads(properties[standard_component_specs.CUSTOM_CONFIG_KEY]),
             tfx.extensions.google_cloud_ai_platform.TRAINING_ARGS_KEY,
             self._extra_flags,
+            output_dict,
         )
         request = vertex_training.job_request(
             input_dict,
@@ -192,6 +195,7 @@ class VertexTunerExecutor(base_executor.BaseExecutor):
             json_utils.loads(exec_properties[standard_component_specs.CUSTOM_CONFIG_KEY]),
             vertex.experimental.TUNING_ARGS_KEY,
             self._extra_flags,
+            output_dict,
         )
         request = vertex_training.job_request(
             input_dict,

@@ -172,10 +172,9 @@ def compile_pipeline(
     PipelineSpec (``.yaml``): builds the pipeline, compiles it with TFX, patches the spec and writes it.
 
     PipelineSpec schema 2.1.0 (what the Kubeflow Pipelines API server accepts, and Vertex too): every input
-    parameter typed (``parameterType``), constants as plain values. A PipelineJob has an exit handler
+    parameter typed (``parameterType``), constants as plain values. Both have an exit handler
     (``components.run_cleanup``), which runs after the pipeline's steps, whatever their state, and cancels the
-    jobs the run left running; a Kubeflow PipelineSpec has none, as its jobs carry no run label
-    (``components.run_label``). Returns ``output``.
+    jobs the run left running, found by the run's label (``components.run_label``). Returns ``output``.
     """
     import yaml
 
@@ -184,14 +183,13 @@ def compile_pipeline(
 
     is_job = output.endswith(".json")
     pipeline = build_pipeline(compiled, settings, vertex_push, for_kubeflow=not is_job)
-    job = _tfx_compile(pipeline, settings, compiled.defaults, exit_handler=is_job)
+    job = _tfx_compile(pipeline, settings, compiled.defaults, for_kubeflow=not is_job)
     spec_patches.patch(
         job,
         name=compiled.name,
         defaults=compiled.defaults,
         pipeline_root=settings.pipeline_root.rstrip("/"),
         labels=settings.labels(compiled.name, compiled.resolved.preset.name),
-        exit_handler=is_job,
     )
     if is_job:
         files.write_text(output, json.dumps(job, sort_keys=True))
@@ -211,8 +209,8 @@ def build_pipeline(
     Each Beam step gets its own Dataflow workers; the pushed models of each pipeline (one per preset) go to a
     serving directory of its own, ``ROOT/serving_model/PIPELINE``. ``for_kubeflow`` leaves out the
     latest-blessed-model lookup (a TFX resolver node, which the open-source Kubeflow Pipelines backend does not
-    run): the Evaluator then gates on the target top-1 alone; and the run's id among the tasks' arguments
-    (``components.run_label``), which Kubeflow does not fill in.
+    run): the Evaluator then gates on the target top-1 alone; and it tells the steps to find their run's id in
+    their output URIs, as Kubeflow fills no placeholder in arguments (``components.run_label``).
     """
     from tfx.orchestration import data_types
 
@@ -227,8 +225,9 @@ def build_pipeline(
     root = settings.pipeline_root.rstrip("/")
     name = compiled.name
     labels = settings.labels(name, compiled.resolved.preset.name)
-    # Every task's arguments carry the run's id, which Vertex fills in, for the run's label on its jobs.
-    run_args = () if for_kubeflow else (run_label.RUN_ARG,)
+    # Every task's arguments say where its run's id is, for the run's label on its jobs: filled in by Vertex, or
+    # in the output URIs on Kubeflow.
+    run_args = (run_label.KFP_RUN_ARG if for_kubeflow else run_label.RUN_ARG,)
     return pipeline_def.create_pipeline(
         pipeline_def.PipelineSettings(
             name=name,
@@ -269,21 +268,22 @@ def _tuning_step(compiled: Compiled, settings: CloudSettings, name: str, labels:
     return pipeline_def.TuningStep(tuning.settings, runtime_gate.VertexTuner, config, tuning.parallel_trials)
 
 
-def _tfx_compile(pipeline, settings: CloudSettings, defaults: dict, exit_handler: bool) -> dict:
+def _tfx_compile(pipeline, settings: CloudSettings, defaults: dict, for_kubeflow: bool) -> dict:
     """The PipelineJob TFX's ``KubeflowV2DagRunner`` compiles (schema 2.1.0, nothing written), with the
-    runtime parameters' ``defaults`` in its ``runtimeConfig``; ``exit_handler``: with the run's clean-up
-    (``components.run_cleanup``), which reaches Dataflow, and finds its run's id, as the pipeline's steps do:
-    in their Beam options."""
+    runtime parameters' ``defaults`` in its ``runtimeConfig``, and the run's clean-up as its exit handler
+    (``components.run_cleanup``), which reaches Dataflow as the pipeline's steps do, with their Beam options. On
+    Vertex it finds its run's id among them too; ``for_kubeflow``, in its parameter: Kubeflow fills the run-id
+    placeholder in input parameters only."""
     from tfx import v1 as tfx
 
-    from components import run_cleanup
+    from components import run_cleanup, run_label
 
     runner = tfx.orchestration.experimental.KubeflowV2DagRunner(
         config=tfx.orchestration.experimental.KubeflowV2DagRunnerConfig(
             default_image=settings.image, use_pipeline_spec_2_1=True
         )
     )
-    if exit_handler:
-        cleanup = run_cleanup.RunCleanup(settings.project, settings.region).with_id(run_cleanup.STEP_ID)
-        runner.set_exit_handler(cleanup.with_beam_pipeline_args(pipeline.beam_pipeline_args))
+    run_id = run_label.RUN_ID_PLACEHOLDER if for_kubeflow else None
+    cleanup = run_cleanup.RunCleanup(settings.project, settings.region, run_id).with_id(run_cleanup.STEP_ID)
+    runner.set_exit_handler(cleanup.with_beam_pipeline_args(pipeline.beam_pipeline_args))
     return runner.run(pipeline, parameter_values=defaults, write_out=False)

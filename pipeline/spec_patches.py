@@ -14,20 +14,19 @@ def patch(
     defaults: dict,
     pipeline_root: str,
     labels: dict[str, str],
-    exit_handler: bool,
 ) -> None:
     """Patches the compiled PipelineJob ``job`` of pipeline ``name``.
 
     The latest-blessed-model lookup is scoped to this pipeline (``scope_baseline_query``); the runtime
-    parameters' ``defaults`` go into the root's input definitions (``set_parameter_defaults``). With an ``exit_handler``, the DAG it follows gets the root's parameters (``bind_exit_dag_parameters``). The
+    parameters' ``defaults`` go into the root's input definitions (``set_parameter_defaults``), and the DAG the
+    exit handler follows gets the root's parameters (``bind_exit_dag_parameters``). The
     pipeline root goes into ``defaultPipelineRoot`` (the serving directory and Dataflow's temp location are
     compiled under it, so a run must use it); ``labels`` onto the PipelineJob.
     """
     spec = job["pipelineSpec"]
     scope_baseline_query(spec, name)
     set_parameter_defaults(spec, defaults)
-    if exit_handler:
-        bind_exit_dag_parameters(spec)
+    bind_exit_dag_parameters(spec)
     spec["defaultPipelineRoot"] = pipeline_root
     job["labels"] = {**job.get("labels", {}), **labels}
 

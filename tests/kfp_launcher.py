@@ -1,7 +1,8 @@
-"""A minimal KFP v2 launcher: runs one container task of a compiled Vertex PipelineJob on this machine.
+"""A minimal KFP v2 launcher: runs one container task of a compiled Vertex PipelineJob, or of a bare PipelineSpec
+as Kubeflow Pipelines runs it, on this machine.
 
 What the launcher of Vertex AI Pipelines (and of Kubeflow Pipelines v2) does for a container task, this does
-too, from the compiled job alone:
+too, from the compiled job (or spec) alone:
 
 - finds the task in the root DAG or in a DAG under it (a pipeline with an exit handler has its steps in the DAG
   the exit handler follows);
@@ -13,9 +14,12 @@ too, from the compiled job alone:
 - resolves the input artifacts to the upstream tasks' outputs as their ``executor_output.json`` describes them
   (name, URI and metadata; the type from the consuming component's input definitions);
 - names its output artifacts and places them at ``{root}/{task}/{output_key}/{execution}`` with the type of the
-  component's output definitions;
-- writes all of it as the ``ExecutorInput`` JSON in place of the ``{{$}}`` placeholder of the container's
-  args, and the run's id in place of ``{{$.pipeline_job_uuid}}`` (as Vertex's launcher does), runs the
+  component's output definitions; for a bare PipelineSpec (Kubeflow), as Kubeflow's driver does: at
+  ``{root}/{pipeline name}/{run id}/{task}/{output_key}``, unnamed (the driver names no output artifact);
+- puts the run's id in place of an input parameter constant that is exactly ``{{$.pipeline_job_uuid}}`` (both
+  services' drivers do), and writes it all as the ``ExecutorInput`` JSON in place of the ``{{$}}`` placeholder of
+  the container's args; in the args, the run's id replaces ``{{$.pipeline_job_uuid}}`` for a Vertex job (as
+  Vertex's launcher does) and stays as it is for Kubeflow (whose driver fills no placeholder there); runs the
   container's command as a subprocess of this interpreter (``.venv/bin/python`` standing for the image's
   ``python``), and returns the ``ExecutorOutput`` the executor wrote.
 
@@ -80,12 +84,28 @@ class TaskResult:
         return artifact
 
 
+def is_kubeflow(job: dict) -> bool:
+    """A bare PipelineSpec (what Kubeflow Pipelines runs), not a Vertex PipelineJob."""
+    return "pipelineSpec" not in job
+
+
 def pipeline_spec(job: dict) -> dict:
-    return job["pipelineSpec"]
+    return job if is_kubeflow(job) else job["pipelineSpec"]
 
 
 def compiled_root(job: dict) -> str:
+    if is_kubeflow(job):
+        return job["defaultPipelineRoot"].rstrip("/")
     return job["runtimeConfig"]["gcsOutputDirectory"].rstrip("/")
+
+
+def _compiled_values(job: dict) -> dict:
+    """The parameter values a run takes unless given others: the PipelineJob's ``runtimeConfig``, or a bare
+    spec's defaults."""
+    if not is_kubeflow(job):
+        return job["runtimeConfig"].get("parameterValues", {})
+    declared = job["root"].get("inputDefinitions", {}).get("parameters", {})
+    return {name: p["defaultValue"] for name, p in declared.items() if "defaultValue" in p}
 
 
 def _typed(value, parameter_type: str):
@@ -104,8 +124,7 @@ def runtime_parameters(job: dict, overrides: Mapping[str, object] | None = None)
     """
     declared = pipeline_spec(job)["root"].get("inputDefinitions", {}).get("parameters", {})
     values = {
-        name: _typed(value, declared[name]["parameterType"])
-        for name, value in job["runtimeConfig"].get("parameterValues", {}).items()
+        name: _typed(value, declared[name]["parameterType"]) for name, value in _compiled_values(job).items()
     }
     for name, value in (overrides or {}).items():
         if name not in declared:
@@ -172,13 +191,15 @@ def build_executor_input(
     upstream: Mapping[str, TaskResult],
     output_file: str,
     execution: int = 1,
+    run_id: str = DEFAULT_RUN_ID,
 ) -> dict:
     """The ``ExecutorInput`` (as a dict) the launcher hands task ``task`` in place of ``{{$}}``.
 
     Args:
       parameters: the run's parameter values (``runtime_parameters``).
       upstream: the results of the tasks this one reads artifacts of, by task name.
-      execution: numbers this task's output URIs, so a task can run more than once on one root.
+      execution: numbers this task's output URIs (Vertex layout), so a task can run more than once on one root.
+      run_id: the run's id, for the run-id placeholder and (Kubeflow) the output URIs.
 
     Raises:
       ValueError: an input artifact's producer has not run (and is not a resolver) or a binding this launcher
@@ -194,7 +215,9 @@ def build_executor_input(
     for name, binding in dag_task.get("inputs", {}).get("parameters", {}).items():
         if "runtimeValue" in binding:
             value = binding["runtimeValue"]["constant"]
-            if isinstance(value, str):
+            if value == RUN_ID_PLACEHOLDER:
+                value = run_id
+            elif isinstance(value, str):
                 value = _relocate(value, job, root)
         elif "componentInputParameter" in binding:
             source = _root_parameter(job, task, binding["componentInputParameter"])
@@ -219,17 +242,19 @@ def build_executor_input(
         schema = schemas[name]["artifactType"]
         inputs[name] = {"artifacts": [{**artifact, "type": schema} for artifact in found]}
 
-    outputs = {
-        key: {
-            "artifacts": [
-                {
-                    "name": ARTIFACT_NAME.format(task=task, key=key, execution=execution),
-                    "uri": f"{root}/{task}/{key}/{execution}",
-                    "type": definition["artifactType"],
-                    "metadata": {},
-                }
-            ]
+    def output(key: str, definition: dict) -> dict:
+        if is_kubeflow(job):  # Kubeflow's driver: the run's root is {root}/{pipeline name}/{run id}; no name
+            run_root = f"{root}/{spec['pipelineInfo']['name']}/{run_id}"
+            return {"uri": f"{run_root}/{task}/{key}", "type": definition["artifactType"], "metadata": {}}
+        return {
+            "name": ARTIFACT_NAME.format(task=task, key=key, execution=execution),
+            "uri": f"{root}/{task}/{key}/{execution}",
+            "type": definition["artifactType"],
+            "metadata": {},
         }
+
+    outputs = {
+        key: {"artifacts": [output(key, definition)]}
         for key, definition in component.get("outputDefinitions", {}).get("artifacts", {}).items()
     }
     return {
@@ -259,8 +284,8 @@ def container_argv(
             args.append(json.dumps(executor_input))
         elif arg == DATAFLOW_RUNNER:
             args.extend([arg, *dataflow] if dataflow is not None else LOCAL_BEAM_ARGS)
-        elif RUN_ID_PLACEHOLDER in arg:
-            args.append(arg.replace(RUN_ID_PLACEHOLDER, run_id))
+        elif RUN_ID_PLACEHOLDER in arg:  # Vertex fills it in; Kubeflow passes it on as it is
+            args.append(arg if is_kubeflow(job) else arg.replace(RUN_ID_PLACEHOLDER, run_id))
         elif "{{$" in arg:
             raise ValueError(f"{task}: placeholder this launcher does not implement: {arg}")
         else:
@@ -312,7 +337,7 @@ def start_task(
     os.makedirs(task_dir, exist_ok=True)
     output_file = os.path.join(task_dir, "executor_output.json")
     executor_input = build_executor_input(
-        job, task, pipeline_root, parameters, upstream or {}, output_file, execution
+        job, task, pipeline_root, parameters, upstream or {}, output_file, execution, run_id
     )
     argv = [*wrapper, *container_argv(job, task, executor_input, pipeline_root, dataflow, run_id)]
     child_env = {**os.environ, **(env or {})}

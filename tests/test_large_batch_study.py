@@ -220,7 +220,9 @@ def test_a_stopped_run_resumes_only_in_a_directory_started_with_its_settings(stu
     (checkpoints / "history.json").write_text(json.dumps(history))
     # Killed between writing the history and the checkpoint of epoch 3: it resumes after epoch 2.
     (checkpoints / "ckpt-7.index").write_text("x")
-    (checkpoints / "checkpoint").write_text('model_checkpoint_path: "ckpt-7"\nall_model_checkpoint_paths: "ckpt-7"\n')
+    (checkpoints / "checkpoint").write_text(
+        'model_checkpoint_path: "ckpt-7"\nall_model_checkpoint_paths: "ckpt-7"\n'
+    )
     assert study.prepare_model_dir(model_dir, settings) == 2.0
     assert (checkpoints / "ckpt-7.index").exists()
     # Other settings: the checkpoints are not theirs, so the directory starts afresh.

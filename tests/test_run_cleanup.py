@@ -19,6 +19,7 @@ import subprocess
 import sys
 import time
 
+import fake_kfp_server
 import fake_vertex
 import gcs_emulator
 import kfp_launcher
@@ -128,12 +129,50 @@ def test_compiled_vertex_job_runs_the_clean_up_after_every_step_whatever_its_sta
     assert bound and bound <= set(dag_inputs)
 
 
-def test_the_kubeflow_spec_has_no_clean_up_and_no_run_id(tmp_path):
-    """Kubeflow Pipelines fills the run-id placeholder in input parameters only, which would be in every step's
-    cache key: its jobs carry no run label, so the spec has no exit handler to look for them."""
+def test_the_kubeflow_spec_cleans_up_by_the_run_id_kubeflow_fills_in(tmp_path):
+    """Kubeflow Pipelines fills the run-id placeholder in input parameters only, which are in a step's cache key:
+    the exit handler (never cached) takes it as a parameter; the steps read it off their output URIs, which are
+    not in the key."""
     spec = compile_smoke(tmp_path, "gs://effnet-test-bucket/pipelines", suffix=".yaml")
-    assert run_cleanup.STEP_ID not in pipeline_tasks(spec) and "tfx-dag" not in spec["root"]["dag"]["tasks"]
-    assert "{{$.pipeline_job_uuid}}" not in json.dumps(spec)
+    fake_kfp_server.check_run(spec, {})  # the API server's checks of a run
+    root = spec["root"]["dag"]["tasks"]
+    assert set(root) == {"tfx-dag", run_cleanup.STEP_ID}
+    cleanup = root[run_cleanup.STEP_ID]
+    assert cleanup["triggerPolicy"] == {"strategy": "ALL_UPSTREAM_TASKS_COMPLETED"}
+    assert cleanup["dependentTasks"] == ["tfx-dag"]
+    assert not cleanup.get("cachingOptions", {}).get("enableCache")
+    parameters = cleanup["inputs"]["parameters"]
+    assert {name: value["runtimeValue"]["constant"] for name, value in parameters.items()} == {
+        "project": PROJECT,
+        "region": REGION,
+        "run_id": "{{$.pipeline_job_uuid}}",  # exactly the constant Kubeflow's driver replaces
+    }
+    steps = spec["components"]["tfx-dag"]["dag"]["tasks"]
+    for task in STEPS_WITH_JOBS:
+        assert run_label.KFP_RUN_ARG in _args(spec, task), task
+    # Nothing of a step's cache key (its inputs and its arguments) depends on the run.
+    assert "{{$" not in json.dumps({name: task.get("inputs", {}) for name, task in steps.items()})
+    assert not [arg for task in steps for arg in _args(spec, task) if "{{$." in arg]
+
+
+def test_a_kubeflow_step_reads_its_run_id_off_its_output_uris():
+    from tfx.types import standard_artifacts
+
+    run = "0b6e7d0c-3d51-4c5e-9a43-8d2b7f1e6a90"  # Kubeflow's run ids are UUIDs
+    examples = standard_artifacts.Examples()
+    # Kubeflow's driver: <pipeline root>/<pipeline name>/<run id>/<task>/<output>; a root may hold a UUID too.
+    examples.uri = (
+        f"gs://b/1f2e3d4c-0000-4000-8000-000000000000/root/effnet-smoke/{run}/ImageNetShardGen/examples"
+    )
+    args = ["--runner=DataflowRunner", run_label.KFP_RUN_ARG]
+    assert run_label.take_run_id(args, {"examples": [examples]}) == (run, ["--runner=DataflowRunner"])
+    assert run_label.labels(run_label.take_run_id(args, {"examples": [examples]})[0]) == {"effnet_run": run}
+    # Outputs elsewhere (a local run) hold no run id: the job carries no run label, and the clean-up says why.
+    examples.uri = "/tmp/root/ImageNetShardGen/examples/3"
+    run_id, _ = run_label.take_run_id(args, {"examples": [examples]})
+    assert run_label.labels(run_id) == {}
+    with pytest.raises(run_label.NoRunId, match="no output URI of the task holds a Kubeflow run id"):
+        run_label.run_value(run_id)
 
 
 def test_a_compiled_template_is_still_read_and_checked(tmp_path):
@@ -435,14 +474,23 @@ def test_sigterm_while_the_job_is_submitted_cancels_it_once_it_exists(dataflow, 
 
 
 @pytest.mark.slow
-def test_a_failed_run_leaves_no_job_running(dataflow, gcs_bucket, clean_archives, tmp_path):
+@pytest.mark.parametrize(
+    "suffix, run",
+    [
+        (".json", RUN),
+        (".yaml", "0b6e7d0c-3d51-4c5e-9a43-8d2b7f1e6a90"),
+    ],  # Vertex; Kubeflow (run ids are UUIDs)
+    ids=["vertex", "kubeflow"],
+)
+def test_a_failed_run_leaves_no_job_running(dataflow, gcs_bucket, clean_archives, tmp_path, suffix, run):
     """The sharding step's task is killed outright (SIGKILL: evicted, out of memory) while its Dataflow job runs,
     and the training job outlives its killed task: the exit handler, run as its container, cancels both by the
-    run's label, and leaves another run's jobs alone."""
+    run's label, and leaves another run's jobs alone. On Vertex the run's id comes in the tasks' arguments; on
+    Kubeflow, in the sharding step's output URIs and the exit handler's parameter."""
     emulator, bucket = gcs_bucket
     archives = gcs_emulator.upload_archives(f"{bucket}/cleanup-inputs", clean_archives)
     root = f"{bucket}/cleanup-root"
-    job = compile_smoke(tmp_path, root, *archives)
+    job = compile_smoke(tmp_path, root, *archives, suffix=suffix)
     parameters = kfp_launcher.runtime_parameters(job)
     # The sharding step is killed outright: what Beam's Dataflow stager put in the temporary directory stays in
     # the test's.
@@ -450,7 +498,7 @@ def test_a_failed_run_leaves_no_job_running(dataflow, gcs_bucket, clean_archives
     env = {"STORAGE_EMULATOR_HOST": emulator.host, "TMPDIR": str(tmp_path / "tmp")}
     scratch = str(tmp_path / "launcher")
     sharding = kfp_launcher.start_task(
-        job, "ImageNetShardGen", root, scratch, parameters, env=env, run_id=RUN, dataflow=dataflow.beam_args()
+        job, "ImageNetShardGen", root, scratch, parameters, env=env, run_id=run, dataflow=dataflow.beam_args()
     )
     # Killed once its job runs (the step has read it back from Dataflow), not merely once it was submitted.
     _wait_for(
@@ -464,7 +512,7 @@ def test_a_failed_run_leaves_no_job_running(dataflow, gcs_bucket, clean_archives
     labels = dataflow.jobs[sharding_job]["labels"]
     assert {key: labels[key] for key in (*PIPELINE_LABELS, run_label.RUN_LABEL)} == {
         **PIPELINE_LABELS,
-        run_label.RUN_LABEL: RUN,
+        run_label.RUN_LABEL: run,
     }
     assert dataflow.state(sharding_job) == "JOB_STATE_RUNNING"  # nothing cancelled it
     other = dataflow.add_job(
@@ -473,11 +521,11 @@ def test_a_failed_run_leaves_no_job_running(dataflow, gcs_bucket, clean_archives
     jobs_file = str(tmp_path / "custom_jobs.json")
     project_jobs = fake_vertex.FakeProjectJobs(jobs_file, {PROJECT: NUMBER})
     project_jobs.write(
-        [custom_job("7", RUN, "JOB_STATE_RUNNING"), custom_job("8", OTHER_RUN, "JOB_STATE_RUNNING")]
+        [custom_job("7", run, "JOB_STATE_RUNNING"), custom_job("8", OTHER_RUN, "JOB_STATE_RUNNING")]
     )
 
     cleanup = kfp_launcher.run_task(
-        job, run_cleanup.STEP_ID, root, scratch, parameters, run_id=RUN, dataflow=dataflow.beam_args(),
+        job, run_cleanup.STEP_ID, root, scratch, parameters, run_id=run, dataflow=dataflow.beam_args(),
         wrapper=fake_vertex.project_jobs_wrapper(str(tmp_path / "vertex"), jobs_file),
     )  # fmt: skip
 
@@ -492,9 +540,9 @@ def test_a_failed_run_leaves_no_job_running(dataflow, gcs_bucket, clean_archives
     with open(cleanup.log_path) as f:
         log = f.read()
     assert (
-        f"run {RUN}: cancelled 1 Vertex AI custom job ({name}7: JOB_STATE_CANCELLED) and 1 Dataflow job "
+        f"run {run}: cancelled 1 Vertex AI custom job ({name}7: JOB_STATE_CANCELLED) and 1 Dataflow job "
         f"({sharding_job} " in log
     )
-    assert pipeline_tasks(job["pipelineSpec"])[run_cleanup.STEP_ID]["triggerPolicy"]["strategy"] == (
-        "ALL_UPSTREAM_TASKS_COMPLETED"
-    )
+    assert pipeline_tasks(kfp_launcher.pipeline_spec(job))[run_cleanup.STEP_ID]["triggerPolicy"][
+        "strategy"
+    ] == ("ALL_UPSTREAM_TASKS_COMPLETED")
