@@ -33,7 +33,7 @@ import warnings
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 warnings.filterwarnings("ignore", category=FutureWarning)
 
-from pipeline import compiler  # noqa: E402
+from pipeline import compiler, tune_flags  # noqa: E402
 from pipeline.accelerators import AcceleratorMismatch  # noqa: E402
 from pipeline.cloud import (  # noqa: E402
     DEFAULT_MAX_WAIT_HOURS,
@@ -162,18 +162,13 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--preset", default="b0-rmsprop-8x2048")
     for key in compiler.INPUT_KEYS:
         run.add_argument(f"--{key.replace('_', '-')}", default="")
-    tune = parser.add_argument_group(
-        "tuning (a Tuner step: trials on the accelerator's machines, in parallel)"
+    tune = tune_flags.add_tune_flags(
+        parser,
+        "tuning (a Tuner step: trials on the accelerator's machines, in parallel)",
+        max_epochs=0,
+        max_epochs_help="every trial's schedule in epochs (default: a tenth of the run's)",
+        max_trials=10,
     )
-    tune.add_argument("--tune", action="store_true", help="search hyperparameters before training")
-    tune.add_argument("--tune-search", default="hyperband", help="hyperband, bayesian or random")
-    tune.add_argument(
-        "--tune-max-epochs",
-        type=int,
-        default=0,
-        help="every trial's schedule in epochs (default: a tenth of the run's)",
-    )
-    tune.add_argument("--tune-max-trials", type=int, default=10, help="trials of a bayesian or random search")
     tune.add_argument("--tune-parallel-trials", type=int, default=2, help="machines running trials at once")
     run.add_argument("--set", dest="overrides", action="append", default=[], metavar="FIELD=VALUE")
     run.add_argument(
@@ -326,7 +321,6 @@ def compile_run(args) -> int:
     """Compiles to ``--output`` (``pipeline.compiler``), every setting checked before anything is written, and
     with ``--submit`` submits the compiled file."""
     from pipeline import presets
-    from pipeline.local_runner import tuning_settings  # the same --tune flags
     from trainer_module.config import parse_overrides
 
     settings = _settings(args)
@@ -345,7 +339,7 @@ def compile_run(args) -> int:
         inputs,
         parse_overrides(args.overrides),
         params,
-        tuning_settings(args),
+        tune_flags.tuning_settings(args),
         args.tune_parallel_trials,
     )
     push = compiler.VertexPush(args.vertex_endpoint, args.serving_image) if args.vertex_endpoint else None

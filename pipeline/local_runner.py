@@ -25,6 +25,7 @@ os.environ.setdefault("PYTHONWARNINGS", "ignore::FutureWarning")
 warnings.filterwarnings("ignore", category=FutureWarning)
 
 from effnet_common import console, path_checks  # noqa: E402
+from pipeline import tune_flags  # noqa: E402
 
 NOT_BLESSED_EXIT = 3
 # A trial's schedule when tuning on this machine: a few epochs, so that the demo's search takes minutes.
@@ -69,17 +70,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--beam-workers", type=int, default=2, help="DirectRunner worker threads for sharding"
     )
-    tune = parser.add_argument_group(
-        "tuning (a Tuner step before the Trainer, which trains with its best values)"
+    tune_flags.add_tune_flags(
+        parser,
+        "tuning (a Tuner step before the Trainer, which trains with its best values)",
+        max_epochs=TUNE_MAX_EPOCHS,
+        max_epochs_help="the schedule of every trial, in epochs",
+        max_trials=6,
     )
-    tune.add_argument(
-        "--tune", action="store_true", help="search hyperparameters first (TFX Tuner + KerasTuner)"
-    )
-    tune.add_argument("--tune-search", default="hyperband", help="hyperband, bayesian or random")
-    tune.add_argument(
-        "--tune-max-epochs", type=int, default=TUNE_MAX_EPOCHS, help="the schedule of every trial, in epochs"
-    )
-    tune.add_argument("--tune-max-trials", type=int, default=6, help="trials of a bayesian or random search")
     parser.add_argument(
         "--verbose",
         action="store_true",
@@ -186,17 +183,6 @@ def main(argv: list[str] | None = None) -> int:
             raise
 
 
-def tuning_settings(args) -> dict | None:
-    """The Tuner's search settings of ``--tune`` (``trainer_module.tfx_trainer.TUNING_KEY``), or None."""
-    if not args.tune:
-        return None
-    return {
-        "search": args.tune_search,
-        "max_epochs": args.tune_max_epochs,
-        "max_trials": args.tune_max_trials,
-    }
-
-
 def preflight(args, preset):
     """Everything checked before any work: the run (settings, target, inputs: ``PipelinePreset.resolve``, as
     the cloud runner resolves it), the inputs' files, the pipeline root (created last, so that a failed check
@@ -230,7 +216,7 @@ def preflight(args, preset):
     except (TypeError, ValueError) as e:
         flag = "--target-top1" if "target_top1" in str(e) and args.target_top1 is not None else ""
         raise console.UsageError(flag, "", console.one_line(e)) from None  # the message names the setting
-    tuning = tuning_settings(args)
+    tuning = tune_flags.tuning_settings(args)
     if tuning is not None:
         from trainer_module import tuning as tuning_module
 
@@ -272,7 +258,7 @@ def run(args, session: console.Session) -> int:
     if os.path.exists(SETUP_FILE):
         # Without a setup file, TFX's Beam executor packages TFX itself (a 50 MB sdist) on every run.
         beam_args.append(f"--setup_file={SETUP_FILE}")
-    search = tuning_settings(args)
+    search = tune_flags.tuning_settings(args)
     pipeline = pipeline_def.create_pipeline(
         pipeline_def.PipelineSettings(
             name=name,
