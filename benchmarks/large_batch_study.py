@@ -515,8 +515,8 @@ class Runner:
             "settings": settings,
             "name": run.name,
             **dataclasses.asdict(run),
-            "cpu_seconds": usage.ru_utime
-            + usage.ru_stime,  # of the last attempt: a killed one reports nothing
+            # Of the last attempt: a killed one reports nothing.
+            "cpu_seconds": usage.ru_utime + usage.ru_stime,
             "wall_seconds": time.time() - start,
         }
         if resumed_at_epoch:
@@ -547,19 +547,33 @@ def prepare_model_dir(model_dir: str, settings: dict) -> float:
     (``SETTINGS_FILE``); anything else there is removed and the run starts afresh.
     """
     marker = os.path.join(model_dir, SETTINGS_FILE)
-    step = _checkpoint_step(os.path.join(model_dir, "checkpoints"))
-    if step and os.path.exists(marker):
-        with open(marker) as f:
-            same = json.load(f) == settings
-        with open(os.path.join(model_dir, "checkpoints", "history.json")) as f:
-            done = [h["epoch"] for h in json.load(f) if h["step"] <= step]
-        if same and done:
-            return float(done[-1])
+    resumed_after = _epoch_of_checkpoint(model_dir) if _started_with(marker, settings) else 0.0
+    if resumed_after:
+        return resumed_after
     shutil.rmtree(model_dir, ignore_errors=True)
     os.makedirs(model_dir)
     with open(marker, "w") as f:
         json.dump(settings, f)
     return 0.0
+
+
+def _started_with(marker: str, settings: dict) -> bool:
+    try:
+        with open(marker) as f:
+            return json.load(f) == settings
+    except (OSError, ValueError):  # none, or cut short by a kill
+        return False
+
+
+def _epoch_of_checkpoint(model_dir: str) -> float:
+    """The epoch of the run's newest checkpoint (from the history written beside it), 0 if there is none."""
+    step = _checkpoint_step(os.path.join(model_dir, "checkpoints"))
+    try:
+        with open(os.path.join(model_dir, "checkpoints", "history.json")) as f:
+            done = [h["epoch"] for h in json.load(f) if h["step"] <= step]
+    except (OSError, ValueError, KeyError, TypeError):  # none, or cut short by a kill
+        return 0.0
+    return float(done[-1]) if step and done else 0.0
 
 
 def _checkpoint_step(checkpoint_dir: str) -> int:
@@ -568,7 +582,7 @@ def _checkpoint_step(checkpoint_dir: str) -> int:
     if not os.path.exists(state):
         return 0
     with open(state) as f:
-        match = re.search(r'^model_checkpoint_path: "ckpt-(\d+)"', f.read(), re.MULTILINE)
+        match = re.search(r'^model_checkpoint_path: ".*ckpt-(\d+)"$', f.read(), re.MULTILINE)
     return int(match.group(1)) if match else 0
 
 

@@ -249,15 +249,10 @@ class StoppableBeamExecutor:
 
     _run_outputs: dict | None = None
 
-    def Do(self, input_dict, output_dict, exec_properties):  # noqa: N802 - TFX's executor interface
-        """The executor's ``Do`` (TFMA's, which makes its pipeline itself), the task's outputs kept for the run id."""
-        self._run_outputs = output_dict  # where a Kubeflow run's id is (run_label.FROM_OUTPUT_URI)
-        return super().Do(input_dict, output_dict, exec_properties)
-
-    def _make_beam_pipeline_for(self, output_dict: dict):
-        """The Beam pipeline of an executor whose own ``Do`` makes it, given the task's outputs."""
+    def take_run_outputs(self, output_dict: dict) -> None:
+        """Keeps the task's outputs, where a Kubeflow run's id is (``run_label.kfp_run_arg``): each executor's
+        ``Do`` calls it before its Beam pipeline is made."""
         self._run_outputs = output_dict
-        return self._make_beam_pipeline()
 
     def _make_beam_pipeline(self):
         from components import run_label

@@ -127,7 +127,8 @@ class Executor(
         overrides = {key: exec_properties.get(key) for key in OVERRIDE_PARAMETERS}
         config = artifact_config(exec_properties[SHARDING_CONFIG_KEY], examples.uri, overrides)
         start = time.time()
-        result = run.run(config, beam_pipeline=self._make_beam_pipeline_for(output_dict))
+        self.take_run_outputs(output_dict)
+        result = run.run(config, beam_pipeline=self._make_beam_pipeline())
         logger.info("%s", result.report(time.time() - start))
         describe_artifact(examples, result.manifest)
 

@@ -33,9 +33,8 @@ from components import beam_executor, dataflow_jobs, run_label, vertex_training
 
 PROJECT_KEY = "project"
 REGION_KEY = "region"
-RUN_ID_KEY = (
-    "run_id"  # optional: the run's id (a placeholder the orchestrator fills in), else from the arguments
-)
+# Optional: the run's id (a placeholder the orchestrator fills in); without it, the id among the arguments.
+RUN_ID_KEY = "run_id"
 STEP_ID = "RunCleanup"
 
 logger = logging.getLogger("components.run_cleanup")
@@ -133,8 +132,8 @@ def clean_up(project: str, region: str, run_id: str, beam_args: list[str]) -> Cl
 
 
 class Executor(beam_executor.InstalledTfxOnLocalRunners, base_beam_executor.BaseBeamExecutor):
-    """Runs ``clean_up`` for the run named among the task's arguments; fails in one line if a job could not be
-    cancelled."""
+    """Runs ``clean_up`` for the run named by the task's ``RUN_ID_KEY`` parameter, else among its arguments; fails
+    in one line if a job could not be cancelled."""
 
     def Do(self, input_dict: dict, output_dict: dict, exec_properties: dict[str, Any]) -> None:  # noqa: N802
         del input_dict, output_dict

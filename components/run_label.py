@@ -8,10 +8,11 @@ jobs on Vertex AI, the Dataflow jobs of the sharding step and of the Evaluator; 
 
 - ``RUN_ARG`` (``--effnet_run={{$.pipeline_job_uuid}}``), on Vertex AI Pipelines, which puts the run's id in place
   of the placeholder in a task's container arguments;
-- ``KFP_RUN_ARG`` (``--effnet_run=from-output-uri``), on Kubeflow Pipelines, which replaces the placeholder in
-  input parameters only, never in arguments. There the id is read off the step's output artifacts: Kubeflow's
-  driver places a run's artifacts under ``<pipeline root>/<pipeline or run name>/<run id>/<task>/<output>``,
-  the run id a UUID (``run_id_in_uri``: the last UUID-shaped segment of the URI).
+- ``kfp_run_arg(pipeline name)`` (``--effnet_run=from-output-uri:NAME``), on Kubeflow Pipelines, which replaces
+  the placeholder in input parameters only, never in arguments. There the id is read off the step's output
+  artifacts: Kubeflow's driver places a run's artifacts under ``<pipeline root>/<pipeline name>/<run id>/``, then
+  ``<task>/<output>`` (or ``<task>/<random UUID>/<output>`` since 2024), the run id a UUID
+  (``run_id_in_uri``: the UUID right after the pipeline's name).
 
 The run id is never an input parameter of a step because Vertex AI Pipelines and Kubeflow Pipelines make a step's
 cache key of its input parameters' values and its compiled arguments: a run-id parameter would give every run's
@@ -35,9 +36,8 @@ RUN_LABEL = "effnet_run"
 RUN_ID_PLACEHOLDER = "{{$.pipeline_job_uuid}}"
 RUN_FLAG = "--effnet_run"
 RUN_ARG = f"{RUN_FLAG}={RUN_ID_PLACEHOLDER}"
-# The argument a pipeline compiled for Kubeflow gives every task: the run id is in the output artifacts' URIs.
+# What a pipeline compiled for Kubeflow gives every task instead (``kfp_run_arg``): the id is in its output URIs.
 FROM_OUTPUT_URI = "from-output-uri"
-KFP_RUN_ARG = f"{RUN_FLAG}={FROM_OUTPUT_URI}"
 # A Kubeflow run id (a UUID) as a segment of an artifact URI.
 _RUN_ID_SEGMENT = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
 
@@ -48,14 +48,20 @@ class NoRunId(ValueError):
     """The task was given no run id, or a placeholder its orchestrator did not replace."""
 
 
+def kfp_run_arg(pipeline_name: str) -> str:
+    """The argument of every task of pipeline ``pipeline_name`` compiled for Kubeflow: the run's id is the UUID
+    after the pipeline's name in the task's output URIs."""
+    return f"{RUN_FLAG}={FROM_OUTPUT_URI}:{pipeline_name}"
+
+
 def take_run_id(
     args: list[str], outputs: Mapping[str, Sequence[Any]] | None = None
 ) -> tuple[str | None, list[str]]:
     """The run id among a task's arguments (``RUN_FLAG``; None when absent) and the other arguments.
 
-    ``FROM_OUTPUT_URI`` stands for the run id in the URIs of the task's ``outputs`` (TFX's ``output_dict``:
-    artifact lists by key), as a Kubeflow run places them; when none has one, the placeholder itself is returned
-    (``run_value`` then says what is missing).
+    ``kfp_run_arg`` stands for the run id in the URIs of the task's ``outputs`` (TFX's ``output_dict``: artifact
+    lists by key), as a Kubeflow run places them; unless they hold exactly one, the argument's value is returned
+    as it is (``run_value`` then says what is missing).
     """
     run_id, rest = None, []
     for arg in args:
@@ -63,23 +69,26 @@ def take_run_id(
             run_id = arg.split("=", 1)[1]
         else:
             rest.append(arg)
-    if run_id == FROM_OUTPUT_URI:
-        found = {
-            run_id_in_uri(artifact.uri) for artifacts in (outputs or {}).values() for artifact in artifacts
-        }
-        found.discard(None)
-        if len(found) == 1:
+    if run_id and run_id.startswith(f"{FROM_OUTPUT_URI}:"):
+        pipeline_name = run_id.split(":", 1)[1]
+        uris = [artifact.uri for artifacts in (outputs or {}).values() for artifact in artifacts]
+        found = {run_id_in_uri(uri, pipeline_name) for uri in uris}
+        if len(found) == 1 and None not in found:
             run_id = found.pop()
     return run_id, rest
 
 
-def run_id_in_uri(uri: str) -> str | None:
-    """The Kubeflow run id in an artifact URI: its last segment shaped like a UUID (None if none is).
+def run_id_in_uri(uri: str, pipeline_name: str) -> str | None:
+    """The Kubeflow run id in an artifact URI of pipeline ``pipeline_name``: the UUID-shaped segment right after
+    a segment that is the pipeline's name (the last such pair), None if there is none.
 
-    Kubeflow's driver writes a run's artifacts under ``<pipeline root>/<pipeline or run name>/<run id>/``, then
-    the task and output names: TFX's component ids and output keys, never UUID-shaped."""
-    segments = [segment for segment in uri.rstrip("/").split("/") if _RUN_ID_SEGMENT.match(segment)]
-    return segments[-1] if segments else None
+    Kubeflow's driver writes a run's artifacts under ``<pipeline root>/<pipeline name>/<run id>/``; what follows
+    (the task, since 2024 a random UUID per execution, the output) comes after the run id, and a UUID in the
+    pipeline root is not after the pipeline's name."""
+    segments = uri.rstrip("/").split("/")
+    pairs = zip(segments, segments[1:], strict=False)
+    found = [run for name, run in pairs if name == pipeline_name and _RUN_ID_SEGMENT.match(run)]
+    return found[-1] if found else None
 
 
 def run_value(run_id: str | None) -> str:
@@ -90,15 +99,16 @@ def run_value(run_id: str | None) -> str:
     """
     from pipeline.cloud import label_value
 
-    if run_id == FROM_OUTPUT_URI:
+    if run_id and run_id.startswith(f"{FROM_OUTPUT_URI}:"):
+        name = run_id.split(":", 1)[1]
         raise NoRunId(
-            f"no run id: {RUN_FLAG} is {run_id!r} and no output URI of the task holds a Kubeflow run id (a UUID "
-            f"segment under the pipeline root)"
+            f"no run id: {RUN_FLAG} is {run_id!r}, and the task's output URIs do not hold one run id after "
+            f"'/{name}/' (Kubeflow's layout: <pipeline root>/{name}/<run id>/...)"
         )
     if not run_id or "{{$" in run_id:
         raise NoRunId(
-            f"no run id: {RUN_FLAG} is {run_id!r}; the orchestrator did not replace {RUN_ID_PLACEHOLDER} in the "
-            f"task's arguments (Vertex AI Pipelines does)"
+            f"no run id: {run_id!r} is not one; the orchestrator did not fill in {RUN_ID_PLACEHOLDER} (Vertex AI "
+            f"Pipelines does in arguments and parameters, Kubeflow Pipelines in parameters only)"
         )
     return label_value(run_id)
 

@@ -222,6 +222,7 @@ class EvaluatorExecutor(
         scope = properties.pop(BASELINE_SCOPE_KEY, None)
         key = standard_component_specs.EVAL_CONFIG_KEY
         properties[key] = gated_eval_config(properties[key], target)
+        self.take_run_outputs(output_dict)  # TFMA's Do makes the Beam pipeline
         super().Do(input_dict, output_dict, properties)
         if scope:
             for blessing in output_dict.get(BLESSING_KEY, []):

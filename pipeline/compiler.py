@@ -227,7 +227,7 @@ def build_pipeline(
     labels = settings.labels(name, compiled.resolved.preset.name)
     # Every task's arguments say where its run's id is, for the run's label on its jobs: filled in by Vertex, or
     # in the output URIs on Kubeflow.
-    run_args = (run_label.KFP_RUN_ARG if for_kubeflow else run_label.RUN_ARG,)
+    run_args = (run_label.kfp_run_arg(name) if for_kubeflow else run_label.RUN_ARG,)
     return pipeline_def.create_pipeline(
         pipeline_def.PipelineSettings(
             name=name,

@@ -14,8 +14,9 @@ too, from the compiled job (or spec) alone:
 - resolves the input artifacts to the upstream tasks' outputs as their ``executor_output.json`` describes them
   (name, URI and metadata; the type from the consuming component's input definitions);
 - names its output artifacts and places them at ``{root}/{task}/{output_key}/{execution}`` with the type of the
-  component's output definitions; for a bare PipelineSpec (Kubeflow), as Kubeflow's driver does: at
-  ``{root}/{pipeline name}/{run id}/{task}/{output_key}``, unnamed (the driver names no output artifact);
+  component's output definitions; for a bare PipelineSpec (Kubeflow), as Kubeflow's driver has since 2024: at
+  ``{root}/{pipeline name}/{run id}/{task}/{random UUID}/{output_key}``, unnamed (as the driver's
+  ``provisionOutputs`` gives them);
 - puts the run's id in place of an input parameter constant that is exactly ``{{$.pipeline_job_uuid}}`` (both
   services' drivers do), and writes it all as the ``ExecutorInput`` JSON in place of the ``{{$}}`` placeholder of
   the container's args; in the args, the run's id replaces ``{{$.pipeline_job_uuid}}`` for a Vertex job (as
@@ -47,6 +48,7 @@ import json
 import os
 import subprocess
 import sys
+import uuid
 from collections.abc import Mapping, Sequence
 
 PLACEHOLDER = "{{$}}"
@@ -242,10 +244,13 @@ def build_executor_input(
         schema = schemas[name]["artifactType"]
         inputs[name] = {"artifacts": [{**artifact, "type": schema} for artifact in found]}
 
+    salt = str(uuid.uuid4())
+
     def output(key: str, definition: dict) -> dict:
         if is_kubeflow(job):  # Kubeflow's driver: the run's root is {root}/{pipeline name}/{run id}; no name
             run_root = f"{root}/{spec['pipelineInfo']['name']}/{run_id}"
-            return {"uri": f"{run_root}/{task}/{key}", "type": definition["artifactType"], "metadata": {}}
+            uri = f"{run_root}/{task}/{salt}/{key}"  # the salt: one random UUID per execution
+            return {"uri": uri, "type": definition["artifactType"], "metadata": {}}
         return {
             "name": ARTIFACT_NAME.format(task=task, key=key, execution=execution),
             "uri": f"{root}/{task}/{key}/{execution}",

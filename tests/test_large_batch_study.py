@@ -228,6 +228,14 @@ def test_a_stopped_run_resumes_only_in_a_directory_started_with_its_settings(stu
     # Other settings: the checkpoints are not theirs, so the directory starts afresh.
     assert study.prepare_model_dir(model_dir, {**settings, "overrides": ["a=2"]}) == 0.0
     assert not checkpoints.exists()
+    # A history cut short by a kill, or none: nothing to resume from.
+    for history_text in ('[{"epoch": 1.0, "st', None):
+        checkpoints.mkdir()
+        (checkpoints / "checkpoint").write_text('model_checkpoint_path: "/abs/checkpoints/ckpt-7"\n')
+        if history_text is not None:
+            (checkpoints / "history.json").write_text(history_text)
+        assert study.prepare_model_dir(model_dir, {**settings, "overrides": ["a=2"]}) == 0.0
+        assert not checkpoints.exists()
     # Killed before its first checkpoint (the history may be written already): nothing to resume from.
     checkpoints.mkdir()
     (checkpoints / "history.json").write_text(json.dumps(history[:1]))

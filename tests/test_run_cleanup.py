@@ -149,7 +149,7 @@ def test_the_kubeflow_spec_cleans_up_by_the_run_id_kubeflow_fills_in(tmp_path):
     }
     steps = spec["components"]["tfx-dag"]["dag"]["tasks"]
     for task in STEPS_WITH_JOBS:
-        assert run_label.KFP_RUN_ARG in _args(spec, task), task
+        assert run_label.kfp_run_arg(spec["pipelineInfo"]["name"]) in _args(spec, task), task
     # Nothing of a step's cache key (its inputs and its arguments) depends on the run.
     assert "{{$" not in json.dumps({name: task.get("inputs", {}) for name, task in steps.items()})
     assert not [arg for task in steps for arg in _args(spec, task) if "{{$." in arg]
@@ -159,20 +159,60 @@ def test_a_kubeflow_step_reads_its_run_id_off_its_output_uris():
     from tfx.types import standard_artifacts
 
     run = "0b6e7d0c-3d51-4c5e-9a43-8d2b7f1e6a90"  # Kubeflow's run ids are UUIDs
-    examples = standard_artifacts.Examples()
-    # Kubeflow's driver: <pipeline root>/<pipeline name>/<run id>/<task>/<output>; a root may hold a UUID too.
-    examples.uri = (
-        f"gs://b/1f2e3d4c-0000-4000-8000-000000000000/root/effnet-smoke/{run}/ImageNetShardGen/examples"
+    salt = "5d1c8a9e-7f3b-4e2a-b6c4-0a9f8e7d6c5b"  # since 2024 Kubeflow adds a random UUID per execution
+    args = ["--runner=DataflowRunner", run_label.kfp_run_arg("effnet-smoke")]
+
+    def outputs(*uris):
+        artifacts = []
+        for uri in uris:
+            artifacts.append(standard_artifacts.Examples())
+            artifacts[-1].uri = uri
+        return {"examples": artifacts}
+
+    # <pipeline root>/<pipeline name>/<run id>/<task>/[<salt>/]<output>; a root may hold a UUID too.
+    root = "gs://b/1f2e3d4c-0000-4000-8000-000000000000/root"
+    for uri in (
+        f"{root}/effnet-smoke/{run}/ImageNetShardGen/{salt}/examples",
+        f"{root}/effnet-smoke/{run}/ImageNetShardGen/examples",
+    ):
+        assert run_label.take_run_id(args, outputs(uri)) == (run, ["--runner=DataflowRunner"])
+    assert run_label.labels(run_label.take_run_id(args, outputs(uri))[0]) == {"effnet_run": run}
+    # Outputs elsewhere (a local run), or of two runs: no run label, and the clean-up says why.
+    for found in (outputs("/tmp/root/ImageNetShardGen/examples/3"), outputs(uri, uri.replace(run, salt)), {}):
+        run_id, _ = run_label.take_run_id(args, found)
+        assert run_label.labels(run_id) == {}
+        with pytest.raises(run_label.NoRunId, match="do not hold one run id after '/effnet-smoke/'"):
+            run_label.run_value(run_id)
+
+
+def test_the_evaluator_and_the_trainer_label_their_jobs_from_their_output_uris_on_kubeflow(monkeypatch):
+    """The Kubeflow route of the two executors besides the sharding step (whose job the slow test follows)."""
+    from tfx.components.evaluator import executor as evaluator_executor
+    from tfx.types import standard_artifacts
+
+    run = "0b6e7d0c-3d51-4c5e-9a43-8d2b7f1e6a90"
+    model = standard_artifacts.Model()
+    model.uri = f"gs://b/root/effnet-smoke/{run}/Trainer/5d1c8a9e-7f3b-4e2a-b6c4-0a9f8e7d6c5b/model"
+    config = {"ai_platform_training_args": {"project": PROJECT, "labels": dict(PIPELINE_LABELS)}}
+    task_args = ["--runner=DataflowRunner", run_label.kfp_run_arg("effnet-smoke")]
+    labelled = runtime_gate.labelled_with_run(
+        config, "ai_platform_training_args", task_args, {"model": [model]}
     )
-    args = ["--runner=DataflowRunner", run_label.KFP_RUN_ARG]
-    assert run_label.take_run_id(args, {"examples": [examples]}) == (run, ["--runner=DataflowRunner"])
-    assert run_label.labels(run_label.take_run_id(args, {"examples": [examples]})[0]) == {"effnet_run": run}
-    # Outputs elsewhere (a local run) hold no run id: the job carries no run label, and the clean-up says why.
-    examples.uri = "/tmp/root/ImageNetShardGen/examples/3"
-    run_id, _ = run_label.take_run_id(args, {"examples": [examples]})
-    assert run_label.labels(run_id) == {}
-    with pytest.raises(run_label.NoRunId, match="no output URI of the task holds a Kubeflow run id"):
-        run_label.run_value(run_id)
+    assert labelled["ai_platform_training_args"]["labels"] == {**PIPELINE_LABELS, run_label.RUN_LABEL: run}
+
+    # The DirectRunner: a DataflowRunner pipeline would check its temp location's bucket on GCS when built.
+    args = ["--runner=DirectRunner", f"--project={PROJECT}", run_label.kfp_run_arg("effnet-smoke")]
+    made = []  # TFX's evaluator makes its Beam pipeline inside its Do: here it only makes it
+    monkeypatch.setattr(
+        evaluator_executor.Executor, "Do", lambda self, *unused: made.append(self._make_beam_pipeline())
+    )
+    evaluator = runtime_gate.EvaluatorExecutor(
+        runtime_gate.EvaluatorExecutor.Context(beam_pipeline_args=args)
+    )
+    evaluator.Do({}, {"evaluation": [model]}, {"eval_config": "{}"})
+    (pipeline,) = made
+    assert pipeline.options.get_all_options()["labels"] == [f"{run_label.RUN_LABEL}={run}"]
+    shutil.rmtree(pipeline.local_tempdir)  # Beam removes a pipeline's temporary directory when it has run
 
 
 def test_a_compiled_template_is_still_read_and_checked(tmp_path):
