@@ -17,7 +17,7 @@ import pytest
 from google.api_core import exceptions
 from tfx.types import artifact_utils, standard_artifacts
 
-from components import runtime_gate, vertex_training
+from components import run_label, runtime_gate, vertex_training
 from effnet_common import schema
 from effnet_common.manifest import LabelConvention, Manifest, Shard, SplitManifest
 from pipeline import accelerators, kubeflow_v2_runner
@@ -288,6 +288,27 @@ def test_the_timeout_follows_the_shards_epoch(vertex, tmp_path, monkeypatch):
     runtime_gate.VertexTrainerExecutor().Do({"examples": [examples]}, outputs("run-1"), properties)
     (record,) = created(vertex)
     assert record["custom_job"]["job_spec"]["scheduling"]["timeout"] == f"{accelerators.MIN_TIMEOUT_SECONDS}s"
+
+
+def test_on_kubeflow_the_training_job_is_labelled_with_the_run_id_in_its_output_uris(
+    vertex, tmp_path, monkeypatch
+):
+    """A Kubeflow task has no run id among its arguments: the executor reads it off its outputs' URIs."""
+    monkeypatch.setattr(fake_vertex, "RUN_REPLICAS", False)
+    properties = compiled_trainer(tmp_path)
+    run = "0b6e7d0c-3d51-4c5e-9a43-8d2b7f1e6a90"
+    salted = outputs(f"effnet-b0-rmsprop-8x2048/{run}")  # <root>/<pipeline>/<run id>/<task>/<salt>/<output>
+    for artifacts in salted.values():
+        artifacts[0].uri = artifacts[0].uri.replace(
+            "/Trainer/", "/Trainer/5d1c8a9e-7f3b-4e2a-b6c4-0a9f8e7d6c5b/"
+        )
+    context = runtime_gate.VertexTrainerExecutor.Context(
+        extra_flags=[run_label.kfp_run_arg("effnet-b0-rmsprop-8x2048")]
+    )
+    examples = imagenet_shards(tmp_path / "examples")
+    runtime_gate.VertexTrainerExecutor(context).Do({"examples": [examples]}, salted, properties)
+    (record,) = created(vertex)
+    assert record["custom_job"]["labels"][run_label.RUN_LABEL] == run
 
 
 # ---- checkpoints that outlive the run ----------------------------------------------------------------------
