@@ -4,7 +4,9 @@ The steps that start cloud jobs cancel their own job when their task is stopped 
 ``components.dataflow_jobs``), but a task killed outright (SIGKILL, out of memory, its node lost), or stopped
 before its job had an id, leaves the job running and billing: a training job until its timeout (days for some
 presets), a Dataflow job of up to a hundred workers until it ends. On Vertex AI Pipelines and Kubeflow Pipelines
-the exit handler runs once every other task of the run has ended, whatever their state; it finds the run's jobs by the label every
+the exit handler runs once every other task of the run has ended, whatever their state (but not while a person
+cancels the run: the schema's trigger strategy starts no task then, and the steps' own handling of SIGTERM
+cancels their jobs); it finds the run's jobs by the label every
 step puts on them (``components.run_label``): the Vertex AI custom jobs (training, tuning) of
 the project and region, and the Dataflow jobs (sharding, evaluation). Each one not ended is cancelled and
 followed until it ends (within ``CANCEL_WAIT_SECONDS`` of each module); the task logs one line per job and a
