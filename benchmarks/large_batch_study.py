@@ -864,7 +864,8 @@ def results_section(design: Design, report: dict, runs: dict[str, dict], referen
 
 
 def plot(design: Design, runs: dict[str, dict], path: str) -> None:
-    """Test top-1 against epochs and optimizer steps (finals and checks), and steps to target by batch."""
+    """Top-1 against epochs and optimizer steps (test: finals and checks; held-out: grid runs, faint), and steps
+    to target by batch."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -876,13 +877,17 @@ def plot(design: Design, runs: dict[str, dict], path: str) -> None:
     labelled = set()
     for name in sorted(runs):
         r = runs[name]
-        if r["kind"] == "grid" or not r.get("history"):
+        if not r.get("history"):
             continue
         key = (r["kind"], r["batch"])
         label = None if key in labelled else f"{r['kind']} {r['batch']} ({r['epochs']} epochs)"
         labelled.add(key)
         history = r["history"]
-        style = dict(color=colors[r["batch"]], linestyle=styles[r["kind"]], linewidth=1)
+        if r["kind"] == "grid":  # held-out top-1 of the tuning runs, one thin line per peak LR
+            label = label and f"grid {r['batch']} (held-out, one per peak LR)"
+            style = dict(color=colors[r["batch"]], linewidth=0.6, alpha=0.35)
+        else:
+            style = dict(color=colors[r["batch"]], linestyle=styles[r["kind"]], linewidth=1)
         by_epoch.plot([h["epoch"] for h in history], [h["top1"] for h in history], label=label, **style)
         by_step.plot([h["step"] for h in history], [h["top1"] for h in history], **style)
         steps = steps_to_target(history, design.target_top1)
@@ -904,7 +909,7 @@ def plot(design: Design, runs: dict[str, dict], path: str) -> None:
         to_target.plot(batches, [first, first * design.small_batch / design.large_batch], "k:", linewidth=1,
                        label="perfect scaling")  # fmt: skip
     for axis in (by_epoch, by_step):
-        axis.set_ylabel("test top-1 (averaged weights)")
+        axis.set_ylabel("top-1 (averaged weights; test, grids: held-out)")
         axis.set_ylim(0.7, 0.95)
         axis.grid(alpha=0.3)
     by_epoch.set_xlabel("epoch")
@@ -920,7 +925,7 @@ def plot(design: Design, runs: dict[str, dict], path: str) -> None:
     if grid_points or first:
         to_target.legend(fontsize=8)
     fig.suptitle(
-        "LARS at batch 256 and 4096: a line per run (solid: finals; dotted: half epochs; dashed: twice)"
+        "LARS at batch 256 and 4096: a line per run (solid: finals; dotted: half epochs; dashed: twice; faint: grids)"
     )
     fig.tight_layout()
     fig.savefig(path, dpi=110)
