@@ -31,9 +31,12 @@ if __name__ == "__main__" and lean_imports.runs_on_direct_runner(sys.argv[1:]):
 from beam_preprocess import classes, sources, spill  # noqa: E402
 from beam_preprocess.config import ShardingConfig  # noqa: E402
 from beam_preprocess.run import FailureBudgetExceeded, OutputExistsError, leftovers_message, run  # noqa: E402
+from components.dataflow_jobs import TaskStopped  # noqa: E402
 from effnet_common import console, path_checks, schema, storage  # noqa: E402
 
 LOG_NAME = "beam_preprocess.log"
+# The exit status of a run stopped by Ctrl-C or SIGTERM (its Dataflow job cancelled): the shell's for SIGINT.
+STOPPED_EXIT = 130
 
 
 # The options' defaults are the config's own (one home for each).
@@ -197,6 +200,9 @@ def main(argv: list[str] | None = None) -> int:
         start = time.time()
         try:
             result = run(config, beam_args)
+        except TaskStopped as e:  # Ctrl-C or SIGTERM while its Dataflow job ran: the job was cancelled
+            console.fail(e)
+            return console.fail(leftovers_message(config), status=STOPPED_EXIT)
         except OutputExistsError as e:
             return console.fail(e)
         except FailureBudgetExceeded as e:

@@ -55,10 +55,13 @@ def uses_direct_worker_processes(options: PipelineOptions) -> bool:
 
 
 def pipeline_from_args(beam_args: list[str]) -> beam.Pipeline:
-    """A Beam pipeline for ``beam_args``; multi-process DirectRunner runs get lean worker processes."""
+    """A Beam pipeline for ``beam_args``; multi-process DirectRunner runs get lean worker processes, and a run on
+    another runner is stoppable: on Dataflow, Ctrl-C (or SIGTERM) cancels the job (``components.dataflow_jobs``)."""
     options = PipelineOptions(beam_args)
     if not uses_direct_worker_processes(options):
-        return beam.Pipeline(options=options)
+        from components import dataflow_jobs
+
+        return dataflow_jobs.StoppablePipeline(options=options)
     # What DirectRunner.run_pipeline gives the FnApiRunner: the options the workers read at start.
     from apache_beam.runners.portability.portable_runner import JobServiceHandle
 

@@ -6,7 +6,10 @@ workers. ``StoppablePipeline`` is the Beam pipeline of such a step (the sharding
 Dataflow, a SIGTERM or SIGINT while the job runs, or any failure while the step waits on it, cancels the job and
 follows it until Dataflow reports it ended (within the grace period a stopped pod has); the task then fails
 with one line naming the job. A signal that arrives while the job is being submitted is held until Dataflow
-has returned its id, then acted on. On other runners it is Beam's pipeline as it is.
+has returned its id, then acted on. The submission writes its files (Beam's stager: the list of the
+submitting environment's packages, the requirements cache) into a temporary directory of its own, removed once
+the job is submitted: Beam leaves them in the process's temporary directory. On other runners it is Beam's
+pipeline as it is. ``beam_preprocess``'s command line runs its Dataflow jobs in one too.
 
 ``DataflowApi`` reaches the jobs of one project and region with Beam's own Dataflow client (the one the
 DataflowRunner submits with), built from the step's Beam options: ``--project`` and ``--region`` (where the
@@ -20,7 +23,9 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
+import shutil
 import signal
+import tempfile
 import threading
 import time
 
@@ -202,13 +207,19 @@ class _StoppableResult:
     def stop(self, reason: BaseException) -> None:
         """Cancels the job (unless it ended) and raises ``reason``."""
         job_id = self._result.job_id()
+        where = ""
         with _ignoring_signals():
             try:
                 api = DataflowApi(self._options)
-                if api.state(job_id) not in TERMINAL:
-                    api.cancel(job_id)
+                where = f" ({api.console_url(job_id)})"
+                state = api.state(job_id)
+                if state not in TERMINAL:
+                    state = api.cancel(job_id)
             except Exception as error:  # the task is failing anyway; say what could not be done
                 logger.error("could not cancel Dataflow job %s: %s", job_id, error)
+                state = f"not cancelled ({error})"
+        if isinstance(reason, TaskStopped):  # what a person who pressed Ctrl-C wants to read
+            reason.args = (f"{reason}: Dataflow job {job_id} is {state}{where}",)
         raise reason
 
     def wait_until_finish(self, duration=None):
@@ -217,6 +228,19 @@ class _StoppableResult:
                 return self._result.wait_until_finish(duration)
             except BaseException as error:
                 self.stop(error)
+
+
+@contextlib.contextmanager
+def _submission_tempdir():
+    """The process's temporary directory is a new one while Beam submits the job, removed after: Beam's stager
+    writes files there (the submitting environment's packages, its requirements cache) and leaves them."""
+    previous, private = tempfile.tempdir, tempfile.mkdtemp(prefix="dataflow-submission-")
+    tempfile.tempdir = private
+    try:
+        yield
+    finally:
+        tempfile.tempdir = previous
+        shutil.rmtree(private, ignore_errors=True)
 
 
 class StoppablePipeline(beam.Pipeline):
@@ -232,7 +256,8 @@ class StoppablePipeline(beam.Pipeline):
             or threading.current_thread() is not threading.main_thread()
         ):
             return super().run(test_runner_api)
-        with _StopSignals(held=True) as signals:  # the job has no id until Dataflow returns it
+        # Signals are held until the job has an id; Beam's submission files go with their own directory.
+        with _StopSignals(held=True) as signals, _submission_tempdir():
             result = super().run(test_runner_api)
         if not getattr(result, "has_job", False):  # a template was written: no job runs
             return result

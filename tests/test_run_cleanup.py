@@ -510,6 +510,47 @@ def test_sigterm_while_the_job_is_submitted_cancels_it_once_it_exists(dataflow, 
     assert "TaskStopped: the pipeline task received SIGTERM" in log.read_text(errors="replace")
 
 
+@pytest.mark.slow
+def test_ctrl_c_on_the_sharding_command_cancels_its_dataflow_job_and_leaves_no_temporary_file(
+    dataflow, gcs_bucket, clean_archives, tmp_path
+):
+    """``python -m beam_preprocess --runner DataflowRunner`` from a workstation: Ctrl-C while the job runs cancels
+    it, the command ends with one line naming the job (no traceback), and Beam's submission files are gone."""
+    emulator, bucket = gcs_bucket
+    train, val = gcs_emulator.upload_archives(f"{bucket}/cli-inputs", clean_archives)
+    (tmp_path / "tmp").mkdir()
+    args = [
+        "--train-archive", train, "--val-archive", val, "--output-dir", f"{bucket}/cli-shards",
+        "--runner=DataflowRunner", f"--project={PROJECT}", f"--region={REGION}", f"--temp_location={bucket}/beam-tmp",
+        f"--sdk_container_image={IMAGE}", "--sdk_location=container", *dataflow.beam_args(),
+    ]  # fmt: skip
+    env = {**os.environ, "STORAGE_EMULATOR_HOST": emulator.host, "TMPDIR": str(tmp_path / "tmp")}
+    with open(tmp_path / "cli.log", "wb") as log:
+        command = subprocess.Popen(
+            [sys.executable, "-m", "beam_preprocess", *args], cwd=kfp_launcher.REPO_DIR, env=env, stdout=log,
+            stderr=subprocess.STDOUT,
+        )  # fmt: skip
+    _wait_for(
+        lambda: any(job["currentState"] == "JOB_STATE_RUNNING" for job in dataflow.jobs.values()),
+        "job",
+        command,
+    )
+    (job_id,) = dataflow.jobs
+    # The submission's files went with their directory; what is there is the command's own log (until it ends).
+    assert [p.name for p in (tmp_path / "tmp").iterdir() if not p.match("effnet-*.log")] == []
+    command.send_signal(signal.SIGINT)
+    assert command.wait(timeout=60) == 130
+    assert dataflow.state(job_id) == "JOB_STATE_CANCELLED"
+    text = (tmp_path / "cli.log").read_text(errors="replace")
+    errors = [line for line in text.splitlines() if line.startswith("error:")]
+    assert errors[0] == (
+        f"error: the pipeline task received SIGINT: Dataflow job {job_id} is JOB_STATE_CANCELLED "
+        f"({dataflow_jobs.CONSOLE.format(region=REGION, job=job_id, project=PROJECT)})"
+    )
+    assert "Traceback" not in text and len(errors) == 2  # the job, then what was left under --output-dir
+    assert not list((tmp_path / "tmp").iterdir())
+
+
 # ---- the compiled steps, run as their containers run them -----------------------------------------------------
 
 
