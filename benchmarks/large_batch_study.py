@@ -468,10 +468,14 @@ def say(line: str) -> None:
     sys.stdout.flush()
 
 
-def _child_env() -> dict:
+def _child_env(temp_dir: str) -> dict:
+    """A training's environment: this checkout's code, and ``temp_dir`` as its temporary directory (TensorFlow
+    writes its autograph sources there and removes them only at a clean exit, not when a session's end kills
+    the run)."""
     env = dict(os.environ)
     env["PYTHONPATH"] = REPO + os.pathsep + env.get("PYTHONPATH", "")  # this checkout's code, not another's
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    env["TMPDIR"] = temp_dir
     return env
 
 
@@ -497,6 +501,11 @@ class Runner:
         split = self.data[run.split]
         model_dir = os.path.join(self.work_dir, "runs", run.name)
         resumed_at_epoch = prepare_model_dir(model_dir, settings)
+        temp_dir = os.path.join(
+            self.work_dir, "tmp", run.name
+        )  # emptied before and after: a kill leaves files
+        shutil.rmtree(temp_dir, ignore_errors=True)
+        os.makedirs(temp_dir)
         command = [sys.executable, "-m", "trainer_module", "--preset", "demo", "--model-dir", model_dir]
         command += ["--train-files", split["train"], "--eval-files", split["eval"], "--cpu-devices", "1"]
         for override in [f"name=study-{run.name}", *settings["overrides"]]:
@@ -506,7 +515,7 @@ class Runner:
         start = time.time()
         with open(model_dir + ".log", "a" if resumed_at_epoch else "w") as log:
             child = subprocess.Popen(
-                command, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, env=_child_env()
+                command, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, env=_child_env(temp_dir)
             )
             _, status, usage = os.wait4(child.pid, 0)
         code = os.waitstatus_to_exitcode(status)
@@ -533,6 +542,7 @@ class Runner:
         else:
             raise SystemExit(f"[study] {run.name} failed (exit {code}); see {model_dir}.log")
         shutil.rmtree(model_dir, ignore_errors=True)  # checkpoints and export: the JSON keeps what counts
+        shutil.rmtree(temp_dir, ignore_errors=True)
         figure = "diverged" if entry["diverged"] else f"top-1 {entry['final_top1']:.4f}"
         say(f"[study] {run.name}: {figure} ({entry['cpu_seconds'] / 60:.0f} CPU-min)")
         return entry
