@@ -501,9 +501,8 @@ class Runner:
         split = self.data[run.split]
         model_dir = os.path.join(self.work_dir, "runs", run.name)
         resumed_at_epoch = prepare_model_dir(model_dir, settings)
-        temp_dir = os.path.join(
-            self.work_dir, "tmp", run.name
-        )  # emptied before and after: a kill leaves files
+        # The training's temporary files, emptied before and after it: a killed run leaves its files.
+        temp_dir = os.path.join(self.work_dir, "tmp", run.name)
         shutil.rmtree(temp_dir, ignore_errors=True)
         os.makedirs(temp_dir)
         command = [sys.executable, "-m", "trainer_module", "--preset", "demo", "--model-dir", model_dir]

@@ -6,11 +6,11 @@ before its job had an id, leaves the job running and billing: a training job unt
 presets), a Dataflow job of up to a hundred workers until it ends. On Vertex AI Pipelines and Kubeflow Pipelines
 the exit handler runs once every other task of the run has ended, whatever their state (but not while a person
 cancels the run: the schema's trigger strategy starts no task then, and the steps' own handling of SIGTERM
-cancels their jobs); it finds the run's jobs by the label every
-step puts on them (``components.run_label``): the Vertex AI custom jobs (training, tuning) of
-the project and region, and the Dataflow jobs (sharding, evaluation). Each one not ended is cancelled and
-followed until it ends (within ``CANCEL_WAIT_SECONDS`` of each module); the task logs one line per job and a
-summary, ``run RUN: cancelled ...`` or ``run RUN: no job left running``.
+cancels their jobs); it finds the run's jobs by the label every step puts on them (``components.run_label``):
+the Vertex AI custom jobs (training, tuning) of the project and region, and the Dataflow jobs (sharding,
+evaluation). Each one not ended is cancelled and followed until it ends (within ``CANCEL_WAIT_SECONDS`` of each
+module); the task logs one line per job and a summary, ``run RUN: cancelled ...`` or ``run RUN: no job left
+running``.
 
 The task takes its run's id from its parameter ``RUN_ID_KEY`` when it has one: compiled for Kubeflow Pipelines it
 is the run-id placeholder, which Kubeflow fills in input parameters (and the task has no outputs to read it from;

@@ -69,13 +69,20 @@ def take_run_id(
             run_id = arg.split("=", 1)[1]
         else:
             rest.append(arg)
-    if run_id and run_id.startswith(f"{FROM_OUTPUT_URI}:"):
-        pipeline_name = run_id.split(":", 1)[1]
+    pipeline_name = _kfp_pipeline_name(run_id)
+    if pipeline_name is not None:
         uris = [artifact.uri for artifacts in (outputs or {}).values() for artifact in artifacts]
         found = {run_id_in_uri(uri, pipeline_name) for uri in uris}
         if len(found) == 1 and None not in found:
             run_id = found.pop()
     return run_id, rest
+
+
+def _kfp_pipeline_name(value: str | None) -> str | None:
+    """The pipeline name of a ``kfp_run_arg`` value, None for any other value."""
+    if value and value.startswith(f"{FROM_OUTPUT_URI}:"):
+        return value.split(":", 1)[1]
+    return None
 
 
 def run_id_in_uri(uri: str, pipeline_name: str) -> str | None:
@@ -99,8 +106,8 @@ def run_value(run_id: str | None) -> str:
     """
     from pipeline.cloud import label_value
 
-    if run_id and run_id.startswith(f"{FROM_OUTPUT_URI}:"):
-        name = run_id.split(":", 1)[1]
+    name = _kfp_pipeline_name(run_id)
+    if name is not None:
         raise NoRunId(
             f"no run id: {RUN_FLAG} is {run_id!r}, and the task's output URIs do not hold one run id after "
             f"'/{name}/' (Kubeflow's layout: <pipeline root>/{name}/<run id>/...)"

@@ -36,6 +36,8 @@ from pipeline.template import Template, pipeline_tasks
 PROJECT, NUMBER, REGION = "effnet-test-project", "123456789012", "us-central1"
 IMAGE = "us-docker.pkg.dev/effnet-test-project/effnet/pipeline@sha256:" + "a" * 64
 RUN, OTHER_RUN = "4f1c2a3b-run-one", "9e8d7c6b-run-two"
+# A Kubeflow run's id (a UUID), and the random UUID Kubeflow puts in each execution's output URIs since 2024.
+KFP_RUN, KFP_SALT = "0b6e7d0c-3d51-4c5e-9a43-8d2b7f1e6a90", "5d1c8a9e-7f3b-4e2a-b6c4-0a9f8e7d6c5b"
 PIPELINE_LABELS = {"effnet-pipeline": "effnet-smoke", "effnet-preset": "smoke"}
 STEPS_WITH_JOBS = ("ImageNetShardGen", "Trainer", "Evaluator")
 
@@ -158,8 +160,7 @@ def test_the_kubeflow_spec_cleans_up_by_the_run_id_kubeflow_fills_in(tmp_path):
 def test_a_kubeflow_step_reads_its_run_id_off_its_output_uris():
     from tfx.types import standard_artifacts
 
-    run = "0b6e7d0c-3d51-4c5e-9a43-8d2b7f1e6a90"  # Kubeflow's run ids are UUIDs
-    salt = "5d1c8a9e-7f3b-4e2a-b6c4-0a9f8e7d6c5b"  # since 2024 Kubeflow adds a random UUID per execution
+    run, salt = KFP_RUN, KFP_SALT
     args = ["--runner=DataflowRunner", run_label.kfp_run_arg("effnet-smoke")]
 
     def outputs(*uris):
@@ -190,9 +191,9 @@ def test_the_evaluator_and_the_trainer_label_their_jobs_from_their_output_uris_o
     from tfx.components.evaluator import executor as evaluator_executor
     from tfx.types import standard_artifacts
 
-    run = "0b6e7d0c-3d51-4c5e-9a43-8d2b7f1e6a90"
+    run = KFP_RUN
     model = standard_artifacts.Model()
-    model.uri = f"gs://b/root/effnet-smoke/{run}/Trainer/5d1c8a9e-7f3b-4e2a-b6c4-0a9f8e7d6c5b/model"
+    model.uri = f"gs://b/root/effnet-smoke/{run}/Trainer/{KFP_SALT}/model"
     config = {"ai_platform_training_args": {"project": PROJECT, "labels": dict(PIPELINE_LABELS)}}
     task_args = ["--runner=DataflowRunner", run_label.kfp_run_arg("effnet-smoke")]
     labelled = runtime_gate.labelled_with_run(
@@ -557,10 +558,7 @@ def test_ctrl_c_on_the_sharding_command_cancels_its_dataflow_job_and_leaves_no_t
 @pytest.mark.slow
 @pytest.mark.parametrize(
     "suffix, run",
-    [
-        (".json", RUN),
-        (".yaml", "0b6e7d0c-3d51-4c5e-9a43-8d2b7f1e6a90"),
-    ],  # Vertex; Kubeflow (run ids are UUIDs)
+    [(".json", RUN), (".yaml", KFP_RUN)],
     ids=["vertex", "kubeflow"],
 )
 def test_a_failed_run_leaves_no_job_running(dataflow, gcs_bucket, clean_archives, tmp_path, suffix, run):
