@@ -171,18 +171,37 @@ def verdict(
     budget-limited: anything else, including too few seeds to form an interval.
     """
     within, lower = design.within_points / 100, design.lower_points / 100
-    result = {"delta": None, "delta_ci90": None, "saturated": None, "verdict": "budget-limited"}
+    result = {
+        "delta": None,
+        "delta_ci90": None,
+        "saturated": None,
+        "verdict": "budget-limited",
+        "conditions": {},
+    }
     if len(half_epochs) >= 1 and baseline:
         result["saturated"] = bool(np.mean(baseline) - np.mean(half_epochs) <= design.saturation_points / 100)
     if len(baseline) < 2 or len(large) < 2:
         return result
     delta, low, high = welch_interval(large, baseline, design.confidence)
     result.update(delta=delta, delta_ci90=[low, high])
-    long_short = long_run is not None and long_run < np.mean(baseline) - within
-    if delta >= -within and low >= -lower:
-        result["verdict"] = "reproduces"
-    elif high < -within and result["saturated"] and long_short and picks_inside:
-        result["verdict"] = "refutes"
+    long_short = long_run is not None and bool(long_run < np.mean(baseline) - within)
+    conditions = {
+        "reproduces": {
+            f"mean difference >= -{design.within_points:g} pt": bool(delta >= -within),
+            f"interval's lower end >= -{design.lower_points:g} pt": bool(low >= -lower),
+        },
+        "refutes": {
+            f"interval's upper end < -{design.within_points:g} pt": bool(high < -within),
+            "baseline saturated": bool(result["saturated"]),
+            f"twice the epochs also more than {design.within_points:g} pt short": long_short,
+            "every pick inside its grid": bool(picks_inside),
+        },
+    }
+    result.update(conditions=conditions)
+    for name in ("reproduces", "refutes"):
+        if all(conditions[name].values()):
+            result["verdict"] = name
+            break
     return result
 
 
@@ -696,6 +715,7 @@ def summarise(design: Design, runs: dict[str, dict], reference: dict | None) -> 
         "baseline_half_epochs_top1": float(np.mean(top1s(half))) if half else None,
         "baseline_half_epochs_top1_each": top1s(half),
         "saturated": rule["saturated"],
+        "verdict_conditions": rule["conditions"],
         "large_twice_epochs_top1": top1s(long)[0] if long else None,
         "picks_inside_grids": picks_inside,
         "simple_reference_top1": reference["test_top1"] if reference else None,
@@ -849,6 +869,9 @@ def results_section(design: Design, report: dict, runs: dict[str, dict], referen
         lines.append(
             f"- **{s['verdict']}**" + ("" if s["complete"] else " (not every planned run is in yet).")
         )
+        for name, conditions in s["verdict_conditions"].items():
+            state = "; ".join(f"{c}: {'yes' if met else 'no'}" for c, met in conditions.items())
+            lines.append(f"  - {name} needs all of: {state}.")
     if s["baseline_half_epochs_top1"] is not None and s["baseline_top1_mean"] is not None:
         gap = (s["baseline_top1_mean"] - s["baseline_half_epochs_top1"]) * 100
         lines.append(

@@ -70,6 +70,15 @@ def test_a_clear_shortfall_refutes_only_with_every_condition_met(study):
     assert _verdict(study, short, inside=False)["verdict"] == "budget-limited"
 
 
+def test_the_verdict_names_each_condition_of_both_rules_and_which_failed(study):
+    result = _verdict(study, [0.850, 0.852, 0.848], half=(0.870, 0.871, 0.873))
+    assert result["verdict"] == "budget-limited"
+    refutes = result["conditions"]["refutes"]
+    assert refutes["baseline saturated"] is False
+    assert [met for c, met in refutes.items() if c != "baseline saturated"] == [True, True, True]
+    assert not all(result["conditions"]["reproduces"].values())
+
+
 def test_one_seed_forms_no_interval(study):
     result = study.verdict(study.DESIGN, BASE[:1], [0.88], [], None, True)
     assert result["verdict"] == "budget-limited" and result["delta_ci90"] is None
@@ -169,6 +178,7 @@ def test_summary_carries_the_issues_keys_and_the_scripts_verdict(study):
         assert key in s, key
     assert s["baseline_top1"] == BASE and s["seeds"] == [0, 1, 2]
     assert s["verdict"] == "reproduces" and s["complete"]
+    assert all(s["verdict_conditions"]["reproduces"].values())
     assert s["lr_grids"]["lars-256"] == {
         "grid": list(study.DESIGN.grid(256)),
         "picked": study.DESIGN.grid(256)[1],
@@ -208,6 +218,7 @@ def test_report_writes_the_design_before_any_run_and_the_verdict_after(study, tm
     assert saved["summary"]["verdict"] == "refutes"
     text = (tmp_path / study.REPORT).read_text()
     assert "- **refutes**" in text and (tmp_path / study.PLOT).exists()
+    assert "refutes needs all of: interval's upper end < -1 pt: yes; baseline saturated: yes;" in text
 
 
 def test_a_stopped_run_resumes_only_in_a_directory_started_with_its_settings(study, tmp_path):
