@@ -168,7 +168,8 @@ def verdict(
     refutes: the interval's upper end is below -within, the baseline is saturated (its half-epoch mean within
     ``saturation_points`` of its full mean), the large batch at twice the epochs is also more than ``within``
     short of the baseline, and every picked LR lies inside its grid.
-    budget-limited: anything else, including too few seeds to form an interval.
+    budget-limited: anything else, including fewer than ``design.seeds`` seeds in a cell (with two or more
+    the difference and its interval are given, as an interim figure) or in the half-epoch check.
     """
     within, lower = design.within_points / 100, design.lower_points / 100
     result = {
@@ -178,7 +179,7 @@ def verdict(
         "verdict": "budget-limited",
         "conditions": {},
     }
-    if len(half_epochs) >= 1 and baseline:
+    if len(half_epochs) >= design.seeds and baseline:
         result["saturated"] = bool(np.mean(baseline) - np.mean(half_epochs) <= design.saturation_points / 100)
     if len(baseline) < 2 or len(large) < 2:
         return result
@@ -198,6 +199,8 @@ def verdict(
         },
     }
     result.update(conditions=conditions)
+    if min(len(baseline), len(large)) < design.seeds:
+        return result
     for name in ("reproduces", "refutes"):
         if all(conditions[name].values()):
             result["verdict"] = name
@@ -225,7 +228,7 @@ def grid_state(
     if not finite:  # every point diverged: go lower
         best = grid[0]
     else:
-        best = max(finite, key=finite.get)
+        best = max(sorted(finite), key=finite.get)  # a tie goes to the lower LR, whatever the order of runs
     extensions = len(grid) - len(design.grid(batch))
     if best == grid[0] and extensions < design.max_extensions:
         return [grid[0] / design.grid_step, *grid], None
@@ -458,7 +461,7 @@ class Run:
 class Results:
     """The study's results file: the reference and every finished run, written after each one (thread-safe)."""
 
-    def __init__(self, path: str):
+    def __init__(self, path: str, design: Design):
         self.path = path
         self.lock = threading.Lock()
         self.runs: dict[str, dict] = {}
@@ -468,6 +471,7 @@ class Results:
             with open(path) as f:
                 self.saved = json.load(f)
             if self.saved.get("design") is not None:  # the 20-epoch study's file has none: nothing to resume
+                _check_same_design(path, self.saved["design"], design)
                 self.runs = self.saved.get("runs", {})
                 self.reference = self.saved.get("reference")
 
@@ -479,6 +483,18 @@ class Results:
         with self.lock:
             self.runs[run.name] = entry
             write()
+
+
+def _check_same_design(path: str, saved: dict, design: Design) -> None:
+    """Stops when the results file was written under another design: its runs answer another question, and
+    rewriting its report would rewrite the design fixed before the runs."""
+    current = json.loads(json.dumps(design.to_dict()))
+    changed = sorted(k for k in saved.keys() | current.keys() if saved.get(k) != current.get(k))
+    if changed:
+        raise SystemExit(
+            f"[study] {path} holds runs of another design (differs in {', '.join(changed)}); "
+            "restore the design or start the study with another --out-dir"
+        )
 
 
 def say(line: str) -> None:
@@ -531,13 +547,15 @@ class Runner:
         where = f", resuming after epoch {resumed_at_epoch:g}" if resumed_at_epoch else ""
         say(f"[study] {run.name}: training {run.epochs} epochs at peak LR {run.lr:g}{where}")
         start = time.time()
-        with open(model_dir + ".log", "a" if resumed_at_epoch else "w") as log:
-            child = subprocess.Popen(
-                command, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, env=_child_env(temp_dir)
-            )
-            _, status, usage = os.wait4(child.pid, 0)
+        try:
+            with open(model_dir + ".log", "a" if resumed_at_epoch else "w") as log:
+                child = subprocess.Popen(
+                    command, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, env=_child_env(temp_dir)
+                )
+                _, status, usage = os.wait4(child.pid, 0)
+        finally:
+            shutil.rmtree(temp_dir, ignore_errors=True)
         code = os.waitstatus_to_exitcode(status)
-        metrics_path = os.path.join(model_dir, "metrics.json")
         entry = {
             "settings": settings,
             "name": run.name,
@@ -548,22 +566,36 @@ class Runner:
         }
         if resumed_at_epoch:
             entry["resumed_at_epoch"] = resumed_at_epoch
-        if os.path.exists(metrics_path):
-            with open(metrics_path) as f:
-                metrics = json.load(f)
-            history = [{k: h[k] for k in ("epoch", "step", "top1") if k in h} for h in metrics["history"]]
-            top1 = history[-1]["top1"]
-            entry.update(history=history, final_top1=top1, steps=metrics["steps"])
-            entry["diverged"] = bool(code) or not math.isfinite(top1)
-        elif _diverged(model_dir + ".log"):
-            entry.update(history=[], final_top1=None, steps=None, diverged=True)
-        else:
-            raise SystemExit(f"[study] {run.name} failed (exit {code}); see {model_dir}.log")
+        entry.update(_outcome(run, model_dir, code))
         shutil.rmtree(model_dir, ignore_errors=True)  # checkpoints and export: the JSON keeps what counts
-        shutil.rmtree(temp_dir, ignore_errors=True)
         figure = "diverged" if entry["diverged"] else f"top-1 {entry['final_top1']:.4f}"
         say(f"[study] {run.name}: {figure} ({entry['cpu_seconds'] / 60:.0f} CPU-min)")
         return entry
+
+
+def _outcome(run: Run, model_dir: str, code: int) -> dict:
+    """A finished training's figures: its history and final top-1, or a divergence.
+
+    Diverged means the trainer said the training loss became non-finite, or the final top-1 is not finite. Any
+    other failure (an error or a kill, also after the last evaluation) stops the study with the run's model
+    directory kept, so that running the study again resumes the run instead of counting it.
+    """
+    metrics_path = os.path.join(model_dir, "metrics.json")
+    diverged = _diverged(model_dir + ".log")
+    if os.path.exists(metrics_path) and (code == 0 or diverged):
+        with open(metrics_path) as f:
+            metrics = json.load(f)
+        history = [{k: h[k] for k in ("epoch", "step", "top1") if k in h} for h in metrics["history"]]
+        top1 = history[-1]["top1"]
+        return {
+            "history": history,
+            "final_top1": top1,
+            "steps": metrics["steps"],
+            "diverged": diverged or not math.isfinite(top1),
+        }
+    if diverged:
+        return {"history": [], "final_top1": None, "steps": None, "diverged": True}
+    raise SystemExit(f"[study] {run.name} failed (exit {code}); see {model_dir}.log")
 
 
 def prepare_model_dir(model_dir: str, settings: dict) -> float:
@@ -876,7 +908,8 @@ def results_section(design: Design, report: dict, runs: dict[str, dict], referen
         gap = (s["baseline_top1_mean"] - s["baseline_half_epochs_top1"]) * 100
         lines.append(
             f"- Saturation: at {design.epochs // 2} epochs the baseline reaches {s['baseline_half_epochs_top1']:.4f}, "
-            f"{gap:.2f} pt under its {design.epochs}-epoch mean: {'saturated' if s['saturated'] else 'not saturated'} "
+            f"{abs(gap):.2f} pt {'under' if gap >= 0 else 'above'} its {design.epochs}-epoch mean: "
+            f"{'saturated' if s['saturated'] else 'not saturated'} "
             f"(limit {design.saturation_points:g} pt)."
         )
     if s["large_twice_epochs_top1"] is not None and s["baseline_top1_mean"] is not None:
@@ -990,7 +1023,7 @@ def main(argv: list[str] | None = None) -> int:
 
     design = DESIGN
     os.makedirs(args.out_dir, exist_ok=True)
-    results = Results(os.path.join(args.out_dir, RESULTS))
+    results = Results(os.path.join(args.out_dir, RESULTS), design)
     report_path = os.path.join(args.out_dir, REPORT)
     superseded = superseded_section(report_path)
     budget = estimated_budget(design, args.cpu_seconds_per_epoch)

@@ -79,9 +79,25 @@ def test_the_verdict_names_each_condition_of_both_rules_and_which_failed(study):
     assert not all(result["conditions"]["reproduces"].values())
 
 
+def test_no_verdict_before_every_seed_is_in(study):
+    two = study.verdict(study.DESIGN, BASE[:2], [0.878, 0.880], [0.881, 0.882, 0.880], 0.86, True)
+    assert two["delta_ci90"] is not None and all(two["conditions"]["reproduces"].values())
+    assert two["verdict"] == "budget-limited"
+    # Saturation is judged on the half-epoch check's every seed.
+    assert _verdict(study, [0.850, 0.852, 0.848], half=(0.881,))["saturated"] is None
+    assert _verdict(study, [0.850, 0.852, 0.848], half=(0.881,))["verdict"] == "budget-limited"
+
+
 def test_one_seed_forms_no_interval(study):
     result = study.verdict(study.DESIGN, BASE[:1], [0.88], [], None, True)
     assert result["verdict"] == "budget-limited" and result["delta_ci90"] is None
+
+
+def test_a_tie_in_the_grid_goes_to_the_lower_lr_whatever_the_order_of_runs(study):
+    design = dataclasses.replace(study.DESIGN, lr_grids=((256, (1.0, 2.0, 4.0, 8.0)),))
+    ordered = {1.0: 0.86, 2.0: 0.87, 4.0: 0.87, 8.0: 0.85}
+    shuffled = {8.0: 0.85, 4.0: 0.87, 1.0: 0.86, 2.0: 0.87}
+    assert study.grid_state(design, 256, ordered)[1] == study.grid_state(design, 256, shuffled)[1] == 2.0
 
 
 def test_a_pick_at_an_edge_extends_the_grid_beyond_it(study):
@@ -194,12 +210,21 @@ def test_resume_takes_runs_with_the_same_settings_only(study, tmp_path):
     run = study.Run("final", 256, 1.0, d.epochs, 0)
     entry = {**_entry(study, run, 0.88), "settings": {"overrides": ["a=1"], "split": "final"}}
     path.write_text(json.dumps({"design": d.to_dict(), "runs": {run.name: entry}}))
-    results = study.Results(str(path))
+    results = study.Results(str(path), d)
     assert results.get(run, {"overrides": ["a=1"], "split": "final"}) == entry
     assert results.get(run, {"overrides": ["a=2"], "split": "final"}) is None
     # The 20-epoch study's file (no design) is not resumed from.
     path.write_text(json.dumps({"runs": {run.name: entry}}))
-    assert study.Results(str(path)).runs == {}
+    assert study.Results(str(path), d).runs == {}
+
+
+def test_a_results_file_of_another_design_stops_the_study_with_one_line(study, tmp_path):
+    d = study.DESIGN
+    path = tmp_path / study.RESULTS
+    path.write_text(json.dumps({"design": dataclasses.replace(d, epochs=36, seeds=5).to_dict(), "runs": {}}))
+    with pytest.raises(SystemExit, match=r"holds runs of another design \(differs in epochs, seeds\)"):
+        study.Results(str(path), d)
+    assert study.Results(str(tmp_path / "absent.json"), d).runs == {}
 
 
 def test_report_writes_the_design_before_any_run_and_the_verdict_after(study, tmp_path):
@@ -252,3 +277,24 @@ def test_a_stopped_run_resumes_only_in_a_directory_started_with_its_settings(stu
     (checkpoints / "history.json").write_text(json.dumps(history[:1]))
     assert study.prepare_model_dir(model_dir, {**settings, "overrides": ["a=2"]}) == 0.0
     assert not checkpoints.exists()
+
+
+def test_only_a_trainer_that_says_so_diverged_and_any_other_failure_stops_the_study(study, tmp_path):
+    run = study.Run("final", 4096, 4.0, study.DESIGN.epochs, 0)
+    model_dir = tmp_path / "runs" / run.name
+    model_dir.mkdir(parents=True)
+    log = tmp_path / "runs" / f"{run.name}.log"
+    history = [{"epoch": 1.0, "step": 14, "top1": 0.61}, {"epoch": 2.0, "step": 29, "top1": 0.72}]
+    (model_dir / "metrics.json").write_text(json.dumps({"history": history, "steps": 29}))
+    log.write_text("epoch 2.00  step 29/29  top-1 0.7200\n")
+    assert study._outcome(run, str(model_dir), 0) == {
+        "history": history, "final_top1": 0.72, "steps": 29, "diverged": False,
+    }  # fmt: skip
+    # Killed or failed after its last evaluation (metrics written, export not): not a divergence.
+    with pytest.raises(SystemExit, match=rf"{run.name} failed \(exit -9\); see .*{run.name}\.log"):
+        study._outcome(run, str(model_dir), -9)
+    (model_dir / "metrics.json").unlink()
+    log.write_text("training loss became nan between steps 14 and 29; the last good checkpoint ...\n")
+    assert study._outcome(run, str(model_dir), 1) == {
+        "history": [], "final_top1": None, "steps": None, "diverged": True,
+    }  # fmt: skip
