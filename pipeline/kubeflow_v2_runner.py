@@ -217,7 +217,7 @@ def _print_plan(args) -> None:
         machine.check_region(args.region)
     config = presets.get(args.preset).resolve(parse_overrides(args.overrides), machine=machine).trainer_config
     report = {
-        "accelerator": dataclasses.asdict(machine),
+        "accelerator": {**dataclasses.asdict(machine), "units": machine.units},  # what a quota counts
         "estimate": accelerators.estimate(config, machine).to_dict(),
         **plan_report(config, []),
     }

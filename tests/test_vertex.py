@@ -192,6 +192,7 @@ def test_plan_shows_the_trainer_on_the_accelerator(capsys):
     plan = json.loads(capsys.readouterr().out)
     assert code == 0
     assert plan["accelerator"]["machine_type"] == "a3-highgpu-8g"
+    assert plan["accelerator"]["units"] == 8  # the GPUs a quota must allow
     assert plan["config"]["loop"]["strategy"] == "mirrored"
     assert (plan["derived"]["replicas"], plan["derived"]["per_replica_batch_size"]) == (8, 256)
 

@@ -8,7 +8,7 @@ after the optimizer step that brings the step counter to t, every averaged varia
 
 so early averages follow the weights closely (decay 0.18 after the first step, 0.9 after 80) and the fixed
 decay only takes over after about 90,000 steps at 0.9999. A fixed 0.9999 from the first step (Keras'
-``use_ema``) would leave exp(-6650 / 10000) = 51% of the average on the initial weights after the 6,650 steps
+``use_ema``) would leave exp(-6842 / 10000) = 50% of the average on the initial weights after the 6,842 steps
 of the B5 batch-65536 run. The averages start as copies of the initial weights.
 
 What is averaged: the trainable weights and the batch-norm moving mean and variance (the reference's
