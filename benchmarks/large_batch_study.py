@@ -939,7 +939,7 @@ def plot(design: Design, runs: dict[str, dict], path: str) -> None:
     fig, (by_epoch, by_step, to_target) = plt.subplots(1, 3, figsize=(17, 4.8))
     colors = {design.small_batch: "tab:blue", design.large_batch: "tab:red"}
     styles = {"final": "-", "half": ":", "long": "--"}
-    labelled = set()
+    labelled, not_reached = set(), []
     for name in sorted(runs):
         r = runs[name]
         if not r.get("history"):
@@ -960,6 +960,8 @@ def plot(design: Design, runs: dict[str, dict], path: str) -> None:
             to_target.scatter(
                 [r["batch"]], [steps], color=colors[r["batch"]], marker="o" if r["kind"] == "final" else "x"
             )
+        elif r["kind"] in ("final", "long"):
+            not_reached.append(name)
     grid_points = [(r["batch"], steps_to_target(r.get("history", []), design.target_top1)) for r in runs.values()
                    if r["kind"] == "grid"]  # fmt: skip
     grid_points = [(b, s) for b, s in grid_points if s is not None]
@@ -985,6 +987,8 @@ def plot(design: Design, runs: dict[str, dict], path: str) -> None:
     to_target.set_xlabel("global batch")
     to_target.set_ylabel(f"steps to top-1 {design.target_top1:g}")
     to_target.grid(alpha=0.3)
+    if not_reached:  # no point to draw: say so, or the panel reads as if they had not run
+        to_target.set_title("never reached (test): " + ", ".join(not_reached), fontsize=8)
     if labelled:
         by_epoch.legend(fontsize=8)
     if grid_points or first:
