@@ -185,7 +185,7 @@ def verdict(
         return result
     delta, low, high = welch_interval(large, baseline, design.confidence)
     result.update(delta=delta, delta_ci90=[low, high])
-    long_short = long_run is not None and bool(long_run < np.mean(baseline) - within)
+    long_short = None if long_run is None else bool(long_run < np.mean(baseline) - within)
     conditions = {
         "reproduces": {
             f"mean difference >= -{design.within_points:g} pt": delta >= -within,
@@ -193,7 +193,7 @@ def verdict(
         },
         "refutes": {
             f"interval's upper end < -{design.within_points:g} pt": high < -within,
-            "baseline saturated": bool(result["saturated"]),
+            "baseline saturated": result["saturated"],  # None (as long_short): that check has not run yet
             f"twice the epochs also more than {design.within_points:g} pt short": long_short,
             "every pick inside its grid": picks_inside,
         },
@@ -202,7 +202,7 @@ def verdict(
     if min(len(baseline), len(large)) < design.seeds:
         return result
     for name in ("reproduces", "refutes"):
-        if all(conditions[name].values()):
+        if all(met is True for met in conditions[name].values()):
             result["verdict"] = name
             break
     return result
@@ -857,6 +857,10 @@ def _cpu_minutes(run: dict) -> str:
     return minutes
 
 
+def _met(condition: bool | None) -> str:
+    return "not run yet" if condition is None else "yes" if condition else "no"
+
+
 def results_section(design: Design, report: dict, runs: dict[str, dict], reference: dict | None) -> str:
     s = report["summary"]
     lines = ["## Results", ""]
@@ -902,7 +906,7 @@ def results_section(design: Design, report: dict, runs: dict[str, dict], referen
             f"- **{s['verdict']}**" + ("" if s["complete"] else " (not every planned run is in yet).")
         )
         for name, conditions in s["verdict_conditions"].items():
-            state = "; ".join(f"{c}: {'yes' if met else 'no'}" for c, met in conditions.items())
+            state = "; ".join(f"{c}: {_met(met)}" for c, met in conditions.items())
             lines.append(f"  - {name} needs all of: {state}.")
     if s["baseline_half_epochs_top1"] is not None and s["baseline_top1_mean"] is not None:
         gap = (s["baseline_top1_mean"] - s["baseline_half_epochs_top1"]) * 100

@@ -86,6 +86,11 @@ def test_no_verdict_before_every_seed_is_in(study):
     # Saturation is judged on the half-epoch check's every seed.
     assert _verdict(study, [0.850, 0.852, 0.848], half=(0.881,))["saturated"] is None
     assert _verdict(study, [0.850, 0.852, 0.848], half=(0.881,))["verdict"] == "budget-limited"
+    waiting = _verdict(study, [0.850, 0.852, 0.848], half=(), long_run=None)["conditions"]["refutes"]
+    assert (
+        waiting["baseline saturated"] is None
+        and waiting["twice the epochs also more than 1 pt short"] is None
+    )
 
 
 def test_one_seed_forms_no_interval(study):
