@@ -54,7 +54,8 @@ sys.path.insert(0, REPO)
 
 from beam_preprocess import sample_data  # noqa: E402
 from effnet_common import schema  # noqa: E402
-from trainer_module.config import learning_rate_per_256  # noqa: E402 - no TensorFlow
+from trainer_module.config import TrainerConfig, learning_rate_per_256, replace  # noqa: E402 - no TensorFlow
+from trainer_module.presets import get_preset  # noqa: E402 - no TensorFlow
 
 FASHION_DIR = "/usr/share/datasets/fashion-mnist"
 FASHION_PACKAGE = "dataset-fashion-mnist"
@@ -420,42 +421,52 @@ class Run:
             return f"grid-{self.batch}-lr{self.lr:g}"
         return f"{self.kind}-{self.batch}-seed{self.seed}"
 
-    def overrides(self, design: Design, data: dict) -> list[str]:
-        """Every setting of the run, pinned here so that edits of the demo preset leave the study as it is."""
+    def settings(self, design: Design, data: dict) -> dict[str, object]:
+        """Every setting of the run as typed values by dotted key, pinned here so that edits of the demo
+        preset leave the study as it is. They are also the run's identity in the results file."""
         split = data[self.split]
-        return [
-            "model.variant=tiny",
-            "model.precision=float32",
-            f"model.image_size={design.image_size}",
-            "model.drop_connect_rate=0.2",
-            "model.bn_momentum=0.9",  # 0.99 leaves the moving statistics of a short run near their start
-            "model.bn_group_size=1",
-            f"model.bn_virtual_batch={min(design.bn_examples, self.batch)}",
-            "optimizer.name=lars",
-            f"optimizer.lars_eeta={design.trust_coefficient:g}",
-            "optimizer.ema_decay=0.9999",
-            "optimizer.weight_decay=1e-5",
-            "optimizer.label_smoothing=0.1",
-            "schedule.kind=polynomial",
-            f"schedule.lr_per_256={learning_rate_per_256(self.lr, self.batch):.10g}",  # the peak is self.lr
-            f"schedule.warmup_epochs={design.warmup_share * self.epochs:.6g}",
-            f"schedule.end_lr={design.end_lr:g}",
-            f"data.num_train_examples={split['num_train']}",
-            f"data.num_eval_examples={split['num_eval']}",
-            f"data.global_batch_size={self.batch}",
-            "data.eval_batch_size=1000",
-            "data.num_cores=1",
-            "data.replicas_per_host=1",
-            "data.min_crop_area=0.5",
-            "data.random_flip=true",
-            "augment.policy=none",
-            f"loop.train_epochs={self.epochs}",
-            "loop.eval_every_epochs=1",
-            "loop.target_top1=none",
-            "loop.strategy=mirrored",
-            "loop.deterministic=false",
-            f"loop.seed={self.seed}",
-        ]
+        return {
+            "model.variant": "tiny",
+            "model.precision": "float32",
+            "model.image_size": design.image_size,
+            "model.drop_connect_rate": 0.2,
+            "model.bn_momentum": 0.9,  # 0.99 leaves the moving statistics of a short run near their start
+            "model.bn_group_size": 1,
+            "model.bn_virtual_batch": min(design.bn_examples, self.batch),
+            "optimizer.name": "lars",
+            "optimizer.lars_eeta": design.trust_coefficient,
+            "optimizer.ema_decay": 0.9999,
+            "optimizer.weight_decay": 1e-5,
+            "optimizer.label_smoothing": 0.1,
+            "schedule.kind": "polynomial",
+            "schedule.lr_per_256": learning_rate_per_256(self.lr, self.batch),  # the peak is self.lr
+            "schedule.warmup_epochs": _significant(design.warmup_share * self.epochs, 6),
+            "schedule.end_lr": design.end_lr,
+            "data.num_train_examples": split["num_train"],
+            "data.num_eval_examples": split["num_eval"],
+            "data.global_batch_size": self.batch,
+            "data.eval_batch_size": 1000,
+            "data.num_cores": 1,
+            "data.replicas_per_host": 1,
+            "data.min_crop_area": 0.5,
+            "data.random_flip": True,
+            "augment.policy": "none",
+            "loop.train_epochs": self.epochs,
+            "loop.eval_every_epochs": 1,
+            "loop.target_top1": None,
+            "loop.strategy": "mirrored",
+            "loop.deterministic": False,
+            "loop.seed": self.seed,
+        }
+
+    def config(self, design: Design, data: dict) -> TrainerConfig:
+        """What the run trains with: the demo preset with the run's settings and name."""
+        return replace(get_preset("demo"), {"name": f"study-{self.name}", **self.settings(design, data)})
+
+
+def _significant(value: float, digits: int) -> float:
+    """``value`` rounded to ``digits`` significant digits (the warmup's epochs, as the study records them)."""
+    return round(value, digits - 1 - math.floor(math.log10(abs(value)))) if value else value
 
 
 class Results:
@@ -523,7 +534,7 @@ class Runner:
         self.write = write
 
     def __call__(self, run: Run) -> dict:
-        settings = {"overrides": run.overrides(self.design, self.data), "split": run.split}
+        settings = {"config": run.settings(self.design, self.data), "split": run.split}
         saved = self.results.get(run, settings)
         if saved is not None:
             return saved
@@ -540,10 +551,11 @@ class Runner:
         temp_dir = os.path.join(self.work_dir, "tmp", run.name)
         shutil.rmtree(temp_dir, ignore_errors=True)
         os.makedirs(temp_dir)
-        command = [sys.executable, "-m", "trainer_module", "--preset", "demo", "--model-dir", model_dir]
+        config_path = os.path.join(temp_dir, "config.json")
+        with open(config_path, "w") as f:
+            f.write(run.config(self.design, self.data).to_json())
+        command = [sys.executable, "-m", "trainer_module", "--config", config_path, "--model-dir", model_dir]
         command += ["--train-files", split["train"], "--eval-files", split["eval"], "--cpu-devices", "1"]
-        for override in [f"name=study-{run.name}", *settings["overrides"]]:
-            command += ["--set", override]
         where = f", resuming after epoch {resumed_at_epoch:g}" if resumed_at_epoch else ""
         say(f"[study] {run.name}: training {run.epochs} epochs at peak LR {run.lr:g}{where}")
         start = time.time()

@@ -128,25 +128,40 @@ def test_extensions_stop_at_the_designs_limit_and_the_pick_is_then_not_inside(st
     assert study.inside([1.0, 2.0, 4.0], 2.0)
 
 
-def test_a_runs_settings_give_the_trainer_its_absolute_peak_lr(study):
-    from trainer_module.config import with_overrides
-    from trainer_module.presets import get_preset
-
+def test_a_runs_config_gives_the_trainer_its_absolute_peak_lr(study):
     data = {
         "tune": {"num_train": 50000, "num_eval": 10000},
         "final": {"num_train": 60000, "num_eval": 10000},
     }
     for batch, lr in ((256, 1.5), (4096, 12.0)):
         run = study.Run("final", batch, lr, study.DESIGN.epochs, seed=2)
-        config = with_overrides(get_preset("demo"), run.overrides(study.DESIGN, data))
+        config = run.config(study.DESIGN, data)
         plan = config.plan
         assert plan.peak_learning_rate == pytest.approx(lr)
         assert config.optimizer.name == "lars" and config.loop.seed == 2
-        assert config.model.bn_virtual_batch == 128
+        assert config.model.bn_virtual_batch == 128 and config.name == f"study-final-{batch}-seed2"
         assert plan.total_steps == int(study.DESIGN.epochs * 60000 / batch)
         assert plan.warmup_steps == pytest.approx(study.DESIGN.warmup_share * plan.total_steps, abs=1)
     grid = study.Run("grid", 4096, 8.0, study.DESIGN.epochs, seed=0)
     assert grid.split == "tune" and grid.name == "grid-4096-lr8"
+
+
+def test_the_trainers_config_flag_reads_the_file_the_study_hands_it(study, tmp_path):
+    from trainer_module.__main__ import parse_args, resolved_run
+
+    data = {"final": {"num_train": 60000, "num_eval": 10000}}
+    run = study.Run("half", 256, 4.0, study.DESIGN.epochs // 2, seed=1)
+    path = tmp_path / "config.json"
+    path.write_text(run.config(study.DESIGN, data).to_json())
+    args = parse_args(["--config", str(path), "--model-dir", str(tmp_path / "run")])
+    assert resolved_run(args).config == run.config(study.DESIGN, data)
+
+
+def test_the_warmup_is_recorded_to_six_significant_digits(study):
+    assert study._significant(50 / 350 * 72, 6) == 10.2857
+    assert study._significant(50 / 350 * 144, 6) == 20.5714
+    assert study._significant(0.0123456789, 6) == 0.0123457
+    assert study._significant(0.0, 6) == 0.0
 
 
 def test_steps_to_target_is_the_first_evaluation_at_or_above_it(study):
@@ -213,11 +228,11 @@ def test_resume_takes_runs_with_the_same_settings_only(study, tmp_path):
     d = study.DESIGN
     path = tmp_path / study.RESULTS
     run = study.Run("final", 256, 1.0, d.epochs, 0)
-    entry = {**_entry(study, run, 0.88), "settings": {"overrides": ["a=1"], "split": "final"}}
+    entry = {**_entry(study, run, 0.88), "settings": {"config": {"a": 1}, "split": "final"}}
     path.write_text(json.dumps({"design": d.to_dict(), "runs": {run.name: entry}}))
     results = study.Results(str(path), d)
-    assert results.get(run, {"overrides": ["a=1"], "split": "final"}) == entry
-    assert results.get(run, {"overrides": ["a=2"], "split": "final"}) is None
+    assert results.get(run, {"config": {"a": 1}, "split": "final"}) == entry
+    assert results.get(run, {"config": {"a": 2}, "split": "final"}) is None
     # The 20-epoch study's file (no design) is not resumed from.
     path.write_text(json.dumps({"runs": {run.name: entry}}))
     assert study.Results(str(path), d).runs == {}
@@ -252,7 +267,7 @@ def test_report_writes_the_design_before_any_run_and_the_verdict_after(study, tm
 
 
 def test_a_stopped_run_resumes_only_in_a_directory_started_with_its_settings(study, tmp_path):
-    settings = {"overrides": ["a=1"], "split": "final"}
+    settings = {"config": {"a": 1}, "split": "final"}
     model_dir = str(tmp_path / "runs" / "final-256-seed0")
     assert study.prepare_model_dir(model_dir, settings) == 0.0  # new: started afresh, settings recorded
     checkpoints = tmp_path / "runs" / "final-256-seed0" / "checkpoints"
@@ -267,7 +282,7 @@ def test_a_stopped_run_resumes_only_in_a_directory_started_with_its_settings(stu
     assert study.prepare_model_dir(model_dir, settings) == 2.0
     assert (checkpoints / "ckpt-7.index").exists()
     # Other settings: the checkpoints are not theirs, so the directory starts afresh.
-    assert study.prepare_model_dir(model_dir, {**settings, "overrides": ["a=2"]}) == 0.0
+    assert study.prepare_model_dir(model_dir, {**settings, "config": {"a": 2}}) == 0.0
     assert not checkpoints.exists()
     # A history cut short by a kill, or none: nothing to resume from.
     for history_text in ('[{"epoch": 1.0, "st', None):
@@ -275,12 +290,12 @@ def test_a_stopped_run_resumes_only_in_a_directory_started_with_its_settings(stu
         (checkpoints / "checkpoint").write_text('model_checkpoint_path: "/abs/checkpoints/ckpt-7"\n')
         if history_text is not None:
             (checkpoints / "history.json").write_text(history_text)
-        assert study.prepare_model_dir(model_dir, {**settings, "overrides": ["a=2"]}) == 0.0
+        assert study.prepare_model_dir(model_dir, {**settings, "config": {"a": 2}}) == 0.0
         assert not checkpoints.exists()
     # Killed before its first checkpoint (the history may be written already): nothing to resume from.
     checkpoints.mkdir()
     (checkpoints / "history.json").write_text(json.dumps(history[:1]))
-    assert study.prepare_model_dir(model_dir, {**settings, "overrides": ["a=2"]}) == 0.0
+    assert study.prepare_model_dir(model_dir, {**settings, "config": {"a": 2}}) == 0.0
     assert not checkpoints.exists()
 
 
