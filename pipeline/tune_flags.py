@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import argparse
 
+from trainer_module.choices import SEARCHES
+
 
 def add_tune_flags(
     parser: argparse.ArgumentParser, title: str, max_epochs: int, max_epochs_help: str, max_trials: int
@@ -17,7 +19,7 @@ def add_tune_flags(
     tune.add_argument(
         "--tune", action="store_true", help="search hyperparameters before training (TFX Tuner + KerasTuner)"
     )
-    tune.add_argument("--tune-search", default="hyperband", help="hyperband, bayesian or random")
+    tune.add_argument("--tune-search", default="hyperband", help=f"one of {', '.join(SEARCHES.names())}")
     tune.add_argument("--tune-max-epochs", type=int, default=max_epochs, help=max_epochs_help)
     tune.add_argument(
         "--tune-max-trials", type=int, default=max_trials, help="trials of a bayesian or random search"

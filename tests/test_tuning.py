@@ -121,6 +121,23 @@ def _search(config=None, **settings) -> tuning.Search:
     return tuning.search_of_config(config, ("train-*",), ("eval-*",), **settings)
 
 
+def test_the_runners_search_flag_lists_the_registrys_names_without_loading_tensorflow():
+    code = (
+        "import argparse, sys\n"
+        "from pipeline.tune_flags import add_tune_flags\n"
+        "parser = argparse.ArgumentParser()\n"
+        "add_tune_flags(parser, 'tuning', 9, 'epochs', 4)\n"
+        "print(' '.join(parser.format_help().split()))\n"
+        "print('tensorflow' in sys.modules)\n"
+    )
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    out = subprocess.run([sys.executable, "-c", code], cwd=repo, capture_output=True, text=True, check=True)
+    help_text, loaded = out.stdout.strip().rsplit("\n", 1)
+    assert tuning.SEARCHES.names() == ("hyperband", "bayesian", "random")
+    assert "--tune-search TUNE_SEARCH one of hyperband, bayesian, random" in help_text
+    assert loaded == "False"
+
+
 def test_a_trial_is_handed_the_search_config_with_its_values_and_stop_as_typed_settings():
     search = _search(max_epochs=4)
     values = {

@@ -1,4 +1,4 @@
-"""The names every choice of the config accepts, declared once, with no heavy import.
+"""The names every choice of the config (and the search kind) accepts, declared once, with no heavy import.
 
 Each registry here is the one the builders register against (``@OPTIMIZERS.register("lars")`` in
 ``trainer_module.optimizers``, and so on): the config validates a name against the declared names without
@@ -16,6 +16,8 @@ STRATEGIES = Registry("loop.strategy", ("tpu", "multi_worker", "mirrored", "one_
 PRECISIONS = Registry("model.precision", ("float32", "bfloat16"))
 BN_GROUP_RULES = Registry("model.bn_group_rule", ("examples128", "reference_lars", "reference_tpu"))
 BN_LAYOUTS = Registry("model.bn_group_layout", ("consecutive", "torus2d"))
+# Not a config field: the hyperparameter search of ``python -m trainer_module tune`` and of the runners' --tune.
+SEARCHES = Registry("--search", ("hyperband", "bayesian", "random"))
 
 # The modules whose import registers the builders of the registries above.
 BUILDER_MODULES = (
@@ -25,6 +27,7 @@ BUILDER_MODULES = (
     "trainer_module.strategies",
     "trainer_module.models.blocks",
     "trainer_module.replica_groups",
+    "trainer_module.tuning.search",
 )
 ALL = (
     OPTIMIZERS,
@@ -35,4 +38,5 @@ ALL = (
     PRECISIONS,
     BN_GROUP_RULES,
     BN_LAYOUTS,
+    SEARCHES,
 )

@@ -3,9 +3,9 @@
 ``Search`` holds the run's resolved config (``trainer_module.resolve``: preset, settings and the shards'
 sizes already applied), never a preset name and strings to apply again. Each trial's config is that config
 with the search's loop settings, the trial's values and Hyperband's stop, changed as typed values
-(``config.replace``) and handed to the trial whole (``trial_run``: a ``ResolvedRun``). ``SEARCHES`` builds
-the KerasTuner oracle of each algorithm; ``hyperband_budget`` is the trials and epochs a Hyperband search
-schedules, from the rule KerasTuner documents (Li et al.'s brackets).
+(``config.replace``) and handed to the trial whole (``trial_run``: a ``ResolvedRun``). ``SEARCHES`` (its names
+declared in ``trainer_module.choices``) builds the KerasTuner oracle of each algorithm; ``hyperband_budget`` is
+the trials and epochs a Hyperband search schedules, from the rule KerasTuner documents (Li et al.'s brackets).
 
     search = search_of_config(resolved.config, train_files, eval_files, search="hyperband", max_epochs=9)
     search.trial_run({"schedule.lr_per_256": 0.3, "tuner/epochs": 3}).config.loop.stop_at_epoch  # 3
@@ -20,16 +20,14 @@ import math
 
 import keras_tuner
 
-from effnet_common.registry import Registry
 from trainer_module import files, resolve
+from trainer_module.choices import SEARCHES
 from trainer_module.config import TrainerConfig, replace
 from trainer_module.resolve import SCHEDULE_EPOCHS, ResolvedRun
 from trainer_module.tuning.space import Dimension, SearchSpace, check_space, default_space, space_with
 
 OBJECTIVE = "top1"  # the peak top-1 of a trial's in-loop evaluations
 SEARCH_FILE = "search.json"  # the search a directory holds (``claim_directory``)
-
-SEARCHES = Registry("--search")
 
 
 def _objective() -> keras_tuner.Objective:
