@@ -545,21 +545,26 @@ class Runner:
 
     def _train(self, run: Run, settings: dict) -> dict:
         split = self.data[run.split]
+        try:
+            config = run.config(self.design, self.data)
+        except (TypeError, ValueError) as error:  # before any directory is made
+            raise SystemExit(f"[study] {run.name}: the trainer's config refuses a setting: {error}") from None
         model_dir = os.path.join(self.work_dir, "runs", run.name)
         resumed_at_epoch = prepare_model_dir(model_dir, settings)
-        # The training's temporary files, emptied before and after it: a killed run leaves its files.
+        # The training's temporary files (its config among them), emptied before and after it: a killed run
+        # leaves its files.
         temp_dir = os.path.join(self.work_dir, "tmp", run.name)
         shutil.rmtree(temp_dir, ignore_errors=True)
         os.makedirs(temp_dir)
         config_path = os.path.join(temp_dir, "config.json")
-        with open(config_path, "w") as f:
-            f.write(run.config(self.design, self.data).to_json())
         command = [sys.executable, "-m", "trainer_module", "--config", config_path, "--model-dir", model_dir]
         command += ["--train-files", split["train"], "--eval-files", split["eval"], "--cpu-devices", "1"]
         where = f", resuming after epoch {resumed_at_epoch:g}" if resumed_at_epoch else ""
         say(f"[study] {run.name}: training {run.epochs} epochs at peak LR {run.lr:g}{where}")
         start = time.time()
         try:
+            with open(config_path, "w") as f:
+                f.write(config.to_json())
             with open(model_dir + ".log", "a" if resumed_at_epoch else "w") as log:
                 child = subprocess.Popen(
                     command, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, env=_child_env(temp_dir)

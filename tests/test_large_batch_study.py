@@ -157,11 +157,41 @@ def test_the_trainers_config_flag_reads_the_file_the_study_hands_it(study, tmp_p
     assert resolved_run(args).config == run.config(study.DESIGN, data)
 
 
+def test_every_committed_run_is_recorded_with_the_settings_the_script_gives_it(study):
+    """The results file's runs are the design's: a setting changed in the script would train them again."""
+    data = {
+        "tune": {"num_train": 50000, "num_eval": 10000},
+        "final": {"num_train": 60000, "num_eval": 10000},
+    }
+    with open(os.path.join(REPO, "docs", "large_batch_study.json")) as f:
+        runs = json.load(f)["runs"]
+    assert runs
+    for name, entry in runs.items():
+        run = study.Run(entry["kind"], entry["batch"], entry["lr"], entry["epochs"], entry["seed"])
+        assert run.name == name
+        assert entry["settings"] == {"config": run.settings(study.DESIGN, data), "split": run.split}
+
+
+def test_a_setting_the_config_refuses_stops_the_study_in_one_line_before_any_directory(study, tmp_path):
+    design = dataclasses.replace(study.DESIGN, bn_examples=-1)
+    data = {"final": {"num_train": 60000, "num_eval": 10000, "train": "x", "eval": "y"}}
+    results = study.Results(str(tmp_path / "results.json"), design)
+    runner = study.Runner(design, data, results, str(tmp_path), 1, lambda: None)
+    run = study.Run("final", 256, 4.0, design.epochs, 0)
+    with pytest.raises(
+        SystemExit, match=r"^\[study\] final-256-seed0: the trainer's config refuses a setting: .*"
+    ):
+        runner(run)
+    assert sorted(os.listdir(tmp_path)) == []
+
+
 def test_the_warmup_is_recorded_to_six_significant_digits(study):
     assert study._significant(50 / 350 * 72, 6) == 10.2857
     assert study._significant(50 / 350 * 144, 6) == 20.5714
     assert study._significant(0.0123456789, 6) == 0.0123457
     assert study._significant(0.0, 6) == 0.0
+    for value in np.geomspace(1e-4, 1e4, 97):
+        assert study._significant(float(value), 6) == float(f"{value:.6g}")
 
 
 def test_steps_to_target_is_the_first_evaluation_at_or_above_it(study):

@@ -268,7 +268,7 @@ def preflight(args):
 
 
 def add_tune_arguments(parser: argparse.ArgumentParser) -> None:
-    from trainer_module import tuning
+    from trainer_module.choices import SEARCHES  # the names only: building the parser loads no TensorFlow
 
     parser.description = (
         "Searches hyperparameters; each trial is a run of python -m trainer_module train --config, handed its "
@@ -281,7 +281,7 @@ def add_tune_arguments(parser: argparse.ArgumentParser) -> None:
         "--eval-files", action="append", required=True, help="glob of the shards trials evaluate on"
     )
     parser.add_argument("--tune-dir", required=True, help="the search's state, trials and results")
-    parser.add_argument("--search", default="hyperband", help=f"one of {', '.join(tuning.SEARCHES.names())}")
+    parser.add_argument("--search", default="hyperband", help=f"one of {', '.join(SEARCHES.names())}")
     parser.add_argument(
         "--max-epochs", type=int,
         help="every trial's schedule (loop.train_epochs) and Hyperband's longest trial (default: the config's)",
