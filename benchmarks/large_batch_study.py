@@ -878,6 +878,12 @@ def _met(condition: bool | None) -> str:
     return "not run yet" if condition is None else "yes" if condition else "no"
 
 
+def _saturation_call(saturated: bool | None, seeds_in: int, seeds: int) -> str:
+    if saturated is None:  # the rule's call waits for every seed of the half-epoch runs
+        return f"no call before all {seeds} seeds are in ({seeds_in} so far)"
+    return "saturated" if saturated else "not saturated"
+
+
 def results_section(design: Design, report: dict, runs: dict[str, dict], reference: dict | None) -> str:
     s = report["summary"]
     lines = ["## Results", ""]
@@ -930,7 +936,7 @@ def results_section(design: Design, report: dict, runs: dict[str, dict], referen
         lines.append(
             f"- Saturation: at {design.epochs // 2} epochs the baseline reaches {s['baseline_half_epochs_top1']:.4f}, "
             f"{abs(gap):.2f} pt {'under' if gap >= 0 else 'above'} its {design.epochs}-epoch mean: "
-            f"{'saturated' if s['saturated'] else 'not saturated'} "
+            f"{_saturation_call(s['saturated'], len(s['baseline_half_epochs_top1_each']), design.seeds)} "
             f"(limit {design.saturation_points:g} pt)."
         )
     if s["large_twice_epochs_top1"] is not None and s["baseline_top1_mean"] is not None:

@@ -296,6 +296,12 @@ def test_report_writes_the_design_before_any_run_and_the_verdict_after(study, tm
     assert "refutes needs all of: interval's upper end < -1 pt: yes; baseline saturated: yes;" in text
 
 
+def test_the_saturation_line_makes_no_call_before_every_half_epoch_seed_is_in(study):
+    assert study._saturation_call(None, 2, 3) == "no call before all 3 seeds are in (2 so far)"
+    assert study._saturation_call(False, 3, 3) == "not saturated"
+    assert study._saturation_call(True, 3, 3) == "saturated"
+
+
 def test_a_stopped_run_resumes_only_in_a_directory_started_with_its_settings(study, tmp_path):
     settings = {"config": {"a": 1}, "split": "final"}
     model_dir = str(tmp_path / "runs" / "final-256-seed0")
