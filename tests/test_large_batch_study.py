@@ -16,6 +16,11 @@ import pytest
 from scipy import stats
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# The sizes of the study's two splits (tuning: 10,000 held out of the training images; finals: the test images).
+SPLITS = {
+    "tune": {"num_train": 50000, "num_eval": 10000},
+    "final": {"num_train": 60000, "num_eval": 10000},
+}
 
 
 @pytest.fixture(scope="module")
@@ -129,13 +134,9 @@ def test_extensions_stop_at_the_designs_limit_and_the_pick_is_then_not_inside(st
 
 
 def test_a_runs_config_gives_the_trainer_its_absolute_peak_lr(study):
-    data = {
-        "tune": {"num_train": 50000, "num_eval": 10000},
-        "final": {"num_train": 60000, "num_eval": 10000},
-    }
     for batch, lr in ((256, 1.5), (4096, 12.0)):
         run = study.Run("final", batch, lr, study.DESIGN.epochs, seed=2)
-        config = run.config(study.DESIGN, data)
+        config = run.config(study.DESIGN, SPLITS)
         plan = config.plan
         assert plan.peak_learning_rate == pytest.approx(lr)
         assert config.optimizer.name == "lars" and config.loop.seed == 2
@@ -149,27 +150,22 @@ def test_a_runs_config_gives_the_trainer_its_absolute_peak_lr(study):
 def test_the_trainers_config_flag_reads_the_file_the_study_hands_it(study, tmp_path):
     from trainer_module.__main__ import parse_args, resolved_run
 
-    data = {"final": {"num_train": 60000, "num_eval": 10000}}
     run = study.Run("half", 256, 4.0, study.DESIGN.epochs // 2, seed=1)
     path = tmp_path / "config.json"
-    path.write_text(run.config(study.DESIGN, data).to_json())
+    path.write_text(run.config(study.DESIGN, SPLITS).to_json())
     args = parse_args(["--config", str(path), "--model-dir", str(tmp_path / "run")])
-    assert resolved_run(args).config == run.config(study.DESIGN, data)
+    assert resolved_run(args).config == run.config(study.DESIGN, SPLITS)
 
 
 def test_every_committed_run_is_recorded_with_the_settings_the_script_gives_it(study):
     """The results file's runs are the design's: a setting changed in the script would train them again."""
-    data = {
-        "tune": {"num_train": 50000, "num_eval": 10000},
-        "final": {"num_train": 60000, "num_eval": 10000},
-    }
     with open(os.path.join(REPO, "docs", "large_batch_study.json")) as f:
         runs = json.load(f)["runs"]
     assert runs
     for name, entry in runs.items():
         run = study.Run(entry["kind"], entry["batch"], entry["lr"], entry["epochs"], entry["seed"])
         assert run.name == name
-        assert entry["settings"] == {"config": run.settings(study.DESIGN, data), "split": run.split}
+        assert entry["settings"] == {"config": run.settings(study.DESIGN, SPLITS), "split": run.split}
 
 
 def test_a_setting_the_config_refuses_stops_the_study_in_one_line_before_any_directory(study, tmp_path):
