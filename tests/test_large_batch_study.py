@@ -228,6 +228,19 @@ def _finished_runs(study, large_top1):
     return runs
 
 
+def test_the_committed_summary_and_the_readme_state_the_verdict_the_script_computes(study):
+    """The verdict in the results file and the README is the script's, recomputed here from the per-run figures."""
+    with open(os.path.join(REPO, "docs", "large_batch_study.json")) as f:
+        results = json.load(f)
+    summary = study.summarise(study.DESIGN, results["runs"], results["reference"])["summary"]
+    assert summary == results["summary"]
+    with open(os.path.join(REPO, "README.md")) as f:
+        readme = f.read()
+    paragraph = readme[readme.index("`benchmarks/large_batch_study.py` tests") :].split("\n\n", 1)[0]
+    stated = {v for v in ("reproduces", "refutes", "budget-limited") if f"**{v}**" in paragraph}
+    assert stated == {summary["verdict"]}
+
+
 def test_summary_carries_the_issues_keys_and_the_scripts_verdict(study):
     runs = _finished_runs(study, [0.878, 0.880, 0.879])
     report = study.summarise(study.DESIGN, runs, {"test_top1": 0.84, "image_size": 28})
