@@ -466,7 +466,7 @@ class Run:
 
 def _significant(value: float, digits: int) -> float:
     """``value`` rounded to ``digits`` significant digits (the warmup's epochs, as the study records them)."""
-    return round(value, digits - 1 - math.floor(math.log10(abs(value)))) if value else value
+    return float(f"{value:.{digits}g}")
 
 
 class Results:

@@ -23,6 +23,11 @@ SPLITS = {
 }
 
 
+def _committed_results() -> dict:
+    with open(os.path.join(REPO, "docs", "large_batch_study.json")) as f:
+        return json.load(f)
+
+
 @pytest.fixture(scope="module")
 def study():
     spec = importlib.util.spec_from_file_location(
@@ -159,8 +164,7 @@ def test_the_trainers_config_flag_reads_the_file_the_study_hands_it(study, tmp_p
 
 def test_every_committed_run_is_recorded_with_the_settings_the_script_gives_it(study):
     """The results file's runs are the design's: a setting changed in the script would train them again."""
-    with open(os.path.join(REPO, "docs", "large_batch_study.json")) as f:
-        runs = json.load(f)["runs"]
+    runs = _committed_results()["runs"]
     assert runs
     for name, entry in runs.items():
         run = study.Run(entry["kind"], entry["batch"], entry["lr"], entry["epochs"], entry["seed"])
@@ -170,7 +174,7 @@ def test_every_committed_run_is_recorded_with_the_settings_the_script_gives_it(s
 
 def test_a_setting_the_config_refuses_stops_the_study_in_one_line_before_any_directory(study, tmp_path):
     design = dataclasses.replace(study.DESIGN, bn_examples=-1)
-    data = {"final": {"num_train": 60000, "num_eval": 10000, "train": "x", "eval": "y"}}
+    data = {"final": {**SPLITS["final"], "train": "x", "eval": "y"}}
     results = study.Results(str(tmp_path / "results.json"), design)
     runner = study.Runner(design, data, results, str(tmp_path), 1, lambda: None)
     run = study.Run("final", 256, 4.0, design.epochs, 0)
@@ -230,8 +234,7 @@ def _finished_runs(study, large_top1):
 
 def test_the_committed_summary_and_the_readme_state_the_verdict_the_script_computes(study):
     """The verdict in the results file and the README is the script's, recomputed here from the per-run figures."""
-    with open(os.path.join(REPO, "docs", "large_batch_study.json")) as f:
-        results = json.load(f)
+    results = _committed_results()
     summary = study.summarise(study.DESIGN, results["runs"], results["reference"])["summary"]
     assert summary == results["summary"]
     with open(os.path.join(REPO, "README.md")) as f:
