@@ -416,3 +416,98 @@ def test_config_round_trip():
 def test_bad_layer_settings_fail_at_construction(options, message):
     with pytest.raises(ValueError, match=message):
         GroupedBatchNormalization(**options)
+
+
+# The fused kernel against the two-pass form ----------------------------------------------------------------------
+
+
+def _train_outputs_and_gradients(layer, x, output_weights):
+    """One training call: outputs, d(sum(outputs * weights)) / d(x, gamma, beta), and the moving statistics."""
+
+    @tf.function
+    def step(x):
+        with tf.GradientTape() as tape:
+            tape.watch(x)
+            outputs = layer(x, training=True)
+            loss = tf.reduce_sum(outputs * output_weights)
+        return (outputs, *tape.gradient(loss, [x, layer.gamma, layer.beta]))
+
+    results = [tensor.numpy() for tensor in step(tf.constant(x))]
+    return results + [layer.moving_mean.numpy(), layer.moving_variance.numpy()]
+
+
+def _op_types(layer, shape):
+    graph = tf.function(lambda x: layer(x, training=True)).get_concrete_function(tf.TensorSpec(shape)).graph
+    return {op.type for op in graph.get_operations()}
+
+
+@pytest.mark.parametrize(
+    "shape, virtual_batch", [((256, 14, 14, 40), 128), ((256, 7, 7, 112), 64), ((12, 3, 5, 4), 3)]
+)
+def test_fused_ghost_batch_norm_matches_the_two_pass_form(shape, virtual_batch):
+    """Outputs, gradients of input, gamma and beta, and moving statistics, within float rounding."""
+    rng = np.random.default_rng(11)
+    channels = shape[-1]
+    # Each sub-batch its own offset and spread, so mixing sub-batches up would show.
+    sub_batch = np.repeat(np.arange(shape[0] // virtual_batch), virtual_batch).reshape(-1, 1, 1, 1)
+    x = (rng.normal(size=shape) * (1.0 + 0.5 * sub_batch) + sub_batch).astype(np.float32)
+    output_weights = rng.normal(size=shape).astype(np.float32)
+    gamma, beta = rng.normal(size=(2, channels)).astype(np.float32)
+    results = {}
+    for fused in (True, False):
+        layer = GroupedBatchNormalization(
+            momentum=MOMENTUM, epsilon=EPSILON, virtual_batch=virtual_batch, fused=fused
+        )
+        layer.build((None, *shape[1:]))
+        layer.gamma.assign(gamma)
+        layer.beta.assign(beta)
+        results[fused] = _train_outputs_and_gradients(layer, x, output_weights)
+
+    names = ["outputs", "input gradient", "gamma gradient", "beta gradient", "moving mean", "moving variance"]
+    for name, fused, two_pass in zip(names, results[True], results[False], strict=True):
+        scale = np.abs(two_pass).max()
+        np.testing.assert_allclose(fused, two_pass, atol=1e-5 * scale, rtol=1e-4, err_msg=name)
+
+
+def test_fused_ghost_batch_norm_takes_the_kernel_only_where_it_applies():
+    shape = (8, 4, 4, CHANNELS)
+    ghost = GroupedBatchNormalization(virtual_batch=4)
+    assert "FusedBatchNormV3" in _op_types(ghost, shape)
+    for layer, layer_shape in [
+        (GroupedBatchNormalization(virtual_batch=4, fused=False), shape),
+        (GroupedBatchNormalization(virtual_batch=4, epsilon=1e-6), shape),
+        (GroupedBatchNormalization(virtual_batch=4), (8, 2, 4, 4, CHANNELS)),  # 5-D
+        # bfloat16 layers compute in float32 (and take the kernel); a float64 layer cannot.
+        (GroupedBatchNormalization(virtual_batch=4, dtype="float64"), shape),
+    ]:
+        assert "FusedBatchNormV3" not in _op_types(layer, layer_shape), layer.get_config()
+
+
+def test_fused_ghost_batch_norm_under_a_strategy_averages_the_statistics_over_replicas(strategy):
+    """Every replica's batch split in two sub-batches; the fused kernel against NumPy, as the two-pass test."""
+    rng = np.random.default_rng(12)
+    per_replica = (
+        rng.normal(size=(NUM_REPLICAS, 6, 3, 3, CHANNELS)) + np.arange(6).reshape(1, 6, 1, 1, 1)
+    ).astype(np.float32)
+    with strategy.scope():
+        layer = GroupedBatchNormalization(momentum=MOMENTUM, epsilon=EPSILON, virtual_batch=3)
+        layer.build((None, 3, 3, CHANNELS))
+        layer.gamma.assign(GAMMA)
+        layer.beta.assign(BETA)
+    step = tf.function(lambda x: strategy.run(lambda b: layer(b, training=True), args=(x,)))
+    graph = step.get_concrete_function(_distribute(strategy, per_replica)).graph
+    assert "FusedBatchNormV3" in {op.type for op in graph.get_operations()}
+    outputs = strategy.experimental_local_results(step(_distribute(strategy, per_replica)))
+
+    wide = per_replica.astype(np.float64).reshape(NUM_REPLICAS, 2, 3, 3, 3, CHANNELS)
+    mean = wide.mean(axis=(2, 3, 4), keepdims=True)
+    variance = wide.var(axis=(2, 3, 4), keepdims=True)
+    expected = ((wide - mean) / np.sqrt(variance + EPSILON) * GAMMA + BETA).reshape(per_replica.shape)
+    np.testing.assert_allclose(np.stack(outputs), expected, atol=1e-5, rtol=1e-5)
+    for replica_mean, replica_variance in zip(
+        _replica_copies(layer.moving_mean), _replica_copies(layer.moving_variance), strict=True
+    ):
+        np.testing.assert_allclose(replica_mean, mean.mean(axis=(0, 1)).ravel() * (1 - MOMENTUM), atol=1e-5)
+        np.testing.assert_allclose(
+            replica_variance, MOMENTUM + variance.mean(axis=(0, 1)).ravel() * (1 - MOMENTUM), atol=1e-5
+        )

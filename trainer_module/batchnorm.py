@@ -29,7 +29,9 @@ Groups of one replica (per-replica batch norm, the only kind a single device has
 kernel when the input is a 4-D float32 image batch: one kernel computes the statistics and normalises, one
 computes the whole gradient. On CPU (oneDNN) that is several times faster than the two-pass form, whose
 elementwise ops and their gradients made up about 40% of an EfficientNet-B0 training step. The kernel returns
-the Bessel-corrected variance; the moving variance takes the biased one, as everywhere else here.
+the Bessel-corrected variance; the moving variance takes the biased one, as everywhere else here. Ghost
+batch norm takes the same kernel, once per sub-batch (``fused_virtual_batch_norm``). Cross-replica groups, bfloat16 or 5-D inputs and
+an epsilon below the kernel's floor keep the two-pass form.
 """
 
 from typing import NamedTuple
@@ -43,6 +45,7 @@ __all__ = [
     "GroupedBatchNormalization",
     "GroupMoments",
     "fused_per_replica_batch_norm",
+    "fused_virtual_batch_norm",
     "group_assignment",
     "grouped_moments",
     "virtual_batch_norm",
@@ -112,18 +115,60 @@ def fused_per_replica_batch_norm(x, scale, offset, epsilon):
             epsilon below the kernel's floor.
     """
     context = _replica_context()
-    if x.shape.rank != 4:
-        raise ValueError(
-            f"The fused batch-norm kernel needs inputs [batch, height, width, channels], got {x.shape}."
-        )
-    if epsilon < FUSED_KERNEL_MIN_EPSILON:
-        raise ValueError(f"epsilon={epsilon} is below the fused kernel's floor {FUSED_KERNEL_MIN_EPSILON}.")
+    _check_fused_kernel_inputs(x, epsilon)
     x, count = _checked_element_count(x)
     outputs, mean, unbiased_variance = tf.compat.v1.nn.fused_batch_norm(
         x, scale, offset, epsilon=epsilon, data_format="NHWC", is_training=True
     )
     # The kernel reports the variance times n / (n - 1); undo it (n = 1 gives 0, the biased variance then).
     variance = unbiased_variance * ((count - 1.0) / count)
+    return (outputs, *_replica_average(mean, variance, context))
+
+
+def fused_virtual_batch_norm(x, virtual_batch, scale, offset, epsilon):
+    """``virtual_batch_norm`` through the fused kernel, one kernel call per sub-batch.
+
+    The sub-batches are consecutive slices of the batch along its first axis, so each is handed to the kernel
+    as it lies in memory and the outputs are joined in the same order; the kernel's statistics and gradient
+    are then exactly each sub-batch's, and the gradients of scale and offset sum over the sub-batches as in
+    the two-pass form. Same results within float rounding as ``virtual_batch_norm``.
+
+    Folding the sub-batches into channels (``[G * v, H, W, C]`` to ``[v, H, W, G * C]``, one kernel call) computes
+    the same, but its four transposes (two forward, two backward) cost more than the slicing here in 10 of 12
+    shapes measured on this project's 2-core CPU (``benchmarks/ghost_batch_norm.py``, docs/status.md), 32
+    sub-batches included.
+
+    Args:
+        x: Float32 tensor ``[batch, height, width, channels]`` with a static batch size, this replica's batch.
+        virtual_batch: Examples per statistics group; must divide the batch.
+        scale: Float32 ``[channels]`` (gamma); ones for no scaling.
+        offset: Float32 ``[channels]`` (beta); zeros for no offset.
+        epsilon: Added to the variance before the square root; at least ``FUSED_KERNEL_MIN_EPSILON``.
+
+    Returns:
+        ``(outputs, moving_mean_update, moving_variance_update)``, as ``virtual_batch_norm``.
+
+    Raises:
+        ValueError: as ``fused_per_replica_batch_norm``, or on a batch ``virtual_batch`` does not divide.
+    """
+    groups = _ghost_groups(x, virtual_batch)
+    if groups == 1:
+        return fused_per_replica_batch_norm(x, scale, offset, epsilon)
+    context = _replica_context()
+    _check_fused_kernel_inputs(x, epsilon)
+    x, count = _checked_element_count(x)
+    normalised = [
+        tf.compat.v1.nn.fused_batch_norm(
+            sub_batch, scale, offset, epsilon=epsilon, data_format="NHWC", is_training=True
+        )
+        for sub_batch in tf.split(x, groups, axis=0)
+    ]
+    outputs = tf.concat([output for output, _, _ in normalised], axis=0)
+    mean = tf.reduce_mean(tf.stack([mean for _, mean, _ in normalised]), axis=0)
+    # The kernel reports each sub-batch's variance times n / (n - 1), n its elements per channel.
+    sub_batch_count = count / groups
+    unbiased = tf.reduce_mean(tf.stack([variance for _, _, variance in normalised]), axis=0)
+    variance = unbiased * ((sub_batch_count - 1.0) / sub_batch_count)
     return (outputs, *_replica_average(mean, variance, context))
 
 
@@ -149,10 +194,7 @@ def virtual_batch_norm(x, virtual_batch, scale, offset, epsilon):
     """
     context = _replica_context()
     x, _ = _checked_element_count(x)
-    batch, channels = x.shape[0], x.shape[-1]
-    if batch is None or batch % virtual_batch:
-        raise ValueError(f"virtual_batch={virtual_batch} does not divide the per-replica batch of {batch}.")
-    groups = batch // virtual_batch
+    groups, channels = _ghost_groups(x, virtual_batch), x.shape[-1]
     grouped = tf.reshape(x, [groups, virtual_batch, *x.shape[1:]])
     mean, variance = tf.nn.moments(grouped, axes=list(range(1, grouped.shape.rank - 1)), keepdims=True)
     outputs = tf.reshape(
@@ -181,9 +223,10 @@ class GroupedBatchNormalization(keras.layers.BatchNormalization):
         momentum: Momentum of the moving averages.
         epsilon: Added to the variance before the square root.
         name: Layer name.
-        fused: Use the fused batch-norm kernel where it applies (groups of one replica, 4-D float32 inputs,
-            epsilon >= ``FUSED_KERNEL_MIN_EPSILON``); same results within float rounding, several times
-            faster on CPU. False always takes the two-pass form (moments, then normalisation).
+        fused: Use the fused batch-norm kernel where it applies (groups of one replica, with or without
+            ``virtual_batch``; 4-D float32 inputs; epsilon >= ``FUSED_KERNEL_MIN_EPSILON``); same results
+            within float rounding, several times faster on CPU. False always takes the two-pass form
+            (moments, then normalisation).
         virtual_batch: Examples per statistics group within a replica (``virtual_batch_norm``); None = the
             replica's whole batch. Only with ``group_size=1``; must divide the per-replica batch.
         **batch_norm_options: Other ``keras.layers.BatchNormalization`` arguments (``center``, ``scale``,
@@ -241,17 +284,20 @@ class GroupedBatchNormalization(keras.layers.BatchNormalization):
         offset = keras.ops.cast(self.beta, compute_dtype) if self.center else None
         scale = keras.ops.cast(self.gamma, compute_dtype) if self.scale else None
         try:
-            if self.virtual_batch is not None:
+            if self._takes_fused_kernel(inputs):
+                channels = inputs.shape[-1]
+                scale = tf.ones([channels], compute_dtype) if scale is None else scale
+                offset = tf.zeros([channels], compute_dtype) if offset is None else offset
+                if self.virtual_batch is None:
+                    normalised = fused_per_replica_batch_norm(inputs, scale, offset, self.epsilon)
+                else:
+                    normalised = fused_virtual_batch_norm(
+                        inputs, self.virtual_batch, scale, offset, self.epsilon
+                    )
+                outputs, moving_mean_update, moving_variance_update = normalised
+            elif self.virtual_batch is not None:
                 outputs, moving_mean_update, moving_variance_update = virtual_batch_norm(
                     inputs, self.virtual_batch, scale, offset, self.epsilon
-                )
-            elif self._takes_fused_kernel(inputs):
-                channels = inputs.shape[-1]
-                outputs, moving_mean_update, moving_variance_update = fused_per_replica_batch_norm(
-                    inputs,
-                    tf.ones([channels], compute_dtype) if scale is None else scale,
-                    tf.zeros([channels], compute_dtype) if offset is None else offset,
-                    self.epsilon,
                 )
             else:
                 moments = grouped_moments(inputs, self.group_size, self.layout)
@@ -307,6 +353,23 @@ def _replica_context():
             "no strategy); it was called in a cross-replica context, where it cannot tell its replica."
         )
     return context
+
+
+def _check_fused_kernel_inputs(x, epsilon):
+    if x.shape.rank != 4:
+        raise ValueError(
+            f"The fused batch-norm kernel needs inputs [batch, height, width, channels], got {x.shape}."
+        )
+    if epsilon < FUSED_KERNEL_MIN_EPSILON:
+        raise ValueError(f"epsilon={epsilon} is below the fused kernel's floor {FUSED_KERNEL_MIN_EPSILON}.")
+
+
+def _ghost_groups(x, virtual_batch):
+    """How many sub-batches of ``virtual_batch`` examples this replica's batch holds."""
+    batch = x.shape[0] if x.shape.rank else None
+    if batch is None or batch % virtual_batch:
+        raise ValueError(f"virtual_batch={virtual_batch} does not divide the per-replica batch of {batch}.")
+    return batch // virtual_batch
 
 
 def _checked_element_count(x):
