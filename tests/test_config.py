@@ -432,6 +432,11 @@ def test_bn_group_replicas(batch, cores, rule, explicit, expected):
         (lambda: ScheduleConfig(lr_per_256=0.0), ValueError, "schedule.lr_per_256=0.0 must be positive"),
         (lambda: DataConfig(num_cores=0), ValueError, "data.num_cores=0 must be at least 1"),
         (lambda: LoopConfig(target_top1=1.5), ValueError, "loop.target_top1=1.5 is outside"),
+        (
+            lambda: LoopConfig(cpu_threads=-1),
+            ValueError,
+            r"loop.cpu_threads=-1 must be >= 0 \(0 = every core\)",
+        ),
         (lambda: TrainerConfig(model="b0"), TypeError, "model='b0' must be ModelConfig"),
     ],
 )

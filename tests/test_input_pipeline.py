@@ -165,6 +165,62 @@ def test_seeded_train_dataset_is_reproducible_and_the_seed_matters(shards):
     assert not unseeded.options().deterministic  # speed by default
 
 
+def _record_at_a_time(files, inputs):
+    """The training stream as it was built before batches were prepared whole: each record parsed, cropped,
+    resized and flipped on its own with its own [3, 2] seeds, then batched (the reference of the next test)."""
+    file_seed, shuffle_seed, augment_seed = ip._pipeline_seeds(inputs.seed, 0)
+    records = tf.data.Dataset.from_tensor_slices(files).shuffle(len(files), seed=file_seed).repeat()
+    records = ip._records(records, min(inputs.cycle_length, len(files)), True)
+    records = records.shuffle(inputs.shuffle_buffer_size, seed=shuffle_seed)
+    seeds = tf.data.Dataset.random(seed=augment_seed).batch(6).map(lambda s: tf.reshape(s, [3, 2]))
+    check_label = ip.LabelChecker(num_classes=inputs.num_classes)
+
+    def one(record_and_path, seeds):
+        record, path = record_and_path
+        example = ip.parse_example(record)
+        image = ip.preprocess_for_train(
+            example[schema.IMAGE_ENCODED], inputs.image_size, seeds, min_crop_area=inputs.min_crop_area
+        )
+        return image, check_label(example[schema.LABEL], example[schema.SYNSET], path)
+
+    stream = tf.data.Dataset.zip(records, seeds).skip(inputs.skip_records).map(one)
+    return stream.batch(inputs.global_batch_size, drop_remainder=True)
+
+
+def test_batches_prepared_whole_hold_the_images_and_labels_of_one_record_at_a_time(shards):
+    files = ip.list_files(_train_files(shards))
+    inputs = ip.TrainInputs(8, IMAGE_SIZE, seed=4, skip_records=13, min_crop_area=0.3)
+    ours = ip.build_train_dataset(files, None, inputs)
+    for (images, labels), (expected_images, expected_labels) in zip(
+        ours.take(3), _record_at_a_time(files, inputs).take(3), strict=True
+    ):
+        np.testing.assert_array_equal(images.numpy(), expected_images.numpy())
+        np.testing.assert_array_equal(labels.numpy(), expected_labels.numpy())
+
+
+def test_input_pipelines_get_the_threads_of_the_setting(shards):
+    for threads in (0, 1):
+        train = ip.build_train_dataset(
+            _train_files(shards), None, ip.TrainInputs(8, IMAGE_SIZE, threads=threads)
+        )
+        evaluation = ip.build_eval_dataset(
+            _val_files(shards), None, ip.EvalInputs(8, IMAGE_SIZE, threads=threads)
+        )
+        for dataset in (train, evaluation):
+            options = dataset.options()
+            assert options.threading.private_threadpool_size == (threads or None)
+            assert options.autotune.cpu_budget == (threads or None)
+    assert ip.TrainInputs.of(_config_with_threads(3)).threads == 3
+    assert ip.EvalInputs.of(_config_with_threads(3)).threads == 3
+
+
+def _config_with_threads(threads):
+    from trainer_module.config import replace
+    from trainer_module.presets import get_preset
+
+    return replace(get_preset("demo"), {"loop.cpu_threads": threads})
+
+
 def test_train_per_replica_batch_and_hosts_get_disjoint_files(shards):
     files = ip.list_files(_train_files(shards))
     assert len(files) == TRAIN_SHARDS

@@ -266,3 +266,27 @@ def test_weight_average_at_the_papers_decay_evaluates_close_to_the_raw_weights_a
     resumed.checkpoint.restore(tf.train.latest_checkpoint(paths.checkpoint_dir)).expect_partial()
     for before, after in zip(trainer.average.averages, resumed.average.averages, strict=True):
         np.testing.assert_array_equal(before.numpy(), after.numpy())
+
+
+def test_thread_pools_in_a_process_whose_runtime_runs_already_keep_their_size_and_say_so(caplog):
+    from trainer_module import run as runs
+
+    tf.constant(1.0) + 1.0  # the runtime of this test process has started (as in a pipeline's process)
+    before = tf.config.threading.get_intra_op_parallelism_threads()
+    with caplog.at_level("WARNING", logger="trainer_module"):
+        runs.size_thread_pools(before + 1)
+    assert tf.config.threading.get_intra_op_parallelism_threads() == before
+    assert f"loop.cpu_threads={before + 1}: TensorFlow's runtime started before the run" in caplog.text
+
+
+@pytest.mark.slow
+def test_thread_pools_are_sized_before_the_runtime_starts():
+    probe = (
+        "from trainer_module import run as runs; import tensorflow as tf; runs.size_thread_pools(1); "
+        "tf.constant(1.0) + 1.0; t = tf.config.threading; "
+        "print(t.get_intra_op_parallelism_threads(), t.get_inter_op_parallelism_threads())"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", probe], cwd=REPO, capture_output=True, text=True, check=True, timeout=120
+    )
+    assert result.stdout.split() == ["1", "1"]

@@ -435,6 +435,11 @@ class LoopConfig(_Section):
         truncated run: the learning rate, warmup and decay stay those of the whole budget); None trains the
         whole budget. Running the same config again with a later value resumes it from its checkpoint (bit
         for bit under ``deterministic``): how a tuner screens and continues a trial.
+      cpu_threads: the CPU cores the run owns: TensorFlow's op thread pools (intra-op and inter-op) and the
+        input pipelines' tf.data pools are sized for this many threads; 0 leaves TensorFlow's default (every
+        core the process may run on). Set it when runs share a machine (the large-batch study runs two side by
+        side with 1 each) or a container's CPU limit is below the machine's cores; it changes what a step
+        costs, not what it computes.
     """
 
     train_epochs: int = 350
@@ -446,6 +451,7 @@ class LoopConfig(_Section):
     seed: int = 0
     deterministic: bool = False
     stop_at_epoch: int | None = None
+    cpu_threads: int = 0
 
     def _validate(self):
         if self.train_epochs < 1:
@@ -459,6 +465,8 @@ class LoopConfig(_Section):
         if self.target_top1 is not None:
             _check_range("loop.target_top1", self.target_top1, 0.0, 1.0)
         STRATEGIES.check(self.strategy)
+        if self.cpu_threads < 0:
+            raise ValueError(f"loop.cpu_threads={self.cpu_threads} must be >= 0 (0 = every core)")
         stop = self.stop_at_epoch
         if stop is not None and not 1 <= stop <= self.train_epochs:
             raise ValueError(

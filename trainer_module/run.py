@@ -28,6 +28,34 @@ def use_logical_cpus(count: int) -> list[str]:
     return [d.name for d in tf.config.list_logical_devices("CPU")]
 
 
+def size_thread_pools(threads: int) -> None:
+    """TensorFlow's op thread pools (intra-op and inter-op) sized for ``threads`` cores (``loop.cpu_threads``;
+    0 leaves them as they are).
+
+    The pools can only be sized before TensorFlow's runtime starts in the process; where it has started with
+    other sizes (a pipeline that ran TensorFlow before its Trainer, in one process) the run keeps them and says
+    so in its log; the input pipelines' pools are sized by their options either way.
+    """
+    threading = tf.config.threading
+    wanted = (threads, threads)
+    if (
+        not threads
+        or (threading.get_intra_op_parallelism_threads(), threading.get_inter_op_parallelism_threads())
+        == wanted
+    ):
+        return
+    try:
+        threading.set_intra_op_parallelism_threads(threads)
+        threading.set_inter_op_parallelism_threads(threads)
+    except RuntimeError:
+        logger.warning(
+            "loop.cpu_threads=%d: TensorFlow's runtime started before the run in this process, so its op thread "
+            "pools keep their size; the input pipelines use %d threads",
+            threads,
+            threads,
+        )
+
+
 def run(
     resolved: ResolvedRun,
     train_files: list[str],
@@ -46,6 +74,7 @@ def run(
     logging.getLogger("trainer_module").setLevel(logging.INFO)
     resolved = resolved.with_data(resolve.data_sizes(train_files, eval_files))
     config = resolved.config
+    size_thread_pools(config.loop.cpu_threads)
     strategy = strategies.build_strategy(config, devices)
     result, trainer = train.train_and_evaluate(
         config, train_files, eval_files, paths, strategy, tuned=dict(resolved.tuned)
