@@ -51,6 +51,9 @@ from PIL import Image
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # the third design's module, beside this file
+
+import epoch_multiplier  # noqa: E402 - the third design (beside this file)
 
 from beam_preprocess import sample_data  # noqa: E402
 from effnet_common import schema  # noqa: E402
@@ -405,7 +408,8 @@ def simple_reference(data: dict, image_size: int) -> dict:
 class Run:
     """One training run of the study: a batch at a peak LR for some epochs with a seed, on a split."""
 
-    kind: str  # "grid" (tuning split), "final", "half" (half the epochs), "long" (twice the epochs)
+    kind: str  # "grid" (tuning split), "final", "half" (half the epochs), "long" (twice the epochs), or
+    # "budget" (the third design's end-of-schedule runs, epoch_multiplier.py)
     batch: int
     lr: float
     epochs: int
@@ -419,13 +423,15 @@ class Run:
     def name(self) -> str:
         if self.kind == "grid":
             return f"grid-{self.batch}-lr{self.lr:g}"
+        if self.kind == "budget":
+            return f"budget-{self.batch}-e{self.epochs}-seed{self.seed}"
         return f"{self.kind}-{self.batch}-seed{self.seed}"
 
     def settings(self, design: Design, data: dict) -> dict[str, object]:
         """Every setting of the run as typed values by dotted key, pinned here so that edits of the demo
         preset leave the study as it is. They are also the run's identity in the results file."""
         split = data[self.split]
-        return {
+        settings = {
             "model.variant": "tiny",
             "model.precision": "float32",
             "model.image_size": design.image_size,
@@ -458,6 +464,10 @@ class Run:
             "loop.deterministic": False,
             "loop.seed": self.seed,
         }
+        if self.kind == "budget":  # the third design's cheaper cadence and one core a run (same results)
+            settings["loop.eval_every_epochs"] = max(1, self.epochs // 36)
+            settings["loop.cpu_threads"] = 1
+        return settings
 
     def config(self, design: Design, data: dict) -> TrainerConfig:
         """What the run trains with: the demo preset with the run's settings and name."""
@@ -908,7 +918,7 @@ def results_section(design: Design, report: dict, runs: dict[str, dict], referen
     ]
     for name in sorted(runs, key=lambda n: (runs[n]["kind"] != "final", runs[n]["kind"], n)):
         r = runs[name]
-        if r["kind"] == "grid":
+        if r["kind"] in ("grid", "budget"):  # the third design's runs are in its own section
             continue
         figure = "diverged" if r["diverged"] else _fmt(r["final_top1"])
         lines.append(
@@ -970,7 +980,7 @@ def plot(design: Design, runs: dict[str, dict], path: str) -> None:
     labelled, not_reached = set(), []
     for name in sorted(runs):
         r = runs[name]
-        if not r.get("history"):
+        if not r.get("history") or r["kind"] == "budget":  # the third design has its own plot
             continue
         key = (r["kind"], r["batch"])
         label = None if key in labelled else f"{r['kind']} {r['batch']} ({r['epochs']} epochs)"
@@ -1032,6 +1042,75 @@ def plot(design: Design, runs: dict[str, dict], path: str) -> None:
 # ---------------------------------------------------------------------------------------------- main
 
 
+MULTIPLIER_PLOT = "large_batch_study_multiplier.png"
+# CPU-seconds per epoch of 60,000 images of the third design's runs (new code, one core a run, two side by
+# side; 256 and 4096 from the 8-epoch checks of the new code, 1024 between them), measured before its runs
+# (docs/status.md); for the budget in its design section.
+MULTIPLIER_CPU_SECONDS_PER_EPOCH = {256: 46.0, 1024: 40.0, 4096: 37.0}
+multiplier_cost = epoch_multiplier.estimated_cost(
+    epoch_multiplier.MULTIPLIER, MULTIPLIER_CPU_SECONDS_PER_EPOCH
+)
+
+
+def report_figures(design: Design, third, runs: dict[str, dict], reference: dict | None) -> dict:
+    """The results file's figures: the second design's summary with the third's as ``epoch_multiplier``."""
+    report = summarise(design, runs, reference)
+    report["summary"]["epoch_multiplier"] = epoch_multiplier.summarise(
+        third, runs, lambda batch: steps_per_epoch(runs, batch)
+    )
+    return report
+
+
+def steps_per_epoch(runs: dict[str, dict], batch: int) -> float | None:
+    """The optimizer steps per epoch of ``batch`` on the finals' split, from a finished run of it."""
+    for run in runs.values():
+        if run["batch"] == batch and run["kind"] != "grid" and run.get("steps"):
+            return run["steps"] / run["epochs"]
+    return None
+
+
+def _check_same_multiplier(results: Results, third: epoch_multiplier.MultiplierDesign) -> None:
+    saved = results.saved.get("epoch_multiplier_design")
+    current = json.loads(json.dumps(third.to_dict()))
+    if saved is not None and saved != current:
+        changed = sorted(k for k in saved.keys() | current.keys() if saved.get(k) != current.get(k))
+        raise SystemExit(
+            f"[study] {results.path} holds the epoch multiplier's runs of another design (differs in "
+            f"{', '.join(changed)}); restore the design or start the study with another --out-dir"
+        )
+
+
+def multiplier_runs(third: epoch_multiplier.MultiplierDesign, runs: dict[str, dict]) -> list[Run]:
+    """The third design's runs not yet in ``runs`` (any design's run of the same batch, LR, epochs and seed
+    counts), the large batch's first: they take longest."""
+    wanted = [(third.large_batch, third.large_epochs, seed) for seed in range(third.large_seeds)]
+    wanted += [(third.small_batch, e, seed) for e in epoch_multiplier.small_budgets_needed(third, runs)
+               for seed in range(third.small_seeds)]  # fmt: skip
+    wanted += [(third.middle_batch, third.middle_epochs, seed) for seed in range(third.middle_seeds)]
+    have = {
+        (r["batch"], r["epochs"], r["seed"])
+        for r in runs.values()
+        if r["kind"] != "grid" and r["lr"] == third.lr
+    }
+    return [Run("budget", batch, third.lr, epochs, seed) for batch, epochs, seed in wanted
+            if (batch, epochs, seed) not in have]  # fmt: skip
+
+
+def run_multiplier(third, results: Results, runner: Runner, jobs: int, write, start: float) -> int:
+    """Trains the third design's runs until none is missing (a small-batch budget added by the design's
+    extension rule once the runs it depends on are in), then prints its summary."""
+    while todo := multiplier_runs(third, results.runs):
+        say(f"[study] epoch multiplier: {len(todo)} runs to train: {', '.join(r.name for r in todo)}")
+        with concurrent.futures.ThreadPoolExecutor(jobs) as pool:
+            list(pool.map(runner, todo))
+    with results.lock:
+        write()
+    summary = epoch_multiplier.summarise(third, results.runs, lambda b: steps_per_epoch(results.runs, b))
+    print(json.dumps({k: summary[k] for k in ("k", "k_interval", "k_bound", "at_large_epochs", "finding")}))
+    say(f"[study] epoch multiplier done in {(time.time() - start) / 60:.0f} min; wrote {results.path}")
+    return 0
+
+
 def superseded_section(path: str) -> str:
     """The 20-epoch study's report, kept below the new one (from the file as committed before this design)."""
     if not os.path.exists(path):
@@ -1051,20 +1130,27 @@ def main(argv: list[str] | None = None) -> int:
     what = parser.add_mutually_exclusive_group()
     what.add_argument("--design-only", action="store_true", help="write the design section, train nothing")
     what.add_argument("--report-only", action="store_true", help="rewrite the .md/.png from the JSON")
+    what.add_argument(
+        "--multiplier",
+        action="store_true",
+        help="train the third design's runs (epoch_multiplier.py), reusing the second design's; needs its runs",
+    )
     args = parser.parse_args(argv)
 
-    design = DESIGN
+    design, third = DESIGN, epoch_multiplier.MULTIPLIER
     os.makedirs(args.out_dir, exist_ok=True)
     results = Results(os.path.join(args.out_dir, RESULTS), design)
+    _check_same_multiplier(results, third)
     report_path = os.path.join(args.out_dir, REPORT)
     superseded = superseded_section(report_path)
     budget = estimated_budget(design, args.cpu_seconds_per_epoch)
 
     def write() -> None:
-        report = summarise(design, results.runs, results.reference)
+        report = report_figures(design, third, results.runs, results.reference)
         everything = {
             **report,
             "design": design.to_dict(),
+            "epoch_multiplier_design": third.to_dict(),
             "budget_estimate": budget,
             "reference": results.reference,
             "runs": results.runs,
@@ -1078,6 +1164,10 @@ def main(argv: list[str] | None = None) -> int:
             design_section(design, budget),
             "",
             results_section(design, report, results.runs, results.reference),
+            "",
+            epoch_multiplier.design_section(third, multiplier_cost),
+            "",
+            epoch_multiplier.results_section(third, report["summary"]["epoch_multiplier"]),
         ]
         if superseded:
             text += ["", superseded]
@@ -1085,6 +1175,9 @@ def main(argv: list[str] | None = None) -> int:
             f.write("\n".join(text).rstrip() + "\n")
         if any(r.get("history") for r in results.runs.values()):
             plot(design, results.runs, os.path.join(args.out_dir, PLOT))
+            epoch_multiplier.plot(
+                third, report["summary"]["epoch_multiplier"], os.path.join(args.out_dir, MULTIPLIER_PLOT)
+            )
 
     if args.design_only or args.report_only:
         write()
@@ -1101,6 +1194,8 @@ def main(argv: list[str] | None = None) -> int:
         with results.lock:
             write()
     runner = Runner(design, data, results, args.work_dir, args.jobs, write)
+    if args.multiplier:
+        return run_multiplier(third, results, runner, args.jobs, write, start)
     # Both cells' grids side by side; the finals and checks after both picks, in order (seed by seed, so that
     # an interrupted study has both cells at the same depth).
     batches = (design.small_batch, design.large_batch)

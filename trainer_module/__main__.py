@@ -99,6 +99,11 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
         "--cpu-devices", type=int, default=0, help="split the CPU into N logical devices (mirrored strategy)"
     )
     parser.add_argument(
+        "--profile-steps", type=_step_range, metavar="FIRST-LAST",
+        help="trace training steps FIRST to LAST with TensorFlow's profiler into the run's TensorBoard directory "
+        "(loop.profile_from_step / loop.profile_steps); open it in TensorBoard's Profile tab",
+    )  # fmt: skip
+    parser.add_argument(
         "--plan",
         action="store_true",
         help="print the resolved config and derived values as JSON; train nothing",
@@ -112,6 +117,20 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="show the libraries' logs live instead of writing them to MODEL_DIR/logs/",
     )
+
+
+def _step_range(text: str) -> tuple[int, int]:
+    """``FIRST-LAST`` -> (first step, number of steps)."""
+    first, dash, last = text.partition("-")
+    try:
+        first_step, last_step = int(first), int(last)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected FIRST-LAST step numbers, e.g. 20-24, got {text!r}"
+        ) from None
+    if not dash or first_step < 0 or last_step < first_step:
+        raise argparse.ArgumentTypeError(f"expected FIRST-LAST with 0 <= FIRST <= LAST, got {text!r}")
+    return first_step, last_step - first_step + 1
 
 
 def _step_list(text: str) -> list[int]:
@@ -185,6 +204,9 @@ def resolved_run(args, data=None):
     base = base_config(args)
     try:
         settings = parse_overrides(args.overrides)
+        if getattr(args, "profile_steps", None):
+            first_step, num_steps = args.profile_steps
+            settings.update({"loop.profile_from_step": first_step, "loop.profile_steps": num_steps})
         run = resolve.resolve_run(base.config, settings, data=data, tuned=base.tuned)
     except (TypeError, ValueError) as e:
         raise console.UsageError("", "", console.one_line(e)) from None  # the message names the override

@@ -440,6 +440,10 @@ class LoopConfig(_Section):
         core the process may run on). Set it when runs share a machine (the large-batch study runs two side by
         side with 1 each) or a container's CPU limit is below the machine's cores; it changes what a step
         costs, not what it computes.
+      profile_from_step / profile_steps: trace ``profile_steps`` training steps from step
+        ``profile_from_step`` with TensorFlow's profiler into the run's TensorBoard directory (its Profile tab,
+        the tensorboard-plugin-profile package); 0 steps traces nothing. A step after the first (which traces
+        and compiles the step) shows the steady state.
     """
 
     train_epochs: int = 350
@@ -452,6 +456,8 @@ class LoopConfig(_Section):
     deterministic: bool = False
     stop_at_epoch: int | None = None
     cpu_threads: int = 0
+    profile_from_step: int = 0
+    profile_steps: int = 0
 
     def _validate(self):
         if self.train_epochs < 1:
@@ -467,6 +473,9 @@ class LoopConfig(_Section):
         STRATEGIES.check(self.strategy)
         if self.cpu_threads < 0:
             raise ValueError(f"loop.cpu_threads={self.cpu_threads} must be >= 0 (0 = every core)")
+        for name in ("profile_from_step", "profile_steps"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"loop.{name}={getattr(self, name)} must be >= 0")
         stop = self.stop_at_epoch
         if stop is not None and not 1 <= stop <= self.train_epochs:
             raise ValueError(

@@ -199,6 +199,18 @@ class Recorder:
             tf.summary.scalar("train/learning_rate", lr)
             tf.summary.scalar("train/images_per_second", rate)
 
+    def profiled(self, directory: str, first_step: int, end_step: int) -> None:
+        """A profiler trace of steps ``first_step`` to ``end_step`` - 1 was written to ``directory``."""
+        self.event("profile", directory=directory, first_step=first_step, end_step=end_step)
+        say = console.say if self._chief else logger.info
+        say(
+            "profile of steps %d-%d: %s (TensorBoard's Profile tab: tensorboard --logdir %s)",
+            first_step,
+            end_step - 1,
+            directory,
+            self._tensorboard_dir,
+        )
+
     def evaluation(self, step: int, elapsed_seconds: float, result: dict) -> dict:
         """One in-loop evaluation: appended to the history, logged, summarised."""
         entry = {

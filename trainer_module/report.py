@@ -232,6 +232,13 @@ def render_html(record: RunRecord, pipeline: dict | None = None) -> str:
             f"{metrics['allreduce_share']:.3f}" if metrics.get("allreduce_share") else None,
         ),
     ]
+    for profile in (e for e in record.events if e["event"] == "profile"):
+        summary.append(
+            (
+                f"profile of steps {profile['first_step']}-{profile['end_step'] - 1}",
+                f"{profile['directory']} (TensorBoard's Profile tab, tensorboard-plugin-profile)",
+            )
+        )
     for key, value in (pipeline or {}).items():
         summary.append((key, value))
     changed = changed_settings(record.config)

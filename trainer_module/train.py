@@ -32,6 +32,7 @@ from trainer_module.averaging import WeightAverage, averaged_variables
 from trainer_module.batchnorm import GroupedBatchNormalization
 from trainer_module.config import TrainerConfig
 from trainer_module.models import efficientnet
+from trainer_module.profiling import StepProfiler
 from trainer_module.recorder import Recorder, RunResult
 
 CHECKPOINT_DIR = "checkpoints"
@@ -441,28 +442,12 @@ def _train_and_evaluate(config, train_files, eval_files, paths, strategy, tuned)
     )
     recorder.flush()
     loop_start = time.time() - float(trainer.elapsed.numpy())
-    while step < plan.stop_step and not recorder.peak_reached(target):
-        next_eval = plan.next_eval_step(step)
-        while step < next_eval:
-            num = min(plan.steps_per_loop, next_eval - step)
-            started = time.time()
-            loss = float(_labels_checked(config, trainer.train_loop, inputs.train, tf.constant(num)))
-            if not math.isfinite(loss):
-                recorder.event("non_finite_loss", step=step, loss=loss)
-                recorder.flush()
-                raise NonFiniteLossError(
-                    f"training loss became {loss} between steps {step} and {step + num}; the last good checkpoint "
-                    f"({manager.latest_checkpoint}) is kept. Lower schedule.lr_per_256 or check the input data."
-                )
-            step += num
-            recorder.training(step, plan.stop_step, num, loss, trainer.learning_rate, time.time() - started)
-        with trainer.evaluation_weights():
-            result = _evaluate(trainer, inputs.evaluation, inputs.eval_plan, config)
-        trainer.elapsed.assign(time.time() - loop_start)
-        recorder.evaluation(step, float(trainer.elapsed.numpy()), result)
-        # The history goes first: if the run dies between the two, the resumed run redoes this evaluation.
-        recorder.flush()
-        manager.save(checkpoint_number=step)
+    loop = config.loop
+    profiler = StepProfiler(loop.profile_from_step, loop.profile_steps, paths.resolved_tensorboard_dir)
+    try:
+        step = _train_loop(config, trainer, inputs, recorder, manager, profiler, step, loop_start)
+    finally:
+        profiler.close()
 
     # A truncated run (loop.stop_at_epoch) says where it stopped; running it again with a later epoch resumes it.
     stopped_at_epoch = None
@@ -479,6 +464,38 @@ def _train_and_evaluate(config, train_files, eval_files, paths, strategy, tuned)
         ),
         trainer,
     )
+
+
+def _train_loop(config, trainer, inputs, recorder, manager, profiler, step, loop_start) -> int:
+    """Trains and evaluates from ``step`` to the run's stop (or its target); returns the step it ended at."""
+    plan, target = config.plan, config.loop.target_top1
+    while step < plan.stop_step and not recorder.peak_reached(target):
+        next_eval = plan.next_eval_step(step)
+        while step < next_eval:
+            num = profiler.limit(step, min(plan.steps_per_loop, next_eval - step))
+            profiler.before(step)
+            started = time.time()
+            loss = float(_labels_checked(config, trainer.train_loop, inputs.train, tf.constant(num)))
+            if not math.isfinite(loss):
+                recorder.event("non_finite_loss", step=step, loss=loss)
+                recorder.flush()
+                raise NonFiniteLossError(
+                    f"training loss became {loss} between steps {step} and {step + num}; the last good checkpoint "
+                    f"({manager.latest_checkpoint}) is kept. Lower schedule.lr_per_256 or check the input data."
+                )
+            step += num
+            recorder.training(step, plan.stop_step, num, loss, trainer.learning_rate, time.time() - started)
+            traced = profiler.after(step)
+            if traced:
+                recorder.profiled(traced, profiler.first, step)
+        with trainer.evaluation_weights():
+            result = _evaluate(trainer, inputs.evaluation, inputs.eval_plan, config)
+        trainer.elapsed.assign(time.time() - loop_start)
+        recorder.evaluation(step, float(trainer.elapsed.numpy()), result)
+        # The history goes first: if the run dies between the two, the resumed run redoes this evaluation.
+        recorder.flush()
+        manager.save(checkpoint_number=step)
+    return step
 
 
 def _labels_checked(config: TrainerConfig, loop_fn, *args):
