@@ -39,8 +39,16 @@ setup(
     ),
     install_requires=INSTALL_REQUIRES,
     # gcp-storage-emulator: a GCS JSON-API server the tests run beam_preprocess against (tests/gcs_emulator.py);
-    # pytest-xdist: the suite runs on two workers (scripts/test.sh).
+    # pytest-xdist: the suite runs on two workers (scripts/test.sh); tensorboard-plugin-profile: TensorBoard's
+    # Profile tab for --profile-steps traces, whose proto benchmarks/profile_step.py reads them with (the
+    # release of the pinned TensorFlow's version).
     extras_require={
-        "dev": ["pytest>=8", "ruff==0.8.6", "gcp-storage-emulator==2026.7.19", "pytest-xdist==3.8.0"]
+        "dev": [
+            "pytest>=8",
+            "ruff==0.8.6",
+            "gcp-storage-emulator==2026.7.19",
+            "pytest-xdist==3.8.0",
+            "tensorboard-plugin-profile==2.16.0",
+        ]
     },
 )
