@@ -13,9 +13,6 @@ INSTALL_REQUIRES = [
     "tfx[kfp]==1.16.0",
     "kfp>=2.6,<2.14",
     "apache-beam[gcp]==2.59.0",
-    "tensorflow-datasets==4.9.10",
-    # tensorflow-datasets imports importlib_resources without declaring it.
-    "importlib_resources",
     "tensorflow-model-analysis==0.47.1",
     "protobuf>=4.25.2,<5",
     "pyarrow>=10,<11",
@@ -29,6 +26,8 @@ INSTALL_REQUIRES = [
     "matplotlib>=3.8",
 ]
 
+TFDS = ["tensorflow-datasets==4.9.10", "importlib_resources"]
+
 setup(
     name="effnet-pipeline",
     version="0.1.0",
@@ -37,18 +36,25 @@ setup(
     packages=find_packages(
         include=["beam_preprocess*", "components*", "effnet_common*", "pipeline*", "trainer_module*"]
     ),
+    # The ILSVRC2012 synset and validation-label lists (effnet_common/schema.py).
+    package_data={"effnet_common": ["data/*.txt"]},
     install_requires=INSTALL_REQUIRES,
     # gcp-storage-emulator: a GCS JSON-API server the tests run beam_preprocess against (tests/gcs_emulator.py);
     # pytest-xdist: the suite runs on two workers (scripts/test.sh); tensorboard-plugin-profile: TensorBoard's
     # Profile tab for --profile-steps traces, whose proto benchmarks/profile_step.py reads them with (the
     # release of the pinned TensorFlow's version).
+    # tensorflow-datasets: only to read or write a tfds copy of ImageNet (beam_preprocess --tfds-data-dir
+    # reads its records without it; benchmarks/preprocess.py and a test prepare one); it imports
+    # importlib_resources without declaring it.
     extras_require={
+        "tfds": TFDS,
         "dev": [
+            *TFDS,
             "pytest>=8",
             "ruff==0.8.6",
             "gcp-storage-emulator==2026.7.19",
             "pytest-xdist==3.8.0",
             "tensorboard-plugin-profile==2.16.0",
-        ]
+        ],
     },
 )

@@ -2,14 +2,14 @@
 
 Feature keys follow tensorflow/tpu ``imagenet_to_gcs.py``; the label convention does not: labels are
 0..999, the position of the synset in the sorted list of the 1000 ILSVRC2012 synsets (the order
-tensorflow-datasets uses), with no reserved background class. Keep this module free of heavy imports:
+tensorflow-datasets uses too), with no reserved background class. Keep this module free of heavy imports:
 the trainer imports it on TPU hosts that never run Beam.
 """
 
 from __future__ import annotations
 
 import functools
-import importlib.util
+import importlib.resources
 import os
 
 IMAGE_ENCODED = "image/encoded"
@@ -41,22 +41,24 @@ NUM_TRAIN_IMAGES = 1_281_167
 NUM_VALIDATION_IMAGES = 50_000
 
 
-def _tfds_imagenet_dir() -> str:
-    # Locate the files tensorflow-datasets ships without importing it (the import takes seconds).
-    spec = importlib.util.find_spec("tensorflow_datasets")
-    if spec is None or not spec.submodule_search_locations:
-        raise RuntimeError("tensorflow-datasets is not installed: it ships the ILSVRC2012 synset list")
-    return os.path.join(list(spec.submodule_search_locations)[0], "datasets", "imagenet2012")
+# The ILSVRC2012 devkit's facts, shipped with this package (effnet_common/data/): the 1000 synsets in label
+# order, and the synset of each of the 50,000 official validation images. The same lists tensorflow-datasets
+# ships (tests/test_schema.py compares them where it is installed); reading them needs no third-party package.
+SYNSETS_FILE = "imagenet2012_synsets.txt"
+VALIDATION_SYNSETS_FILE = "imagenet2012_validation_synsets.txt"
+
+
+def _data_lines(name: str) -> tuple[str, ...]:
+    text = importlib.resources.files("effnet_common").joinpath("data", name).read_text(encoding="utf-8")
+    return tuple(line.strip() for line in text.splitlines() if line.strip())
 
 
 @functools.cache
 def synsets() -> tuple[str, ...]:
     """The 1000 ILSVRC2012 synset ids (wnids) in label order."""
-    path = os.path.join(_tfds_imagenet_dir(), "labels.txt")
-    with open(path, encoding="utf-8") as f:
-        ids = tuple(line.strip() for line in f if line.strip())
+    ids = _data_lines(SYNSETS_FILE)
     if len(ids) != NUM_CLASSES or list(ids) != sorted(ids):
-        raise RuntimeError(f"{path}: expected {NUM_CLASSES} sorted synsets, found {len(ids)}")
+        raise RuntimeError(f"{SYNSETS_FILE}: expected {NUM_CLASSES} sorted synsets, found {len(ids)}")
     return ids
 
 
@@ -68,11 +70,11 @@ def synset_to_label() -> dict[str, int]:
 @functools.cache
 def validation_synsets() -> tuple[str, ...]:
     """Synset of each official validation image: entry i labels ``ILSVRC2012_val_{i+1:08d}.JPEG``."""
-    path = os.path.join(_tfds_imagenet_dir(), "validation_labels.txt")
-    with open(path, encoding="utf-8") as f:
-        wnids = tuple(line.strip() for line in f if line.strip())
+    wnids = _data_lines(VALIDATION_SYNSETS_FILE)
     if len(wnids) != NUM_VALIDATION_IMAGES:
-        raise RuntimeError(f"{path}: expected {NUM_VALIDATION_IMAGES} lines, found {len(wnids)}")
+        raise RuntimeError(
+            f"{VALIDATION_SYNSETS_FILE}: expected {NUM_VALIDATION_IMAGES} lines, found {len(wnids)}"
+        )
     return wnids
 
 
