@@ -41,6 +41,7 @@ from tfx.utils import json_utils, name_utils
 
 from components import beam_executor, dataflow_jobs, run_label, vertex_training
 from components.parameters import TARGET_TOP1_KEY, TOP1_METRIC, TRAIN_EPOCHS_KEY
+from effnet_common import cloud_retry
 
 BASELINE_SCOPE_KEY = "baseline_scope"
 # The blessing's custom property (artifact metadata on Vertex) naming the pipeline that blessed it.
@@ -176,7 +177,7 @@ class VertexTrainerExecutor(base_executor.BaseExecutor):
             task="trainer",
             timeout_seconds=run_timeout(input_dict, properties, custom_config),
         )
-        vertex_training.run_job(request)
+        vertex_training.run_job(request, patience=cloud_retry.take_patience(self._extra_flags or [])[0])
 
 
 class VertexTunerExecutor(base_executor.BaseExecutor):
