@@ -31,9 +31,9 @@ polled, and:
   transient error may have made the job: the jobs with this execution's labels are looked up before it is
   sent again.
 - **the timeout is the run's.** ``TimeoutRule`` (compiled into ``custom_config`` under ``TIMEOUT_KEY``) sets the
-  job's ``scheduling.timeout`` from the config this execution trains (its epochs, its data, the accelerator),
-  at most the compiled upper bound; the timeout compiled for the default values would kill a run of three
-  times the epochs.
+  job's ``scheduling.timeout`` from the config this execution trains (its epochs, its data, the accelerator;
+  for the Tuner's job, the search's epochs over its parallel trials on that data), at most the compiled upper
+  bound; the timeout compiled for the default values would kill a run of three times the epochs.
 """
 
 from __future__ import annotations
@@ -78,12 +78,16 @@ class TrainingJobFailed(RuntimeError):
 
 @dataclasses.dataclass(frozen=True)
 class TimeoutRule:
-    """How the training step sets its job's timeout: ``pipeline.accelerators.job_timeout`` of the config it
-    trains on ``machines`` of ``accelerator``, at most ``max_seconds`` (the compiled upper bound)."""
+    """How a step sets its job's timeout: ``pipeline.accelerators.job_timeout`` of the config it trains on
+    ``machines`` of ``accelerator``, at most ``max_seconds`` (the compiled upper bound). A tuning job
+    (``search_epochs`` > 0) trains ``search_epochs`` epochs of that config in all, on ``parallel_trials``
+    machines at once."""
 
     accelerator: str
     machines: int
     max_seconds: int
+    search_epochs: int = 0
+    parallel_trials: int = 1
 
     def to_config(self) -> dict:
         return dataclasses.asdict(self)
@@ -99,7 +103,11 @@ class TimeoutRule:
         from pipeline import accelerators
 
         machine = accelerators.get(self.accelerator, self.machines)
-        return accelerators.job_timeout(trainer_config, machine, self.max_seconds)
+        if not self.search_epochs:
+            return accelerators.job_timeout(trainer_config, machine, self.max_seconds)
+        per_epoch = accelerators.estimate(trainer_config, machine).hours / trainer_config.loop.train_epochs
+        hours = per_epoch * self.search_epochs / self.parallel_trials
+        return min(accelerators.timeout_for(hours * 3600), self.max_seconds)
 
 
 @dataclasses.dataclass(frozen=True)

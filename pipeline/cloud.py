@@ -304,13 +304,15 @@ class CloudSettings:
     ) -> dict:
         """``custom_config`` entries of the Vertex Tuner: one custom job of ``parallel_trials`` machines of the
         accelerator (the chief runs the search's oracle and trials, each worker trials), for a search that
-        trains ``epochs`` epochs in all.
+        trains ``epochs`` epochs in all; its timeout compiled for the default data and set again by the tuning
+        step for the run's own shards (``components.vertex_training.TimeoutRule``).
 
         Raises:
           AcceleratorMismatch: the accelerator is several machines: Vertex runs each trial on one.
         """
         from tfx import v1 as tfx
 
+        from components import vertex_training
         from pipeline import accelerators
 
         machine = self.machine
@@ -325,10 +327,14 @@ class CloudSettings:
         per_epoch = accelerators.estimate(trainer_config, machine).hours / trainer_config.loop.train_epochs
         hours = per_epoch * epochs / parallel_trials
         pools = machine.worker_pool_specs(self.training_image, replicas=parallel_trials)
+        rule = vertex_training.TimeoutRule(
+            self.accelerator, self.machines, self.max_timeout_seconds, epochs, parallel_trials
+        )
         return {
             vertex.ENABLE_VERTEX_KEY: True,
             vertex.VERTEX_REGION_KEY: self.region,
             vertex.experimental.TUNING_ARGS_KEY: self._job_args(
                 pools, self.timeout_seconds(hours), f"{pipeline_name}-tuner", labels
             ),
+            vertex_training.TIMEOUT_KEY: rule.to_config(),  # the search's timeout on the run's data
         }

@@ -311,16 +311,16 @@ def imagenet_shards(
     return examples
 
 
-def compiled_trainer(tmp_path, *flags) -> dict:
-    """The Trainer task's constant parameters in the compiled Vertex PipelineJob (b0-rmsprop-8x2048 on a
-    tpu-v3-8)."""
+def compiled_trainer(tmp_path, *flags, task: str = "Trainer") -> dict:
+    """The Trainer task's (or ``task``'s) constant parameters in the compiled Vertex PipelineJob
+    (b0-rmsprop-8x2048 on a tpu-v3-8)."""
     output = tmp_path / "effnet.json"
     argv = [
         "--output", str(output), "--project", PROJECT, "--region", REGION, "--pipeline-root", "gs://b/p",
         "--image", IMAGE, "--preset", "b0-rmsprop-8x2048", *INPUTS, *flags,
     ]  # fmt: skip
     assert kubeflow_v2_runner.main(argv) == 0
-    parameters = pipeline_tasks(json.loads(output.read_text())["pipelineSpec"])["Trainer"]["inputs"]
+    parameters = pipeline_tasks(json.loads(output.read_text())["pipelineSpec"])[task]["inputs"]
     return {
         k: v["runtimeValue"]["constant"] for k, v in parameters["parameters"].items() if "runtimeValue" in v
     }
@@ -370,6 +370,32 @@ def test_the_timeout_follows_the_shards_epoch(vertex, tmp_path, monkeypatch):
     runtime_gate.VertexTrainerExecutor().Do({"examples": [examples]}, outputs("run-1"), properties)
     (record,) = created(vertex)
     assert record["custom_job"]["job_spec"]["scheduling"]["timeout"] == f"{accelerators.MIN_TIMEOUT_SECONDS}s"
+
+
+def test_the_tuning_jobs_timeout_is_the_searchs_on_the_runs_data(vertex, tmp_path, monkeypatch):
+    """The Tuner's job: the compiled timeout is the search's on ImageNet; a run on a smaller dataset (another
+    archive given at submission) gets its own, here the 2-hour floor."""
+    from tfx import v1 as tfx
+
+    monkeypatch.setattr(fake_vertex, "RUN_REPLICAS", False)
+    properties = compiled_trainer(tmp_path, "--tune", "--tune-parallel-trials", "1", task="Tuner")
+    tuning_args = json.loads(properties["custom_config"])[
+        tfx.extensions.google_cloud_ai_platform.experimental.TUNING_ARGS_KEY
+    ]
+    compiled = tuning_args["job_spec"]["scheduling"]["timeout"]
+    assert int(compiled.rstrip("s")) > accelerators.MIN_TIMEOUT_SECONDS  # a search of ImageNet epochs
+    timeouts = []
+    for name, examples in (
+        ("imagenet", imagenet_shards(tmp_path / "imagenet")),
+        ("small", imagenet_shards(tmp_path / "small", train_records=20_480, val_records=1_000)),
+    ):
+        best = standard_artifacts.HyperParameters()
+        best.uri = f"gs://bucket/root/{name}/Tuner/best_hyperparameters"
+        runtime_gate.VertexTunerExecutor().Do(
+            {"examples": [examples]}, {"best_hyperparameters": [best]}, properties
+        )
+        timeouts.append(created(vertex)[-1]["custom_job"]["job_spec"]["scheduling"]["timeout"])
+    assert timeouts == [compiled, f"{accelerators.MIN_TIMEOUT_SECONDS}s"]
 
 
 def test_on_kubeflow_the_training_job_is_labelled_with_the_run_id_in_its_output_uris(
