@@ -14,8 +14,9 @@ wrapped around the call where it does not (Beam's Dataflow client, ``kfp``, the 
 - ``Patience.read``: following a job that may run for days: the job's state is read until the API answers. An
   outage (transient errors, no answer) is waited out for ``outage_seconds``, by default ``OUTAGE_HOURS`` (12 h:
   longer than the regional incidents of Google Cloud's status history, which last minutes to a few hours) and
-  settable (``--api-outage-hours``); a refusal (403, 404) for ``REFUSAL_SECONDS`` (5 minutes: an IAM change
-  takes effect within about 2 minutes, Google says, and a resource just created can be briefly missing). Only
+  settable (``--api-outage-hours``); a refusal (401, 403, 404) for ``REFUSAL_SECONDS`` (5 minutes: an IAM change
+  takes effect within about 2 minutes, Google says, a resource just created can be briefly missing, and a token
+  rotated in place may be read a moment late). Only
   then, or on any other error, does the read fail, with one line (``Unanswered``): a job is never given up
   because its state could not be read once.
 
@@ -38,7 +39,7 @@ T = TypeVar("T")
 
 # HTTP statuses every API here documents as transient, and the refusals a follower waits out a little.
 TRANSIENT_STATUSES = (408, 429, 500, 502, 503, 504)
-REFUSAL_STATUSES = (403, 404)
+REFUSAL_STATUSES = (401, 403, 404)
 # One call: each attempt's timeout, the backoff's first and largest bound, and how long it is retried in all.
 CALL_TIMEOUT_SECONDS = 60.0
 CALL_INITIAL_SECONDS = 1.0
@@ -55,8 +56,8 @@ OUTAGE_FLAG = "--effnet_api_outage_hours"
 
 
 class Unanswered(RuntimeError):
-    """A job's state could not be read: its API was out for longer than the follower waits, or refused (403,
-    404) for longer than ``REFUSAL_SECONDS``. The message is one line."""
+    """A job's state could not be read: its API was out for longer than the follower waits, or refused (401,
+    403, 404) for longer than ``REFUSAL_SECONDS``. The message is one line."""
 
 
 def one_line(error: BaseException) -> str:
@@ -120,7 +121,8 @@ def is_transient(error: BaseException) -> bool:
 
 
 def is_refusal(error: BaseException) -> bool:
-    """A 403 (a permission missing, perhaps only until an IAM change takes effect) or 404."""
+    """A 401 (a token expired, perhaps about to be rotated), 403 (a permission missing, perhaps only until an IAM
+    change takes effect) or 404."""
     return http_status(error) in REFUSAL_STATUSES
 
 

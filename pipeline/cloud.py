@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import re
 
+from effnet_common.cloud_retry import OUTAGE_HOURS
 from effnet_common.registry import Registry
 
 DEFAULT_REGION = "us-central1"
@@ -116,6 +117,8 @@ class CloudSettings:
         artifact: every run starts from zero).
       check_region: refuse a region where the accelerator is not known to be offered.
       enable_cache: let Vertex reuse a step whose inputs, parameters and image are unchanged.
+      api_outage_hours: how long a step following its job (and ``--wait``) waits out an outage of the job's API
+        (``effnet_common.cloud_retry``); compiled into the steps' arguments when it is not the default.
     """
 
     project: str
@@ -137,6 +140,7 @@ class CloudSettings:
     checkpoint_root: str = ""
     check_region: bool = True
     enable_cache: bool = True
+    api_outage_hours: float = OUTAGE_HOURS
 
     def __post_init__(self):
         if not self.pipeline_root.startswith("gs://"):
@@ -161,6 +165,8 @@ class CloudSettings:
             raise ValueError(
                 f"--reservation takes reserved machines; --provisioning {self.provisioning} asks for others"
             )
+        if self.api_outage_hours <= 0:
+            raise ValueError(f"--api-outage-hours {self.api_outage_hours} must be > 0")
         if self.training_timeout_hours < 0:
             raise ValueError(f"--training-timeout-hours {self.training_timeout_hours} must be >= 0")
         if self.max_wait_hours is not None and self.provisioning != "flex-start":

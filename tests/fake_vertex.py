@@ -594,7 +594,9 @@ class FakePipelineService:
       (googleapis/python-aiplatform#1073). Without one the job runs as the project's Compute Engine default
       account, which the fake does not check.
 
-    A created job carries the labels it was sent, with the service's own ``BILLING_LABEL`` set by the service.
+    A created job carries the labels it was sent, with the service's own ``BILLING_LABEL`` set by the service. A
+    job's id is unique in its location: a second create of the same id is ``ALREADY_EXISTS``. Both calls are GAPIC
+    methods (``faults.gapic_method``): the SDK's ``retry=`` applies, and each attempt meets ``faults`` first.
     """
 
     def __init__(
@@ -607,6 +609,8 @@ class FakePipelineService:
         self.created: list = []  # (parent, PipelineJob message, job id) as sent
         self.refused: list[str] = []
         self.gets = 0
+        self.jobs: dict = {}  # by name, as created
+        self.faults: faults.FaultSchedule | None = None  # what the calls meet (tests/faults.py)
 
     def check(self, message) -> None:
         """The service's checks of a PipelineJob before it is created; raises ``InvalidArgument``."""
@@ -629,27 +633,40 @@ class FakePipelineService:
 
         fake = self
 
-        def create_pipeline_job(client, parent=None, pipeline_job=None, pipeline_job_id=None, **kwargs):
+        def create(parent=None, pipeline_job=None, pipeline_job_id=None, **kwargs):
+            from google.api_core import exceptions
             from google.cloud import aiplatform_v1
 
             message = aiplatform_v1.PipelineJob(pipeline_job)  # the API's own message
             fake.check(message)
+            name = f"{parent}/pipelineJobs/{pipeline_job_id or 'effnet-run-1'}"
+            if name in fake.jobs:  # a job's id is unique in its location
+                raise exceptions.AlreadyExists(f"PipelineJob {name} already exists")
             fake.created.append((parent, message, pipeline_job_id))
             created = aiplatform_v1.PipelineJob(message)
-            created.name = f"{parent}/pipelineJobs/{pipeline_job_id or 'effnet-run-1'}"
+            created.name = name
             created.state = aiplatform_v1.PipelineState.PIPELINE_STATE_PENDING
             created.labels[BILLING_LABEL] = str(len(fake.created))
-            fake._job = created
+            fake.jobs[name] = created
             return aiplatform_v1.PipelineJob(created)
 
-        def get_pipeline_job(client, name=None, **kwargs):
+        def get(name=None, **kwargs):
+            from google.api_core import exceptions
             from google.cloud import aiplatform_v1
 
+            if name not in fake.jobs:
+                raise exceptions.NotFound(f"PipelineJob {name} not found")
             state = fake.states[min(fake.gets, len(fake.states) - 1)]
             fake.gets += 1
-            job = aiplatform_v1.PipelineJob(fake._job)
+            job = aiplatform_v1.PipelineJob(fake.jobs[name])
             job.state = aiplatform_v1.PipelineState[state]
             return job
+
+        def create_pipeline_job(client, *args, **kwargs):
+            return faults.gapic_method(lambda: fake.faults, "create_pipeline_job", create)(*args, **kwargs)
+
+        def get_pipeline_job(client, *args, **kwargs):
+            return faults.gapic_method(lambda: fake.faults, "get_pipeline_job", get)(*args, **kwargs)
 
         monkeypatch.setattr(PipelineServiceClient, "create_pipeline_job", create_pipeline_job)
         monkeypatch.setattr(PipelineServiceClient, "get_pipeline_job", get_pipeline_job)

@@ -10,6 +10,9 @@ faults its next requests meet, one fault a request, in order; a request past the
   call raises ``DEADLINE_EXCEEDED``, as gRPC does when the call's deadline passes), while the service still does
   what was asked: a create that timed out may have created its resource.
 
+- ``"lost"``: the service does what was asked, and its answer is lost (the connection dropped on the way back):
+  a create that "failed" this way made its resource.
+
 A fault written with a trailing ``*`` (``"403*"``) is persistent: every request from there on meets it.
 
 Schedules cross processes as JSON files (``save`` / ``load``): a task run as its container process loads the
@@ -30,20 +33,22 @@ import time
 
 @dataclasses.dataclass(frozen=True)
 class Fault:
-    kind: str  # "status", "drop" or "slow"
+    kind: str  # "status", "drop", "lost" or "slow"
     status: int = 0
     seconds: float = 0.0
 
     @classmethod
     def parse(cls, text: str) -> Fault:
-        if text == "drop":
-            return cls("drop")
+        if text in ("drop", "lost"):
+            return cls(text)
         if text.startswith("slow:"):
             return cls("slow", seconds=float(text.split(":", 1)[1]))
         return cls("status", status=int(text))
 
     def __str__(self) -> str:
-        return {"drop": "drop", "slow": f"slow:{self.seconds:g}"}.get(self.kind, str(self.status))
+        return {"drop": "drop", "lost": "lost", "slow": f"slow:{self.seconds:g}"}.get(
+            self.kind, str(self.status)
+        )
 
 
 class FaultSchedule:
@@ -98,7 +103,7 @@ def gapic_error(fault: Fault, call: str) -> Exception:
     """The exception a GAPIC client raises for ``fault`` (a status, or a dropped connection: gRPC's UNAVAILABLE)."""
     from google.api_core import exceptions
 
-    if fault.kind == "drop":
+    if fault.kind in ("drop", "lost"):
         return exceptions.ServiceUnavailable(f"{call}: Connection reset by peer (injected)")
     return exceptions.from_http_status(fault.status, f"{call}: injected fault {fault.status}")
 
@@ -120,6 +125,9 @@ def gapic_method(schedule_of, call: str, serve):
                 serve(*args, **kwargs)  # the service does it; the caller has stopped waiting for the answer
                 raise exceptions.DeadlineExceeded(f"{call}: Deadline Exceeded (injected slow answer)")
             time.sleep(fault.seconds)
+        elif fault is not None and fault.kind == "lost":
+            serve(*args, **kwargs)
+            raise gapic_error(fault, call)
         elif fault is not None:
             raise gapic_error(fault, call)
         return serve(*args, **kwargs)
@@ -150,8 +158,9 @@ def drop_connection(handler) -> None:
 
 def serve_http_fault(handler, fault: Fault | None, call: str, reply) -> bool:
     """Applies ``fault`` to an ``http.server`` request: True when the request was answered (or dropped) by the
-    fault, False when it is to be served (after a slow answer's wait). ``reply(status, body)`` answers."""
-    if fault is None:
+    fault, False when it is to be served (after a slow answer's wait). ``reply(status, body)`` answers. A
+    ``lost`` answer is served by the handler, which then calls ``drop_connection`` instead of answering."""
+    if fault is None or fault.kind == "lost":
         return False
     if fault.kind == "slow":
         time.sleep(fault.seconds)
