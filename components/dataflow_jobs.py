@@ -31,6 +31,8 @@ import time
 
 import apache_beam as beam
 
+from effnet_common import cloud_retry
+
 logger = logging.getLogger("components.dataflow_jobs")
 
 # After cancelling: how long to follow the job to its end. Kubernetes gives a stopped pod 30 s by default.
@@ -97,7 +99,9 @@ class DataflowApi:
             view=view.JOB_VIEW_DESCRIPTION if with_labels else view.JOB_VIEW_SUMMARY,
             **self._where(),
         )
-        return self._client.projects_locations_jobs.Get(request)
+        return cloud_retry.retried(
+            lambda: self._client.projects_locations_jobs.Get(request), f"reading Dataflow job {job_id}"
+        )
 
     def state(self, job_id: str) -> str:
         return str(self.get(job_id).currentState)
@@ -111,7 +115,10 @@ class DataflowApi:
             request = requests.DataflowProjectsLocationsJobsListRequest(
                 filter=active, pageToken=token, **self._where()
             )
-            response = self._client.projects_locations_jobs.List(request)
+            response = cloud_retry.retried(
+                lambda request=request: self._client.projects_locations_jobs.List(request),
+                f"listing the Dataflow jobs of {self.project}/{self.region}",
+            )
             yield from response.jobs
             token = response.nextPageToken
             if not token:
@@ -142,7 +149,10 @@ class DataflowApi:
             jobId=job_id, job=cancel, **self._where()
         )
         try:
-            self._client.projects_locations_jobs.Update(request)
+            cloud_retry.retried(
+                lambda: self._client.projects_locations_jobs.Update(request),
+                f"cancelling Dataflow job {job_id}",
+            )
         except exceptions.HttpError:
             state = self.state(job_id)
             if state in TERMINAL:  # it ended meanwhile: nothing to cancel
