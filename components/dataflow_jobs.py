@@ -205,11 +205,14 @@ def _ignoring_signals():
 
 class _StoppableResult:
     """The DataflowRunner's result, whose ``wait_until_finish`` cancels the job if the task is stopped or fails
-    while it waits. Everything else is the result's own."""
+    while it waits, and outlasts an outage of Dataflow's API: Beam's waiter gives up after its own retries (about
+    ten minutes of a failing ``get``) and would end the step while the job runs on. Everything else is the
+    result's own."""
 
-    def __init__(self, result, options):
+    def __init__(self, result, options, patience: cloud_retry.Patience | None = None):
         self._result = result
         self._options = options
+        self._patience = patience or cloud_retry.Patience()
 
     def __getattr__(self, name):
         return getattr(self._result, name)
@@ -235,9 +238,34 @@ class _StoppableResult:
     def wait_until_finish(self, duration=None):
         with _StopSignals():
             try:
-                return self._result.wait_until_finish(duration)
+                while True:
+                    try:
+                        return self._result.wait_until_finish(duration)
+                    except (TaskStopped, KeyboardInterrupt):
+                        raise
+                    except Exception as error:
+                        if not self._still_running(error):
+                            raise
             except BaseException as error:
                 self.stop(error)
+
+    def _still_running(self, error: Exception) -> bool:
+        """Whether Beam's waiter failed while its job still runs (its API out for longer than Beam retries): the
+        job's state read with the follower's patience (``cloud_retry.Patience``); True to wait on it again."""
+        from apache_beam.runners.runner import PipelineState
+
+        if self._result.is_in_terminal_state() and self._result.state != PipelineState.UNKNOWN:
+            return False
+        job_id = self._result.job_id()
+        api = DataflowApi(self._options)
+        state = self._patience.read(lambda: api.state(job_id), f"reading Dataflow job {job_id}")
+        if state in TERMINAL:
+            return False
+        logger.warning(
+            "Dataflow job %s is %s, still followed after Beam's waiter failed: %s",
+            job_id, state, cloud_retry.one_line(error),
+        )  # fmt: skip
+        return True
 
 
 @contextlib.contextmanager
@@ -258,6 +286,9 @@ class StoppablePipeline(beam.Pipeline):
     the module's docstring); on another runner, or off the main thread (signals reach the main thread only),
     Beam's pipeline as it is."""
 
+    # How long an outage of Dataflow's API is waited out while the job runs (``cloud_retry.Patience``).
+    patience: cloud_retry.Patience | None = None
+
     def run(self, test_runner_api="AUTO"):
         from apache_beam.runners.dataflow.dataflow_runner import DataflowRunner
 
@@ -271,7 +302,7 @@ class StoppablePipeline(beam.Pipeline):
             result = super().run(test_runner_api)
         if not getattr(result, "has_job", False):  # a template was written: no job runs
             return result
-        stoppable = _StoppableResult(result, self._options)
+        stoppable = _StoppableResult(result, self._options, self.patience)
         if signals.received:
             stoppable.stop(TaskStopped(f"the pipeline task received {signals.received}"))
         return stoppable
@@ -295,4 +326,7 @@ class StoppableBeamExecutor:
         if self._make_beam_pipeline_fn is not None:  # a TFX operator's own pipeline
             return self._make_beam_pipeline_fn()
         run_id, args = run_label.take_run_id(self._beam_pipeline_args, self._run_outputs)
-        return StoppablePipeline(argv=[*args, *run_label.beam_args(run_id)])
+        patience, args = cloud_retry.take_patience(args)
+        pipeline = StoppablePipeline(argv=[*args, *run_label.beam_args(run_id)])
+        pipeline.patience = patience
+        return pipeline
