@@ -39,6 +39,11 @@ Deviations, each because the real thing cannot run here:
   pointed at the run's root too, where Vertex would keep them as compiled.
 - ``outputs.outputFile`` is a local file under ``scratch_dir``, as in the open-source KFP launcher's container
   (Vertex gives a path under the pipeline root); the executor's ``.temp`` directory sits beside it.
+
+A task's compiled ``retryPolicy`` is honoured by ``run_task_retried``: a failed attempt is started again, up to
+``maxRetryCount`` more times, after the policy's backoff, with the same ``ExecutorInput`` (Kubeflow's Argo retry
+re-runs the executor pod of the same pod spec, so the same output URIs; Vertex does not document what a retried
+task's URIs are).
 """
 
 from __future__ import annotations
@@ -336,18 +341,24 @@ def start_task(
     env: Mapping[str, str] | None = None,
     run_id: str = DEFAULT_RUN_ID,
     dataflow: Sequence[str] | None = None,
+    executor_input: dict | None = None,
 ) -> StartedTask:
-    """Starts ``task`` of the compiled ``job`` as its container would (see ``run_task``), without waiting."""
+    """Starts ``task`` of the compiled ``job`` as its container would (see ``run_task``), without waiting; with
+    ``executor_input``, that of an earlier attempt (a retry)."""
     task_dir = os.path.join(scratch_dir, f"{task}-{execution}")
     os.makedirs(task_dir, exist_ok=True)
     output_file = os.path.join(task_dir, "executor_output.json")
-    executor_input = build_executor_input(
-        job, task, pipeline_root, parameters, upstream or {}, output_file, execution, run_id
-    )
+    if executor_input is None:
+        executor_input = build_executor_input(
+            job, task, pipeline_root, parameters, upstream or {}, output_file, execution, run_id
+        )
+    output_file = executor_input["outputs"]["outputFile"]
     argv = [*wrapper, *container_argv(job, task, executor_input, pipeline_root, dataflow, run_id)]
     child_env = {**os.environ, **(env or {})}
     child_env["PYTHONPATH"] = os.pathsep.join(p for p in (TESTS_DIR, child_env.get("PYTHONPATH")) if p)
     log_path = os.path.join(task_dir, "log.txt")
+    while os.path.exists(log_path):  # a retried attempt logs beside the earlier one's
+        log_path = log_path.replace(".txt", "-retry.txt")
     with open(log_path, "wb") as log:
         process = subprocess.Popen(argv, cwd=REPO_DIR, env=child_env, stdout=log, stderr=subprocess.STDOUT)
     return StartedTask(task, process, executor_input, output_file, log_path)
@@ -392,3 +403,64 @@ def run_task(
     except subprocess.TimeoutExpired:
         started.process.kill()
         raise
+
+
+def retry_policy(job: dict, task: str) -> dict:
+    """The task's compiled ``retryPolicy`` ({} without one)."""
+    return _dag_task(job, task).get("retryPolicy", {})
+
+
+def _seconds(duration: str) -> float:
+    return float(duration.rstrip("s") or 0)
+
+
+def run_task_retried(
+    job: dict,
+    task: str,
+    pipeline_root: str,
+    scratch_dir: str,
+    parameters: Mapping[str, object],
+    upstream: Mapping[str, TaskResult] | None = None,
+    kill_first_when=None,
+    backoff_scale: float = 1.0,
+    timeout: float = 900,
+    **kwargs,
+) -> tuple[TaskResult, int]:
+    """Runs ``task`` as an orchestrator honouring its compiled ``retryPolicy`` does: a failed attempt is started
+    again (the same ``ExecutorInput``) up to ``maxRetryCount`` more times, after ``backoffDuration`` times
+    ``backoffFactor`` per retry (at most ``backoffMaxDuration``), scaled by ``backoff_scale``. Returns the result
+    and the attempts made.
+
+    ``kill_first_when``: a predicate of the first attempt (a ``StartedTask``), polled while it runs; once it
+    holds, the attempt is SIGKILLed (its pod evicted, its node lost).
+
+    Raises:
+      RuntimeError: the last attempt failed too.
+    """
+    import time
+
+    policy = retry_policy(job, task)
+    started = start_task(job, task, pipeline_root, scratch_dir, parameters, upstream, **kwargs)
+    if kill_first_when is not None:
+        deadline = time.monotonic() + timeout
+        while started.process.poll() is None and not kill_first_when(started):
+            if time.monotonic() > deadline:
+                started.process.kill()
+                raise RuntimeError(f"task {task}: what the test waited for never happened")
+            time.sleep(0.2)
+        started.process.kill()
+    retries, backoff = 0, _seconds(policy.get("backoffDuration", "0s"))
+    while True:
+        try:
+            return started.finish(timeout), retries + 1
+        except RuntimeError:
+            if retries >= int(policy.get("maxRetryCount", 0)):
+                raise
+        wait = min(backoff * float(policy.get("backoffFactor", 2.0)) ** retries,
+                   _seconds(policy.get("backoffMaxDuration", "3600s")))  # fmt: skip
+        time.sleep(wait * backoff_scale)
+        retries += 1
+        started = start_task(
+            job, task, pipeline_root, scratch_dir, parameters, upstream, executor_input=started.executor_input,
+            **kwargs,
+        )  # fmt: skip
