@@ -99,13 +99,23 @@ class FaultSchedule:
 # ---- how a fault reaches a client ------------------------------------------------------------------------------
 
 
+# The gRPC status a GAPIC client (over gRPC, its default transport) receives for each HTTP status of the API's
+# documentation (google.rpc.Code's HTTP mapping).
+GRPC_STATUS = {400: "INVALID_ARGUMENT", 401: "UNAUTHENTICATED", 403: "PERMISSION_DENIED", 404: "NOT_FOUND",
+               409: "ALREADY_EXISTS", 429: "RESOURCE_EXHAUSTED", 500: "INTERNAL", 502: "UNAVAILABLE",
+               503: "UNAVAILABLE", 504: "DEADLINE_EXCEEDED"}  # fmt: skip
+
+
 def gapic_error(fault: Fault, call: str) -> Exception:
-    """The exception a GAPIC client raises for ``fault`` (a status, or a dropped connection: gRPC's UNAVAILABLE)."""
+    """The exception a GAPIC client raises for ``fault``: the gRPC status of its HTTP one, or for a dropped
+    connection gRPC's UNAVAILABLE."""
+    import grpc
     from google.api_core import exceptions
 
     if fault.kind in ("drop", "lost"):
         return exceptions.ServiceUnavailable(f"{call}: Connection reset by peer (injected)")
-    return exceptions.from_http_status(fault.status, f"{call}: injected fault {fault.status}")
+    code = getattr(grpc.StatusCode, GRPC_STATUS[fault.status])
+    return exceptions.from_grpc_status(code, f"{call}: injected fault {fault.status}")
 
 
 def gapic_method(schedule_of, call: str, serve):

@@ -219,7 +219,7 @@ def test_a_persistent_refusal_ends_the_step_in_one_line_within_the_window_and_le
     assert cloud_retry.REFUSAL_SECONDS <= waited < cloud_retry.REFUSAL_SECONDS + 10
     message = str(failure.value)
     assert "\n" not in message and message.startswith(
-        f"reading training job {PARENT}/customJobs/1: refused for {cloud_retry.REFUSAL_SECONDS:g} s: Forbidden: "
+        f"reading training job {PARENT}/customJobs/1: refused for {cloud_retry.REFUSAL_SECONDS:g} s: PermissionDenied: "
     )
     (job,) = fake_vertex._JOBS
     assert fake_vertex._JOBS[job].cancelled and cancelled(vertex) == ["custom_job-1.cancel.json"]
