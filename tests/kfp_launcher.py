@@ -17,8 +17,9 @@ too, from the compiled job (or spec) alone:
   component's output definitions; for a bare PipelineSpec (Kubeflow), as Kubeflow's driver has since 2024: at
   ``{root}/{pipeline name}/{run id}/{task}/{random UUID}/{output_key}``, unnamed (as the driver's
   ``provisionOutputs`` gives them);
-- puts the run's id in place of an input parameter constant that is exactly ``{{$.pipeline_job_uuid}}`` (both
-  services' drivers do), and writes it all as the ``ExecutorInput`` JSON in place of the ``{{$}}`` placeholder of
+- puts the run's id in place of an input parameter constant that is exactly ``{{$.pipeline_job_uuid}}`` (Vertex's
+  driver does, and Kubeflow's from 2.5.0 on: ``backend_version`` models an older Kubeflow backend, whose task gets
+  the literal text, ``fake_kfp_server.FakeKfpServer.fills_run_id_placeholder``), and writes it all as the ``ExecutorInput`` JSON in place of the ``{{$}}`` placeholder of
   the container's args; in the args, the run's id replaces ``{{$.pipeline_job_uuid}}`` for a Vertex job (as
   Vertex's launcher does) and stays as it is for Kubeflow (whose driver fills no placeholder there); runs the
   container's command as a subprocess of this interpreter (``.venv/bin/python`` standing for the image's
@@ -199,6 +200,7 @@ def build_executor_input(
     output_file: str,
     execution: int = 1,
     run_id: str = DEFAULT_RUN_ID,
+    backend_version: tuple[int, ...] = (2, 5, 0),
 ) -> dict:
     """The ``ExecutorInput`` (as a dict) the launcher hands task ``task`` in place of ``{{$}}``.
 
@@ -207,6 +209,8 @@ def build_executor_input(
       upstream: the results of the tasks this one reads artifacts of, by task name.
       execution: numbers this task's output URIs (Vertex layout), so a task can run more than once on one root.
       run_id: the run's id, for the run-id placeholder and (Kubeflow) the output URIs.
+      backend_version: the Kubeflow backend modelled (a bare spec only): before 2.5.0 the run-id placeholder of
+        an input parameter is left as it is.
 
     Raises:
       ValueError: an input artifact's producer has not run (and is not a resolver) or a binding this launcher
@@ -222,7 +226,7 @@ def build_executor_input(
     for name, binding in dag_task.get("inputs", {}).get("parameters", {}).items():
         if "runtimeValue" in binding:
             value = binding["runtimeValue"]["constant"]
-            if value == RUN_ID_PLACEHOLDER:
+            if value == RUN_ID_PLACEHOLDER and (not is_kubeflow(job) or tuple(backend_version) >= (2, 5, 0)):
                 value = run_id
             elif isinstance(value, str):
                 value = _relocate(value, job, root)

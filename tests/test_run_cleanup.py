@@ -635,3 +635,47 @@ def test_a_failed_run_leaves_no_job_running(dataflow, gcs_bucket, clean_archives
     assert pipeline_tasks(kfp_launcher.pipeline_spec(job))[run_cleanup.STEP_ID]["triggerPolicy"][
         "strategy"
     ] == ("ALL_UPSTREAM_TASKS_COMPLETED")
+
+
+def test_the_kubeflow_fake_models_what_its_backend_version_decides(tmp_path):
+    """The facts read in kubeflow/pipelines' backend at its release tags, as the fake server and the launcher
+    model them: the exit task's run id filled from 2.5.0 (before, the literal placeholder, which the clean-up
+    refuses), the run's outcome the exit task's before 2.4.0, a task's retry policy applied in tfx-dag from 2.14.0."""
+    spec = compile_smoke(tmp_path, "gs://b/p", suffix=".yaml")
+    parameters = kfp_launcher.runtime_parameters(spec)
+    values = {}
+    for version in ((2, 3, 0), (2, 5, 0)):
+        executor_input = kfp_launcher.build_executor_input(
+            spec,
+            run_cleanup.STEP_ID,
+            "gs://b/p",
+            parameters,
+            {},
+            "out.json",
+            run_id=KFP_RUN,
+            backend_version=version,
+        )
+        values[version] = executor_input["inputs"]["parameterValues"][run_cleanup.RUN_ID_KEY]
+    assert values == {(2, 3, 0): run_label.RUN_ID_PLACEHOLDER, (2, 5, 0): KFP_RUN}
+    with pytest.raises(run_label.NoRunId):
+        run_label.run_value(values[(2, 3, 0)])
+    old, new, newest = (fake_kfp_server.FakeKfpServer(version=v) for v in ("2.3.0", "2.5.0", "2.14.0"))
+    try:
+        assert (
+            old.run_outcome("FAILED", "SUCCEEDED") == "SUCCEEDED"
+        )  # #10917: a failed run reported succeeded
+        assert (
+            new.run_outcome("FAILED", "SUCCEEDED") == "FAILED"
+            and new.run_outcome("SUCCEEDED", "FAILED") == "SUCCEEDED"
+        )
+        assert not old.fills_run_id_placeholder and new.fills_run_id_placeholder
+        # The compiled retry policy sits on tasks inside tfx-dag: applied from 2.14.0 only.
+        retried = [name for name, task in pipeline_tasks(spec).items() if "retryPolicy" in task]
+        assert set(retried) == {"ImageNetShardGen", "Trainer", "Evaluator"}
+        assert not set(retried) & set(spec["root"]["dag"]["tasks"])
+        assert not new.applies_retry_policy(in_root_dag=False) and newest.applies_retry_policy(
+            in_root_dag=False
+        )
+    finally:
+        for server in (old, new, newest):
+            server.stop()

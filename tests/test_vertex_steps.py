@@ -195,7 +195,7 @@ def test_trainer_runs_as_a_vertex_custom_job_with_the_run_values(trainer, local_
     executors = local_run.job["pipelineSpec"]["deploymentSpec"]["executors"]
     assert executors["Trainer_executor"]["container"]["image"] == PIPELINE_IMAGE  # it only starts the job
     vertex = local_run.out / "vertex"
-    (record_file,) = [name for name in os.listdir(vertex) if name.endswith(".json")]
+    record_file = fake_vertex.RECORD_FILE.format(n=1)  # the one job the task (and its retry) made
     with open(vertex / record_file) as f:
         record = json.load(f)
     assert record["parent"] == f"projects/{PROJECT}/locations/{REGION}"
