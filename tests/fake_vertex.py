@@ -28,6 +28,16 @@ polling and the cancellation of the job.
 With ``RUN_REPLICAS`` False (tests of what a task sends, in this process), a created job starts no replica and
 succeeds at once.
 
+A job outlives the task that created it, as a real one does: each replica runs in a session of its own and
+writes its exit status beside its log (``EXIT_FILE``), and a job's record, replicas and cancellation are files of
+the record directory, so a task started again after its first attempt was killed (``kfp_launcher.run_task_retried``)
+finds, follows and cancels the jobs the first one made. ``stop_all(record_dir)`` stops what is left.
+
+Faults: every call is a GAPIC method (``faults.gapic_method``) that meets the next fault of ``FAULTS`` (a
+``faults.FaultSchedule``; ``--faults FILE`` in a task's process) and honours the caller's ``retry=`` and
+``timeout=`` as the generated clients do. In a task's process the retry policy's waits are made short
+(``FAST_RETRY``).
+
 Polls are made fast (``components.vertex_training.POLL_SECONDS``): the fake answers at once, where Vertex takes
 seconds, so only the test's time changes.
 
