@@ -11,6 +11,12 @@ submitting environment's packages, the requirements cache) into a temporary dire
 the job is submitted: Beam leaves them in the process's temporary directory. On other runners it is Beam's
 pipeline as it is. ``beam_preprocess``'s command line runs its Dataflow jobs in one too.
 
+A retried task re-attaches: a step's job is named after its execution (``execution_job_name``: a digest of the
+task's output URIs, which a retried task keeps), and Dataflow answers a create whose name is that of an active job
+with that job; Beam's client reports it as ``DataflowJobAlreadyExistsError`` (its request id not Beam's), and the
+step follows that job instead of failing (``StoppablePipeline.run``). The same answer finds the job of a create
+whose first answer was lost, when Beam's client sends it again.
+
 ``DataflowApi`` reaches the jobs of one project and region with Beam's own Dataflow client (the one the
 DataflowRunner submits with), built from the step's Beam options: ``--project`` and ``--region`` (where the
 jobs are), ``--dataflow_endpoint``, and the credentials Beam finds for them (``--impersonate_service_account``,
@@ -281,6 +287,34 @@ def _submission_tempdir():
         shutil.rmtree(private, ignore_errors=True)
 
 
+def execution_job_name(output_dict: dict) -> str:
+    """The Dataflow job name of a step's execution: the same for a retried task (it keeps its output URIs), another
+    for every other execution (Dataflow's names: ``[a-z]([-a-z0-9]*[a-z0-9])?``)."""
+    from components import vertex_training
+
+    return f"effnet-{vertex_training.outputs_digest(output_dict)}"
+
+
+def _adopt(pipeline, error: Exception):
+    """The result of the active job already named as this pipeline's (an earlier attempt's, or a create whose
+    answer was lost), for Beam's waiter to follow; re-raises ``error`` when there is none."""
+    from apache_beam.options.pipeline_options import GoogleCloudOptions
+    from apache_beam.runners.dataflow.dataflow_runner import DataflowPipelineResult
+
+    name = pipeline._options.view_as(GoogleCloudOptions).job_name
+    api = DataflowApi(pipeline._options)
+    found = [summary.id for summary in api.active_jobs() if summary.name == name]
+    if not found:
+        raise error
+    logger.warning(
+        "following Dataflow job %s (%s), made by an earlier attempt: %s",
+        found[0],
+        name,
+        api.console_url(found[0]),
+    )
+    return DataflowPipelineResult(api.get(found[0]), pipeline.runner)
+
+
 class StoppablePipeline(beam.Pipeline):
     """A Beam pipeline whose Dataflow job is cancelled when its task is stopped or fails while the job runs (see
     the module's docstring); on another runner, or off the main thread (signals reach the main thread only),
@@ -297,9 +331,14 @@ class StoppablePipeline(beam.Pipeline):
             or threading.current_thread() is not threading.main_thread()
         ):
             return super().run(test_runner_api)
+        from apache_beam.runners.dataflow.internal.apiclient import DataflowJobAlreadyExistsError
+
         # Signals are held until the job has an id; Beam's submission files go with their own directory.
         with _StopSignals(held=True) as signals, _submission_tempdir():
-            result = super().run(test_runner_api)
+            try:
+                result = super().run(test_runner_api)
+            except DataflowJobAlreadyExistsError as error:  # a job of this execution's name runs: follow it
+                result = _adopt(self, error)
         if not getattr(result, "has_job", False):  # a template was written: no job runs
             return result
         stoppable = _StoppableResult(result, self._options, self.patience)
@@ -311,7 +350,7 @@ class StoppablePipeline(beam.Pipeline):
 class StoppableBeamExecutor:
     """Mixin for a TFX Beam executor (before it in the bases): its Beam pipeline is a ``StoppablePipeline`` whose
     Dataflow job carries the label of the run named among the task's arguments, or in its output URIs on
-    Kubeflow (``components.run_label``)."""
+    Kubeflow (``components.run_label``), and the name of the task's execution (``execution_job_name``)."""
 
     _run_outputs: dict | None = None
 
@@ -327,6 +366,8 @@ class StoppableBeamExecutor:
             return self._make_beam_pipeline_fn()
         run_id, args = run_label.take_run_id(self._beam_pipeline_args, self._run_outputs)
         patience, args = cloud_retry.take_patience(args)
+        if self._run_outputs and not any(arg.startswith("--job_name") for arg in args):
+            args = [*args, f"--job_name={execution_job_name(self._run_outputs)}"]
         pipeline = StoppablePipeline(argv=[*args, *run_label.beam_args(run_id)])
         pipeline.patience = patience
         return pipeline

@@ -78,7 +78,7 @@ SUMMARY_FIELDS = (
     "id", "projectId", "name", "type", "currentState", "currentStateTime", "createTime", "startTime",
     "location", "jobMetadata",
 )  # fmt: skip
-DESCRIPTION_FIELDS = (*SUMMARY_FIELDS, "labels", "environment", "requestedState")
+DESCRIPTION_FIELDS = (*SUMMARY_FIELDS, "labels", "environment", "requestedState", "clientRequestId")
 _JOBS = re.compile(r"^/v1b3/projects/(?P<project>[^/]+)/locations/(?P<location>[^/]+)/jobs(?:/(?P<job>[^/]+))?"
                    r"(?:/(?P<sub>messages|metrics))?$")  # fmt: skip
 _LABEL_KEY = re.compile(r"^[a-z][a-z0-9_-]{0,62}$")

@@ -236,9 +236,13 @@ BEAM_STEP = r"""
 import sys
 import apache_beam as beam
 import fake_vertex
+from tfx.types import standard_artifacts
 from components import runtime_gate
 fake_vertex.fast_retries()
 executor = runtime_gate.EvaluatorExecutor(runtime_gate.EvaluatorExecutor.Context(beam_pipeline_args=sys.argv[1:]))
+evaluation = standard_artifacts.ModelEvaluation()
+evaluation.uri = "gs://b/p/Evaluator/evaluation/1"  # the execution's outputs: what names its job
+executor.take_run_outputs({"evaluation": [evaluation]})
 with executor._make_beam_pipeline() as pipeline:
     _ = pipeline | beam.Create([1, 2, 3]) | beam.Map(lambda x: x + 1)
 """
@@ -254,9 +258,9 @@ def _wait_for(predicate, what: str, process, timeout: float = 240.0) -> None:
         time.sleep(0.2)
 
 
-def _beam_step(dataflow, gcs_bucket, tmp_path) -> subprocess.Popen:
+def _beam_step(dataflow, gcs_bucket, tmp_path, log_name: str = "step.log") -> subprocess.Popen:
     emulator, bucket = gcs_bucket
-    (tmp_path / "tmp").mkdir()
+    (tmp_path / "tmp").mkdir(exist_ok=True)
     args = [
         "--runner=DataflowRunner", f"--project={PROJECT}", f"--region={REGION}", f"--temp_location={bucket}/beam-tmp",
         f"--sdk_container_image={IMAGE}", "--sdk_location=container", f"--effnet_run={RUN}", *dataflow.beam_args(),
@@ -267,7 +271,7 @@ def _beam_step(dataflow, gcs_bucket, tmp_path) -> subprocess.Popen:
         "PYTHONPATH": os.pathsep.join([kfp_launcher.REPO_DIR, kfp_launcher.TESTS_DIR]),
         "TMPDIR": str(tmp_path / "tmp"),
     }
-    with open(tmp_path / "step.log", "wb") as log:
+    with open(tmp_path / log_name, "wb") as log:
         return subprocess.Popen(
             [sys.executable, "-c", BEAM_STEP, *args], cwd=kfp_launcher.REPO_DIR, env=env, stdout=log,
             stderr=subprocess.STDOUT,
@@ -314,6 +318,33 @@ def test_a_beam_step_under_a_persistent_refusal_ends_in_one_line_and_cancels_its
     log = (tmp_path / "step.log").read_text(errors="replace")
     assert f"Unanswered: reading Dataflow job {job_id}: refused for 2 s: HttpForbiddenError" in log
     count(len(dataflow.faults.injected), 1, 1)
+
+
+@pytest.mark.slow
+def test_a_beam_step_killed_while_its_job_runs_is_retried_and_follows_that_job(
+    dataflow, gcs_bucket, tmp_path
+):
+    """The task killed outright (its pod evicted) while its Dataflow job runs; the retried task, the same execution,
+    submits a job of the same name: Dataflow answers with the running job, which the step follows to its end."""
+    first = _beam_step(dataflow, gcs_bucket, tmp_path, "first.log")
+    _wait_for(
+        lambda: any(j["currentState"] == "JOB_STATE_RUNNING" for j in dataflow.jobs.values()), "job", first
+    )
+    first.kill()
+    first.wait()
+    (job_id,) = dataflow.jobs
+    retried = _beam_step(dataflow, gcs_bucket, tmp_path, "retried.log")
+    log = tmp_path / "retried.log"
+    _wait_for(
+        lambda: f"following Dataflow job {job_id}" in log.read_text(errors="replace"),
+        "the job followed",
+        retried,
+    )
+    dataflow.set_state(job_id, "JOB_STATE_DONE")
+    assert retried.wait(timeout=120) == 0, log.read_text(errors="replace")[-3000:]
+    assert list(dataflow.jobs) == [job_id] and dataflow.cancel_requests() == []
+    assert dataflow.jobs[job_id]["name"].startswith("effnet-")
+    count(0, 1, 0)
 
 
 def test_the_tiers_faults_are_the_services_documented_transient_ones():
