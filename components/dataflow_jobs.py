@@ -166,10 +166,16 @@ class DataflowApi:
             raise
         logger.warning("cancelling Dataflow job %s (%s)", job_id, self.console_url(job_id))
         deadline = time.monotonic() + CANCEL_WAIT_SECONDS
-        state = self.state(job_id)
-        while state not in TERMINAL and time.monotonic() < deadline:
-            time.sleep(CANCEL_POLL_SECONDS)
+        try:
             state = self.state(job_id)
+            while state not in TERMINAL and time.monotonic() < deadline:
+                time.sleep(CANCEL_POLL_SECONDS)
+                state = self.state(job_id)
+        except Exception as error:  # the cancel was accepted; only following it failed
+            logger.error(
+                "Dataflow job %s: cancel requested, its state unread: %s", job_id, cloud_retry.one_line(error)
+            )
+            return "JOB_STATE_CANCELLING"
         logger.warning("Dataflow job %s is %s", job_id, state)
         return state
 
@@ -231,7 +237,12 @@ class _StoppableResult:
             try:
                 api = DataflowApi(self._options)
                 where = f" ({api.console_url(job_id)})"
-                state = api.state(job_id)
+                try:
+                    state = api.state(job_id)
+                except (
+                    Exception
+                ):  # its state cannot be read (the reason the step stops?): cancel it all the same
+                    state = "UNKNOWN"
                 if state not in TERMINAL:
                     state = api.cancel(job_id)
             except Exception as error:  # the task is failing anyway; say what could not be done

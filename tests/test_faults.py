@@ -258,9 +258,10 @@ def _wait_for(predicate, what: str, process, timeout: float = 240.0) -> None:
         time.sleep(0.2)
 
 
-def _beam_step(dataflow, gcs_bucket, tmp_path, log_name: str = "step.log") -> subprocess.Popen:
+def _beam_step(dataflow, gcs_bucket, tmp_path) -> subprocess.Popen:
+    """The Beam step as a process of its own, its output in ``tmp_path/step.log``, its TMPDIR ``tmp_path/tmp``."""
     emulator, bucket = gcs_bucket
-    (tmp_path / "tmp").mkdir(exist_ok=True)
+    (tmp_path / "tmp").mkdir(parents=True)
     args = [
         "--runner=DataflowRunner", f"--project={PROJECT}", f"--region={REGION}", f"--temp_location={bucket}/beam-tmp",
         f"--sdk_container_image={IMAGE}", "--sdk_location=container", f"--effnet_run={RUN}", *dataflow.beam_args(),
@@ -271,38 +272,11 @@ def _beam_step(dataflow, gcs_bucket, tmp_path, log_name: str = "step.log") -> su
         "PYTHONPATH": os.pathsep.join([kfp_launcher.REPO_DIR, kfp_launcher.TESTS_DIR]),
         "TMPDIR": str(tmp_path / "tmp"),
     }
-    with open(tmp_path / log_name, "wb") as log:
+    with open(tmp_path / "step.log", "wb") as log:
         return subprocess.Popen(
             [sys.executable, "-c", BEAM_STEP, *args], cwd=kfp_launcher.REPO_DIR, env=env, stdout=log,
             stderr=subprocess.STDOUT,
         )  # fmt: skip
-
-
-@pytest.mark.slow
-def test_a_beam_step_on_dataflow_under_transient_faults_follows_its_one_job_to_the_end(
-    dataflow, gcs_bucket, tmp_path
-):
-    """The create's answer lost (Beam's client sends it again; Dataflow answers with the active job of that name),
-    reads of the job failing (a 403 that Beam's waiter does not retry: the step reads the job itself and waits on
-    it again), messages failing: one job, followed until it is done, nothing cancelled."""
-    dataflow.faults = faults.FaultSchedule(
-        {
-            "POST jobs": ["lost"],
-            "GET jobs/{id}": ["503", "drop", "403", "500"],
-            "GET jobs/{id}/messages": ["503"],
-        }
-    )
-    step = _beam_step(dataflow, gcs_bucket, tmp_path)
-    _wait_for(
-        lambda: any(j["currentState"] == "JOB_STATE_RUNNING" for j in dataflow.jobs.values()), "job", step
-    )
-    _wait_for(lambda: not dataflow.faults.plan["GET jobs/{id}"], "the reads' faults", step)
-    (job_id,) = dataflow.jobs
-    dataflow.set_state(job_id, "JOB_STATE_DONE")
-    assert step.wait(timeout=120) == 0, (tmp_path / "step.log").read_text(errors="replace")[-3000:]
-    assert dataflow.cancel_requests() == [] and list(dataflow.jobs) == [job_id]
-    assert os.listdir(tmp_path / "tmp") == []
-    count(len(dataflow.faults.injected), 1, 0)
 
 
 @pytest.mark.slow
@@ -321,30 +295,42 @@ def test_a_beam_step_under_a_persistent_refusal_ends_in_one_line_and_cancels_its
 
 
 @pytest.mark.slow
-def test_a_beam_step_killed_while_its_job_runs_is_retried_and_follows_that_job(
+def test_a_beam_step_killed_mid_job_and_met_by_transient_faults_follows_its_one_job_to_the_end(
     dataflow, gcs_bucket, tmp_path
 ):
-    """The task killed outright (its pod evicted) while its Dataflow job runs; the retried task, the same execution,
-    submits a job of the same name: Dataflow answers with the running job, which the step follows to its end."""
-    first = _beam_step(dataflow, gcs_bucket, tmp_path, "first.log")
+    """The create's answer lost (Beam's client sends it again with its request id; Dataflow answers with the job it
+    made); the task killed outright while its job runs (its pod evicted) and started again, the same execution:
+    its create is answered with the running job of its name, which it follows; reads of the job fail on the way (a
+    403 that Beam's waiter does not retry: the step reads the job itself and waits on it again), messages fail.
+    One job, followed until it is done, nothing cancelled, no temporary file left by the step that ended."""
+    dataflow.faults = faults.FaultSchedule(
+        {
+            "POST jobs": ["lost"],
+            "GET jobs/{id}": ["503", "drop", "403", "500"],
+            "GET jobs/{id}/messages": ["503"],
+        }
+    )
+    first = _beam_step(dataflow, gcs_bucket, tmp_path / "first")
     _wait_for(
         lambda: any(j["currentState"] == "JOB_STATE_RUNNING" for j in dataflow.jobs.values()), "job", first
     )
     first.kill()
     first.wait()
     (job_id,) = dataflow.jobs
-    retried = _beam_step(dataflow, gcs_bucket, tmp_path, "retried.log")
-    log = tmp_path / "retried.log"
+    retried = _beam_step(dataflow, gcs_bucket, tmp_path / "retried")
+    log = tmp_path / "retried" / "step.log"
     _wait_for(
         lambda: f"following Dataflow job {job_id}" in log.read_text(errors="replace"),
         "the job followed",
         retried,
     )
+    _wait_for(lambda: not dataflow.faults.plan["GET jobs/{id}"], "the reads' faults", retried)
     dataflow.set_state(job_id, "JOB_STATE_DONE")
     assert retried.wait(timeout=120) == 0, log.read_text(errors="replace")[-3000:]
     assert list(dataflow.jobs) == [job_id] and dataflow.cancel_requests() == []
     assert dataflow.jobs[job_id]["name"].startswith("effnet-")
-    count(0, 1, 0)
+    assert os.listdir(tmp_path / "retried" / "tmp") == []
+    count(len(dataflow.faults.injected), 1, 0)
 
 
 def test_the_tiers_faults_are_the_services_documented_transient_ones():
