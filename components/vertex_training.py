@@ -90,7 +90,12 @@ class TimeoutRule:
     parallel_trials: int = 1
 
     def to_config(self) -> dict:
-        return dataclasses.asdict(self)
+        """The rule as compiled: a training job's without the tuning fields (its compiled config, and so its
+        task's cache key, as before they existed)."""
+        values = dataclasses.asdict(self)
+        if not self.search_epochs:
+            del values["search_epochs"], values["parallel_trials"]
+        return values
 
     @classmethod
     def from_config(cls, custom_config: dict) -> TimeoutRule | None:
