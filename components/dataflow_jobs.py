@@ -11,6 +11,12 @@ submitting environment's packages, the requirements cache) into a temporary dire
 the job is submitted: Beam leaves them in the process's temporary directory. On other runners it is Beam's
 pipeline as it is. ``beam_preprocess``'s command line runs its Dataflow jobs in one too.
 
+A retried task re-attaches: a step's job is named after its execution (``execution_job_name``: a digest of the
+task's output URIs, which a retried task keeps), and Dataflow answers a create whose name is that of an active job
+with that job; Beam's client reports it as ``DataflowJobAlreadyExistsError`` (its request id not Beam's), and the
+step follows that job instead of failing (``StoppablePipeline.run``). The same answer finds the job of a create
+whose first answer was lost, when Beam's client sends it again.
+
 ``DataflowApi`` reaches the jobs of one project and region with Beam's own Dataflow client (the one the
 DataflowRunner submits with), built from the step's Beam options: ``--project`` and ``--region`` (where the
 jobs are), ``--dataflow_endpoint``, and the credentials Beam finds for them (``--impersonate_service_account``,
@@ -30,6 +36,8 @@ import threading
 import time
 
 import apache_beam as beam
+
+from effnet_common import cloud_retry
 
 logger = logging.getLogger("components.dataflow_jobs")
 
@@ -97,7 +105,9 @@ class DataflowApi:
             view=view.JOB_VIEW_DESCRIPTION if with_labels else view.JOB_VIEW_SUMMARY,
             **self._where(),
         )
-        return self._client.projects_locations_jobs.Get(request)
+        return cloud_retry.retried(
+            lambda: self._client.projects_locations_jobs.Get(request), f"reading Dataflow job {job_id}"
+        )
 
     def state(self, job_id: str) -> str:
         return str(self.get(job_id).currentState)
@@ -111,7 +121,10 @@ class DataflowApi:
             request = requests.DataflowProjectsLocationsJobsListRequest(
                 filter=active, pageToken=token, **self._where()
             )
-            response = self._client.projects_locations_jobs.List(request)
+            response = cloud_retry.retried(
+                lambda request=request: self._client.projects_locations_jobs.List(request),
+                f"listing the Dataflow jobs of {self.project}/{self.region}",
+            )
             yield from response.jobs
             token = response.nextPageToken
             if not token:
@@ -142,7 +155,10 @@ class DataflowApi:
             jobId=job_id, job=cancel, **self._where()
         )
         try:
-            self._client.projects_locations_jobs.Update(request)
+            cloud_retry.retried(
+                lambda: self._client.projects_locations_jobs.Update(request),
+                f"cancelling Dataflow job {job_id}",
+            )
         except exceptions.HttpError:
             state = self.state(job_id)
             if state in TERMINAL:  # it ended meanwhile: nothing to cancel
@@ -150,10 +166,16 @@ class DataflowApi:
             raise
         logger.warning("cancelling Dataflow job %s (%s)", job_id, self.console_url(job_id))
         deadline = time.monotonic() + CANCEL_WAIT_SECONDS
-        state = self.state(job_id)
-        while state not in TERMINAL and time.monotonic() < deadline:
-            time.sleep(CANCEL_POLL_SECONDS)
+        try:
             state = self.state(job_id)
+            while state not in TERMINAL and time.monotonic() < deadline:
+                time.sleep(CANCEL_POLL_SECONDS)
+                state = self.state(job_id)
+        except Exception as error:  # the cancel was accepted; only following it failed
+            logger.error(
+                "Dataflow job %s: cancel requested, its state unread: %s", job_id, cloud_retry.one_line(error)
+            )
+            return "JOB_STATE_CANCELLING"
         logger.warning("Dataflow job %s is %s", job_id, state)
         return state
 
@@ -195,11 +217,14 @@ def _ignoring_signals():
 
 class _StoppableResult:
     """The DataflowRunner's result, whose ``wait_until_finish`` cancels the job if the task is stopped or fails
-    while it waits. Everything else is the result's own."""
+    while it waits, and outlasts an outage of Dataflow's API: Beam's waiter gives up after its own retries (about
+    ten minutes of a failing ``get``) and would end the step while the job runs on. Everything else is the
+    result's own."""
 
-    def __init__(self, result, options):
+    def __init__(self, result, options, patience: cloud_retry.Patience | None = None):
         self._result = result
         self._options = options
+        self._patience = patience or cloud_retry.Patience()
 
     def __getattr__(self, name):
         return getattr(self._result, name)
@@ -212,7 +237,12 @@ class _StoppableResult:
             try:
                 api = DataflowApi(self._options)
                 where = f" ({api.console_url(job_id)})"
-                state = api.state(job_id)
+                try:
+                    state = api.state(job_id)
+                except (
+                    Exception
+                ):  # its state cannot be read (the reason the step stops?): cancel it all the same
+                    state = "UNKNOWN"
                 if state not in TERMINAL:
                     state = api.cancel(job_id)
             except Exception as error:  # the task is failing anyway; say what could not be done
@@ -225,9 +255,34 @@ class _StoppableResult:
     def wait_until_finish(self, duration=None):
         with _StopSignals():
             try:
-                return self._result.wait_until_finish(duration)
+                while True:
+                    try:
+                        return self._result.wait_until_finish(duration)
+                    except (TaskStopped, KeyboardInterrupt):
+                        raise
+                    except Exception as error:
+                        if not self._still_running(error):
+                            raise
             except BaseException as error:
                 self.stop(error)
+
+    def _still_running(self, error: Exception) -> bool:
+        """Whether Beam's waiter failed while its job still runs (its API out for longer than Beam retries): the
+        job's state read with the follower's patience (``cloud_retry.Patience``); True to wait on it again."""
+        from apache_beam.runners.runner import PipelineState
+
+        if self._result.is_in_terminal_state() and self._result.state != PipelineState.UNKNOWN:
+            return False
+        job_id = self._result.job_id()
+        api = DataflowApi(self._options)
+        state = self._patience.read(lambda: api.state(job_id), f"reading Dataflow job {job_id}")
+        if state in TERMINAL:
+            return False
+        logger.warning(
+            "Dataflow job %s is %s, still followed after Beam's waiter failed: %s",
+            job_id, state, cloud_retry.one_line(error),
+        )  # fmt: skip
+        return True
 
 
 @contextlib.contextmanager
@@ -243,10 +298,41 @@ def _submission_tempdir():
         shutil.rmtree(private, ignore_errors=True)
 
 
+def execution_job_name(output_dict: dict) -> str:
+    """The Dataflow job name of a step's execution: the same for a retried task (it keeps its output URIs), another
+    for every other execution (Dataflow's names: ``[a-z]([-a-z0-9]*[a-z0-9])?``)."""
+    from components import vertex_training
+
+    return f"effnet-{vertex_training.outputs_digest(output_dict)}"
+
+
+def _adopt(pipeline, error: Exception):
+    """The result of the active job already named as this pipeline's (an earlier attempt's, or a create whose
+    answer was lost), for Beam's waiter to follow; re-raises ``error`` when there is none."""
+    from apache_beam.options.pipeline_options import GoogleCloudOptions
+    from apache_beam.runners.dataflow.dataflow_runner import DataflowPipelineResult
+
+    name = pipeline._options.view_as(GoogleCloudOptions).job_name
+    api = DataflowApi(pipeline._options)
+    found = [summary.id for summary in api.active_jobs() if summary.name == name]
+    if not found:
+        raise error
+    logger.warning(
+        "following Dataflow job %s (%s), made by an earlier attempt: %s",
+        found[0],
+        name,
+        api.console_url(found[0]),
+    )
+    return DataflowPipelineResult(api.get(found[0]), pipeline.runner)
+
+
 class StoppablePipeline(beam.Pipeline):
     """A Beam pipeline whose Dataflow job is cancelled when its task is stopped or fails while the job runs (see
     the module's docstring); on another runner, or off the main thread (signals reach the main thread only),
     Beam's pipeline as it is."""
+
+    # How long an outage of Dataflow's API is waited out while the job runs (``cloud_retry.Patience``).
+    patience: cloud_retry.Patience | None = None
 
     def run(self, test_runner_api="AUTO"):
         from apache_beam.runners.dataflow.dataflow_runner import DataflowRunner
@@ -256,12 +342,17 @@ class StoppablePipeline(beam.Pipeline):
             or threading.current_thread() is not threading.main_thread()
         ):
             return super().run(test_runner_api)
+        from apache_beam.runners.dataflow.internal.apiclient import DataflowJobAlreadyExistsError
+
         # Signals are held until the job has an id; Beam's submission files go with their own directory.
         with _StopSignals(held=True) as signals, _submission_tempdir():
-            result = super().run(test_runner_api)
+            try:
+                result = super().run(test_runner_api)
+            except DataflowJobAlreadyExistsError as error:  # a job of this execution's name runs: follow it
+                result = _adopt(self, error)
         if not getattr(result, "has_job", False):  # a template was written: no job runs
             return result
-        stoppable = _StoppableResult(result, self._options)
+        stoppable = _StoppableResult(result, self._options, self.patience)
         if signals.received:
             stoppable.stop(TaskStopped(f"the pipeline task received {signals.received}"))
         return stoppable
@@ -270,7 +361,7 @@ class StoppablePipeline(beam.Pipeline):
 class StoppableBeamExecutor:
     """Mixin for a TFX Beam executor (before it in the bases): its Beam pipeline is a ``StoppablePipeline`` whose
     Dataflow job carries the label of the run named among the task's arguments, or in its output URIs on
-    Kubeflow (``components.run_label``)."""
+    Kubeflow (``components.run_label``), and the name of the task's execution (``execution_job_name``)."""
 
     _run_outputs: dict | None = None
 
@@ -285,4 +376,9 @@ class StoppableBeamExecutor:
         if self._make_beam_pipeline_fn is not None:  # a TFX operator's own pipeline
             return self._make_beam_pipeline_fn()
         run_id, args = run_label.take_run_id(self._beam_pipeline_args, self._run_outputs)
-        return StoppablePipeline(argv=[*args, *run_label.beam_args(run_id)])
+        patience, args = cloud_retry.take_patience(args)
+        if self._run_outputs and not any(arg.startswith("--job_name") for arg in args):
+            args = [*args, f"--job_name={execution_job_name(self._run_outputs)}"]
+        pipeline = StoppablePipeline(argv=[*args, *run_label.beam_args(run_id)])
+        pipeline.patience = patience
+        return pipeline

@@ -15,9 +15,13 @@ running``.
 The task takes its run's id from its parameter ``RUN_ID_KEY`` when it has one: compiled for Kubeflow Pipelines it
 is the run-id placeholder, which Kubeflow fills in input parameters (and the task has no outputs to read it from;
 it is never cached, so a parameter costs nothing). Compiled for Vertex it takes it as every task of the run does,
-from the argument ``run_label.RUN_ARG``. It fails, with one line, when it cannot tell its run (an orchestrator that
-did not replace the placeholder) or a job could not be cancelled: a run whose jobs may still bill is not reported
-clean.
+from the argument ``run_label.RUN_ARG``.
+
+Every call retries the services' transient faults (``effnet_common.cloud_retry``). What it could not do (a job
+not cancelled, a list refused, no run id from an orchestrator that did not replace the placeholder) is logged as
+an error naming the job and, for a refusal, the permission the service account lacks (``PERMISSIONS``), and
+said in the summary; the task still succeeds: a clean-up must never change its run's outcome (on Kubeflow before
+2.4.0 the exit task's state was the run's, and a failed clean-up would fail a good run).
 
 The handler takes no final-status input (``PipelineTaskFinalStatus``): it cancels whatever is left, in any state.
 """
@@ -32,12 +36,20 @@ from tfx.dsl.components.base import base_beam_component, base_beam_executor, exe
 from tfx.types import component_spec
 
 from components import beam_executor, dataflow_jobs, run_label, vertex_training
+from effnet_common import cloud_retry
 
 PROJECT_KEY = "project"
 REGION_KEY = "region"
 # Optional: the run's id (a placeholder the orchestrator fills in); without it, the id among the arguments.
 RUN_ID_KEY = "run_id"
 STEP_ID = "RunCleanup"
+# What each call needs of the service account (IAM permission, and the role of the README's set-up that has it).
+PERMISSIONS = {
+    "list custom jobs": "aiplatform.customJobs.list (roles/aiplatform.user)",
+    "cancel custom job": "aiplatform.customJobs.cancel (roles/aiplatform.user)",
+    "list Dataflow jobs": "dataflow.jobs.list (roles/dataflow.developer)",
+    "cancel Dataflow job": "dataflow.jobs.cancel (roles/dataflow.developer)",
+}
 
 logger = logging.getLogger("components.run_cleanup")
 
@@ -71,6 +83,14 @@ def _one_line(error: BaseException) -> str:
     return " ".join(str(error).split())
 
 
+def _failure(what: str, call: str, error: BaseException) -> str:
+    """One line: what could not be done, why, and for a refusal (403) the permission it needed."""
+    line = f"{what}: {_one_line(error)}"
+    if cloud_retry.http_status(error) == 403:
+        line += f" (the service account lacks {PERMISSIONS[call]})"
+    return line
+
+
 def cancel_custom_jobs(project: str, region: str, run: str, report: CleanupReport) -> None:
     """Cancels the run's Vertex AI custom jobs that have not ended, into ``report``."""
     from google.cloud.aiplatform import gapic
@@ -80,28 +100,34 @@ def cancel_custom_jobs(project: str, region: str, run: str, report: CleanupRepor
         "parent": f"projects/{project}/locations/{region}",
         "filter": f'labels.{run_label.RUN_LABEL}="{run}"',
     }
+    calls = {"timeout": cloud_retry.CALL_TIMEOUT_SECONDS}
     try:
-        jobs = [
-            job
-            for job in client.list_custom_jobs(request=request)
-            if job.state.name not in vertex_training.ENDED
-        ]
-    except Exception as error:
-        report.failures.append(
-            f"listing the Vertex AI custom jobs of {request['parent']}: {_one_line(error)}"
+        listed = client.list_custom_jobs(
+            request=request,
+            retry=cloud_retry.call_retry(f"listing custom jobs of {request['parent']}"),
+            **calls,
         )
+        jobs = [job for job in listed if job.state.name not in vertex_training.ENDED]
+    except Exception as error:
+        what = f"listing the Vertex AI custom jobs of {request['parent']}"
+        report.failures.append(_failure(what, "list custom jobs", error))
         return
     for job in jobs:
-        state = vertex_training.cancel(client, job.name)  # best effort: UNKNOWN when the request failed
+        # best effort: UNKNOWN when the request failed
+        state = vertex_training.cancel(client, job.name, retry_seconds=cloud_retry.CALL_RETRY_SECONDS)
         if state == "UNKNOWN":  # refused, or it ended meanwhile?
             try:
-                state = client.get_custom_job(name=job.name).state.name
+                retry = cloud_retry.call_retry(f"reading {job.name}")
+                state = client.get_custom_job(name=job.name, retry=retry, **calls).state.name
             except Exception:
                 state = "UNKNOWN"
         if state in vertex_training.ENDED or state == "JOB_STATE_CANCELLING":
             report.custom_jobs.append((job.name, state))
         else:
-            report.failures.append(f"{job.name} is {state} ({vertex_training.console_url(job.name)})")
+            report.failures.append(
+                f"{job.name} is {state} ({vertex_training.console_url(job.name)}; cancelling it needs "
+                f"{PERMISSIONS['cancel custom job']})"
+            )
 
 
 def cancel_dataflow_jobs(api: dataflow_jobs.DataflowApi, run: str, report: CleanupReport) -> None:
@@ -109,13 +135,15 @@ def cancel_dataflow_jobs(api: dataflow_jobs.DataflowApi, run: str, report: Clean
     try:
         jobs = api.jobs_labelled(run_label.RUN_LABEL, run)
     except Exception as error:
-        report.failures.append(f"listing the Dataflow jobs of {api.project}/{api.region}: {_one_line(error)}")
+        what = f"listing the Dataflow jobs of {api.project}/{api.region}"
+        report.failures.append(_failure(what, "list Dataflow jobs", error))
         return
     for job in jobs:
         try:
             report.dataflow_jobs.append((f"{job.id} {job.name}".strip(), api.cancel(job.id)))
         except Exception as error:
-            report.failures.append(f"Dataflow job {job.id} ({api.console_url(job.id)}): {_one_line(error)}")
+            what = f"Dataflow job {job.id} ({api.console_url(job.id)})"
+            report.failures.append(_failure(what, "cancel Dataflow job", error))
 
 
 def clean_up(project: str, region: str, run_id: str, beam_args: list[str]) -> CleanupReport:
@@ -134,19 +162,25 @@ def clean_up(project: str, region: str, run_id: str, beam_args: list[str]) -> Cl
 
 
 class Executor(beam_executor.InstalledTfxOnLocalRunners, base_beam_executor.BaseBeamExecutor):
-    """Runs ``clean_up`` for the run named by the task's ``RUN_ID_KEY`` parameter, else among its arguments; fails
-    in one line if a job could not be cancelled."""
+    """Runs ``clean_up`` for the run named by the task's ``RUN_ID_KEY`` parameter, else among its arguments, and
+    prints its summary; what it could not do is an error in its log, never the task's failure (see the module's
+    docstring)."""
 
     def Do(self, input_dict: dict, output_dict: dict, exec_properties: dict[str, Any]) -> None:  # noqa: N802
         del input_dict, output_dict
         run_id, beam_args = run_label.take_run_id(self._beam_pipeline_args)
+        beam_args = cloud_retry.take_patience(beam_args)[1]
         run_id = exec_properties.get(RUN_ID_KEY) or run_id
-        report = clean_up(exec_properties[PROJECT_KEY], exec_properties[REGION_KEY], run_id, beam_args)
+        try:
+            report = clean_up(exec_properties[PROJECT_KEY], exec_properties[REGION_KEY], run_id, beam_args)
+        except run_label.NoRunId as error:
+            summary = f"no clean-up: {error}"
+            logger.error("%s", summary)
+            print(summary, flush=True)
+            return
         summary = report.summary()
-        logger.warning("%s", summary)
+        (logger.error if report.failures else logger.warning)("%s", summary)
         print(summary, flush=True)
-        if report.failures:
-            raise RuntimeError(summary)
 
 
 class RunCleanupSpec(component_spec.ComponentSpec):

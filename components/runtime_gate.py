@@ -41,6 +41,7 @@ from tfx.utils import json_utils, name_utils
 
 from components import beam_executor, dataflow_jobs, run_label, vertex_training
 from components.parameters import TARGET_TOP1_KEY, TOP1_METRIC, TRAIN_EPOCHS_KEY
+from effnet_common import cloud_retry
 
 BASELINE_SCOPE_KEY = "baseline_scope"
 # The blessing's custom property (artifact metadata on Vertex) naming the pipeline that blessed it.
@@ -124,9 +125,9 @@ class TrainerExecutor(trainer_executor.GenericExecutor):
 
 
 def run_timeout(input_dict, exec_properties: dict[str, Any], custom_config: dict) -> int | None:
-    """The training job's timeout for the run this execution trains: the compiled ``TimeoutRule`` applied to its
-    config (the run's epochs folded in) with the epoch of its shards' manifest, as the trainer will train it.
-    None when the pipeline was compiled without a rule."""
+    """The training (or tuning) job's timeout for the run this execution trains: the compiled ``TimeoutRule``
+    applied to its config (the run's epochs folded in) with the epoch of its shards' manifest, as the trainer will
+    train it. None when the pipeline was compiled without a rule."""
     rule = vertex_training.TimeoutRule.from_config(custom_config)
     if rule is None:
         return None
@@ -176,12 +177,13 @@ class VertexTrainerExecutor(base_executor.BaseExecutor):
             task="trainer",
             timeout_seconds=run_timeout(input_dict, properties, custom_config),
         )
-        vertex_training.run_job(request)
+        vertex_training.run_job(request, patience=cloud_retry.take_patience(self._extra_flags or [])[0])
 
 
 class VertexTunerExecutor(base_executor.BaseExecutor):
     """Runs TFX's distributed tuning flock (its chief oracle and workers, each running trials) as a Vertex AI
-    custom job to its end, cancelled if this task is stopped or fails (``components.vertex_training``).
+    custom job to its end, cancelled if this task is stopped or fails (``components.vertex_training``), with the
+    timeout of the search on this run's data (``run_timeout``).
 
     The job's worker pools (the primary, and ``parallel trials - 1`` workers) are compiled into the tuning args
     of ``custom_config``; TFX's Vertex Tuner would build the same job but only poll it.
@@ -205,8 +207,9 @@ class VertexTunerExecutor(base_executor.BaseExecutor):
             name_utils.get_full_name(vertex_tuner._WorkerExecutor),  # noqa: SLF001 - TFX's worker entry point
             args_key=vertex.experimental.TUNING_ARGS_KEY,
             task="tuner",
+            timeout_seconds=run_timeout(input_dict, exec_properties, custom_config),
         )
-        vertex_training.run_job(request)
+        vertex_training.run_job(request, patience=cloud_retry.take_patience(self._extra_flags or [])[0])
 
 
 class EvaluatorExecutor(

@@ -24,7 +24,8 @@ C++ ``LoadSavedModel`` (the loader TensorFlow Serving calls) and answered exactl
 ``OLDEST_SERVING_TENSORFLOW``, is refused, naming the listed image to use instead.
 
 Every call goes through ``google.cloud.aiplatform_v1``'s ModelServiceClient and EndpointServiceClient with the
-API's own messages; tests replace those two clients (``tests/fake_vertex_registry.py``'s ``FakeModelRegistry``).
+API's own messages, and retries what Vertex documents as transient (``effnet_common.cloud_retry``); a create
+whose answer was lost (the upload, the endpoint, the deployment) is looked for before it is sent again; tests replace those two clients (``tests/fake_vertex_registry.py``'s ``FakeModelRegistry``).
 Names the service returns carry the project *number* and, for a deployed model, the ``@version``: models are
 compared by the service's own names, without their version suffix.
 """
@@ -43,6 +44,8 @@ from tfx.components.pusher import executor as pusher_executor
 from tfx.dsl.components.base import executor_spec
 from tfx.types import artifact_utils, standard_component_specs
 from tfx.utils import io_utils, json_utils
+
+from effnet_common import cloud_retry
 
 logger = logging.getLogger(__name__)
 
@@ -179,6 +182,29 @@ def push_id(model_uri: str) -> str:
     return hashlib.sha256(model_uri.encode()).hexdigest()[:20]
 
 
+def _calls(what: str) -> dict:
+    """The keyword arguments of a call that may be repeated: the one retry policy, the call's timeout."""
+    return {"retry": cloud_retry.call_retry(what), "timeout": cloud_retry.CALL_TIMEOUT_SECONDS}
+
+
+def _once(create, find, what: str):
+    """``create()`` retried on transient errors; a create whose answer was lost may have made its resource, so
+    before each retry ``find()`` looks for it (None: not made)."""
+    sent = False
+
+    def attempt():
+        nonlocal sent
+        if sent:
+            found = find()
+            if found is not None:
+                logger.warning("%s: made by a call whose answer was lost", what)
+                return found
+        sent = True
+        return create()
+
+    return cloud_retry.retried(attempt, what)
+
+
 def _quoted(value: str) -> str:
     return '"' + value.replace('"', '\\"') + '"'
 
@@ -192,14 +218,16 @@ def _pipeline_models(models, target: PushTarget) -> list[aiplatform_v1.Model]:
     request = aiplatform_v1.ListModelsRequest(
         parent=target.parent, filter=f"labels.{PIPELINE_LABEL}={_quoted(target.labels[PIPELINE_LABEL])}"
     )
-    return list(models.list_models(request=request))
+    return list(models.list_models(request=request, **_calls(f"listing the models of {target.parent}")))
 
 
 def _version_of_push(models, model: aiplatform_v1.Model, push: str) -> aiplatform_v1.Model | None:
     request = aiplatform_v1.ListModelVersionsRequest(
         name=model.name, filter=f"labels.{PUSH_LABEL}={_quoted(push)}"
     )
-    found = list(models.list_model_versions(request=request))
+    found = list(
+        models.list_model_versions(request=request, **_calls(f"listing the versions of {model.name}"))
+    )
     return found[0] if found else None
 
 
@@ -215,17 +243,19 @@ def _upload(models, target: PushTarget, artifact_uri: str, push: str, parent_mod
     request = aiplatform_v1.UploadModelRequest(
         parent=target.parent, model=model, parent_model=parent_model or ""
     )
-    response = models.upload_model(request=request).result()
+    response = models.upload_model(request=request, timeout=cloud_retry.CALL_TIMEOUT_SECONDS).result()
     return response.model, response.model_version_id
 
 
 def _endpoint(endpoints, target: PushTarget) -> aiplatform_v1.Endpoint:
     if target.endpoint.startswith("projects/"):
-        return endpoints.get_endpoint(name=target.endpoint)
+        return endpoints.get_endpoint(name=target.endpoint, **_calls(f"reading {target.endpoint}"))
     request = aiplatform_v1.ListEndpointsRequest(
         parent=target.parent, filter=f"display_name={_quoted(target.endpoint)}"
     )
-    found = list(endpoints.list_endpoints(request=request))
+    found = list(
+        endpoints.list_endpoints(request=request, **_calls(f"listing the endpoints of {target.parent}"))
+    )
     if len(found) > 1:
         raise ValueError(
             f"{len(found)} endpoints are named {target.endpoint} in {target.parent}: give the resource name "
@@ -234,7 +264,20 @@ def _endpoint(endpoints, target: PushTarget) -> aiplatform_v1.Endpoint:
     if found:
         return found[0]
     created = aiplatform_v1.Endpoint(display_name=target.endpoint, labels=dict(target.labels))
-    return endpoints.create_endpoint(parent=target.parent, endpoint=created).result()
+
+    def find():
+        again = list(
+            endpoints.list_endpoints(request=request, **_calls(f"listing the endpoints of {target.parent}"))
+        )
+        return again[0] if again else None
+
+    return _once(
+        lambda: endpoints.create_endpoint(
+            parent=target.parent, endpoint=created, timeout=cloud_retry.CALL_TIMEOUT_SECONDS
+        ).result(),
+        find,
+        f"creating endpoint {target.endpoint} in {target.parent}",
+    )
 
 
 def _deployed(endpoint: aiplatform_v1.Endpoint, model: str, version_id: str):
@@ -261,10 +304,24 @@ def push(target: PushTarget, artifact_uri: str, push: str) -> Pushed:
         model_name, version_id, uploaded = _unversioned(existing.name), existing.version_id, False
         logger.info("version %s of %s holds this model already (a retried push)", version_id, model_name)
         if DEFAULT_ALIAS not in existing.version_aliases:
-            models.merge_version_aliases(name=f"{model_name}@{version_id}", version_aliases=[DEFAULT_ALIAS])
+            models.merge_version_aliases(
+                name=f"{model_name}@{version_id}",
+                version_aliases=[DEFAULT_ALIAS],
+                **_calls(f"making version {version_id} of {model_name} the default"),
+            )
     else:
-        model_name, version_id = _upload(
-            models, target, artifact_uri, push, _unversioned(parent_model.name) if parent_model else None
+
+        def find_upload():  # an upload whose answer was lost: its version carries the push's label
+            made = [m for m in _pipeline_models(models, target) if m.display_name == target.pipeline]
+            version = _version_of_push(models, made[0], push) if made else None
+            return (_unversioned(version.name), version.version_id) if version is not None else None
+
+        model_name, version_id = _once(
+            lambda: _upload(
+                models, target, artifact_uri, push, _unversioned(parent_model.name) if parent_model else None
+            ),
+            find_upload,
+            f"uploading {artifact_uri} to {target.parent}",
         )
         uploaded = True
         logger.info("uploaded %s as version %s of %s", artifact_uri, version_id, model_name)
@@ -281,22 +338,38 @@ def push(target: PushTarget, artifact_uri: str, push: str) -> Pushed:
                 max_replica_count=target.max_replicas,
             ),
         )
-        endpoints.deploy_model(
-            endpoint=endpoint.name, deployed_model=deployed, traffic_split={"0": 100}
-        ).result()
-        endpoint = endpoints.get_endpoint(name=endpoint.name)
+        read = _calls(f"reading {endpoint.name}")
+
+        def find_deployment():  # a deployment whose answer was lost is on the endpoint
+            return _deployed(endpoints.get_endpoint(name=endpoint.name, **read), model_name, version_id)
+
+        _once(
+            lambda: endpoints.deploy_model(
+                endpoint=endpoint.name,
+                deployed_model=deployed,
+                traffic_split={"0": 100},
+                timeout=cloud_retry.CALL_TIMEOUT_SECONDS,
+            ).result(),
+            find_deployment,
+            f"deploying version {version_id} of {model_name} on {endpoint.name}",
+        )
+        endpoint = endpoints.get_endpoint(name=endpoint.name, **read)
         current = _deployed(endpoint, model_name, version_id)
     elif endpoint.traffic_split.get(current.id, 0) != 100:
         endpoint = endpoints.update_endpoint(
             endpoint=aiplatform_v1.Endpoint(name=endpoint.name, traffic_split={current.id: 100}),
             update_mask={"paths": ["traffic_split"]},
+            **_calls(f"moving the traffic of {endpoint.name}"),
         )
 
     ours = {_unversioned(m.name) for m in pipeline_models} | {model_name}  # the upload's model, if new
     replaced = [d for d in endpoint.deployed_models if _unversioned(d.model) in ours and d.id != current.id]
     for old in replaced:
         endpoints.undeploy_model(
-            endpoint=endpoint.name, deployed_model_id=old.id, traffic_split={current.id: 100}
+            endpoint=endpoint.name,
+            deployed_model_id=old.id,
+            traffic_split={current.id: 100},
+            **_calls(f"undeploying {old.id} from {endpoint.name}"),
         ).result()
         logger.info("undeployed %s (%s) from %s", old.id, old.model, endpoint.name)
     return Pushed(model_name, version_id, endpoint.name, current.id, tuple(d.id for d in replaced), uploaded)

@@ -21,10 +21,19 @@ polled, and:
   stopped pod has; the task then fails with one line naming the job. A signal that arrives while
   ``create_custom_job`` is in flight is held until the call returns, so the job it created is known and
   cancelled; if the call raised, the jobs carrying this execution's labels are looked up and cancelled.
+- **a fault of the API is waited out.** Every call goes through the project's one retry policy
+  (``effnet_common.cloud_retry``): a lookup, a create, a cancel retry what Vertex documents as transient (429,
+  500, 503, a deadline exceeded, a dropped connection) with exponential backoff and jitter; following the job
+  waits out an outage of the API for ``--api-outage-hours`` (12 h by default) and a 403 or 404 for 5 minutes,
+  so a job that trains for days is never cancelled because one poll of its state failed. Only a definite answer
+  ends the step: the job ended (failed, cancelled, expired), or the API refused or did not answer for that long
+  (the step then fails with one line and cancels the job if Vertex lets it). A create that failed with a
+  transient error may have made the job: the jobs with this execution's labels are looked up before it is
+  sent again.
 - **the timeout is the run's.** ``TimeoutRule`` (compiled into ``custom_config`` under ``TIMEOUT_KEY``) sets the
-  job's ``scheduling.timeout`` from the config this execution trains (its epochs, its data, the accelerator),
-  at most the compiled upper bound; the timeout compiled for the default values would kill a run of three
-  times the epochs.
+  job's ``scheduling.timeout`` from the config this execution trains (its epochs, its data, the accelerator;
+  for the Tuner's job, the search's epochs over its parallel trials on that data), at most the compiled upper
+  bound; the timeout compiled for the default values would kill a run of three times the epochs.
 """
 
 from __future__ import annotations
@@ -38,6 +47,8 @@ import logging
 import signal
 import time
 from typing import Any
+
+from effnet_common import cloud_retry
 
 logger = logging.getLogger("components.vertex_training")
 
@@ -67,15 +78,24 @@ class TrainingJobFailed(RuntimeError):
 
 @dataclasses.dataclass(frozen=True)
 class TimeoutRule:
-    """How the training step sets its job's timeout: ``pipeline.accelerators.job_timeout`` of the config it
-    trains on ``machines`` of ``accelerator``, at most ``max_seconds`` (the compiled upper bound)."""
+    """How a step sets its job's timeout: ``pipeline.accelerators.job_timeout`` of the config it trains on
+    ``machines`` of ``accelerator``, at most ``max_seconds`` (the compiled upper bound). A tuning job
+    (``search_epochs`` > 0) trains ``search_epochs`` epochs of that config in all, on ``parallel_trials``
+    machines at once."""
 
     accelerator: str
     machines: int
     max_seconds: int
+    search_epochs: int = 0
+    parallel_trials: int = 1
 
     def to_config(self) -> dict:
-        return dataclasses.asdict(self)
+        """The rule as compiled: a training job's without the tuning fields (its compiled config, and so its
+        task's cache key, as before they existed)."""
+        values = dataclasses.asdict(self)
+        if not self.search_epochs:
+            del values["search_epochs"], values["parallel_trials"]
+        return values
 
     @classmethod
     def from_config(cls, custom_config: dict) -> TimeoutRule | None:
@@ -88,7 +108,11 @@ class TimeoutRule:
         from pipeline import accelerators
 
         machine = accelerators.get(self.accelerator, self.machines)
-        return accelerators.job_timeout(trainer_config, machine, self.max_seconds)
+        if not self.search_epochs:
+            return accelerators.job_timeout(trainer_config, machine, self.max_seconds)
+        per_epoch = accelerators.estimate(trainer_config, machine).hours / trainer_config.loop.train_epochs
+        hours = per_epoch * self.search_epochs / self.parallel_trials
+        return min(accelerators.timeout_for(hours * 3600), self.max_seconds)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -208,14 +232,17 @@ class _StopSignals:
             signal.signal(sig, signal.SIG_IGN)
 
 
-def run_job(request: JobRequest, poll_seconds: float | None = None):
-    """Finds the job an earlier attempt of this execution started, or creates it; polls it until it ends and
-    returns it; cancels it if this task is stopped or fails.
+def run_job(
+    request: JobRequest, poll_seconds: float | None = None, patience: cloud_retry.Patience | None = None
+):
+    """Finds the job an earlier attempt of this execution started, or creates it; follows it until it ends
+    and returns it; cancels it if this task is stopped or fails.
 
     Raises:
       TaskStopped: SIGTERM / SIGINT arrived; the job was cancelled (and followed until it ended, or for
         ``CANCEL_WAIT_SECONDS``).
-      TrainingJobFailed: the job ended failed, cancelled (by someone else) or expired, or Vertex refused it.
+      TrainingJobFailed: the job ended failed, cancelled (by someone else) or expired; Vertex refused it; or its
+        state could not be read for the whole of ``patience`` (an outage) or 5 minutes (a refusal).
     """
     from google.cloud.aiplatform import gapic
 
@@ -227,12 +254,13 @@ def run_job(request: JobRequest, poll_seconds: float | None = None):
         try:
             job = earlier_job(client, request)
             if job is None:
-                with stop.held():
-                    job = _create(client, request)
+                job = _create(client, request, stop)
                 logger.info("training job %s created: %s", job.name, console_url(job.name))
-            while job.state.name not in ENDED:
-                time.sleep(interval)
-                job = client.get_custom_job(name=job.name)
+            job = follow(client, job.name, interval, patience or cloud_retry.Patience())
+        except cloud_retry.Unanswered as error:  # its state could not be read for too long: the step gives up
+            stop.ignore()
+            cancel(client, job.name)
+            raise TrainingJobFailed(f"{error} ({console_url(job.name)})") from None
         except BaseException:
             stop.ignore()
             if job is None:
@@ -249,11 +277,48 @@ def run_job(request: JobRequest, poll_seconds: float | None = None):
     return job
 
 
-def _create(client, request: JobRequest):
+def follow(client, name: str, poll_seconds: float, patience: cloud_retry.Patience):
+    """Reads job ``name`` every ``poll_seconds`` until it has ended and returns it. A read that fails is waited
+    out as ``patience`` says (``cloud_retry.Patience.read``), never taken for the job's end.
+
+    Raises:
+      cloud_retry.Unanswered: Vertex did not answer, or refused, for longer than ``patience`` waits.
+    """
+    what = f"reading training job {name}"
+
+    def read():
+        return client.get_custom_job(name=name, timeout=cloud_retry.CALL_TIMEOUT_SECONDS)
+
+    while True:
+        job = patience.read(read, what)
+        if job.state.name in ENDED:
+            return job
+        time.sleep(poll_seconds)
+
+
+def _create(client, request: JobRequest, stop: _StopSignals):
+    """Creates the job, retrying transient errors (``cloud_retry.call_retry``). A create that failed that way
+    may have made the job: before each retry the jobs carrying this execution's labels are looked up, and the
+    newest is taken instead of a second one. A signal is held while the create call is in flight only."""
     from google.api_core import exceptions
 
+    sent = False
+
+    def attempt():
+        nonlocal sent
+        if sent:
+            made = labelled_jobs(client, request)
+            if made:
+                logger.warning("a create that failed had made training job %s: following it", made[0].name)
+                return made[0]
+        sent = True
+        with stop.held():
+            return client.create_custom_job(
+                parent=request.parent, custom_job=request.custom_job, timeout=cloud_retry.CALL_TIMEOUT_SECONDS
+            )
+
     try:
-        return client.create_custom_job(parent=request.parent, custom_job=request.custom_job)
+        return cloud_retry.retried(attempt, f"creating a training job in {request.parent}")
     except (exceptions.InvalidArgument, exceptions.FailedPrecondition) as error:
         raise TrainingJobFailed(f"Vertex AI refused the training job: {error.message}") from None
 
@@ -265,8 +330,10 @@ def labelled_jobs(client, request: JobRequest) -> list:
     found = client.list_custom_jobs(
         request={
             "parent": request.parent,
-            "filter": f"labels.{OUTPUTS_LABEL}={request.find_labels[OUTPUTS_LABEL]}",
-        }
+            "filter": f'labels.{OUTPUTS_LABEL}="{request.find_labels[OUTPUTS_LABEL]}"',
+        },
+        retry=cloud_retry.call_retry(f"listing the training jobs of {request.parent}"),
+        timeout=cloud_retry.CALL_TIMEOUT_SECONDS,
     )
     jobs = [job for job in found if all(job.labels.get(k) == v for k, v in request.find_labels.items())]
     return sorted(jobs, key=lambda job: job.create_time, reverse=True)
@@ -303,17 +370,21 @@ def cancel_labelled(client, request: JobRequest) -> list[str]:
     return running
 
 
-def cancel(client, name: str) -> str:
+def cancel(client, name: str, retry_seconds: float | None = None) -> str:
     """Asks Vertex to cancel job ``name`` and follows it until it ended (or ``CANCEL_WAIT_SECONDS``); returns
-    the last state seen. Cancellation is best effort: a failure to reach Vertex is logged, not raised."""
+    the last state seen. Transient errors are retried for ``retry_seconds`` (by default what fits in the grace
+    period of a stopped task). Cancellation is best effort: a failure to reach Vertex is logged, not raised."""
+    retry = cloud_retry.call_retry(f"cancelling training job {name}")
+    retry = retry.with_timeout(CANCEL_WAIT_SECONDS if retry_seconds is None else retry_seconds)
+    calls = {"retry": retry, "timeout": cloud_retry.CALL_TIMEOUT_SECONDS}
     try:
-        client.cancel_custom_job(name=name)
+        client.cancel_custom_job(name=name, **calls)
         logger.warning("cancelling training job %s", name)
         deadline = time.monotonic() + CANCEL_WAIT_SECONDS
-        state = client.get_custom_job(name=name).state.name
+        state = client.get_custom_job(name=name, **calls).state.name
         while state not in ENDED and time.monotonic() < deadline:
             time.sleep(CANCEL_POLL_SECONDS)
-            state = client.get_custom_job(name=name).state.name
+            state = client.get_custom_job(name=name, **calls).state.name
     except Exception as error:  # the task is failing anyway; say what could not be done
         logger.error("could not cancel training job %s: %s (%s)", name, error, console_url(name))
         return "UNKNOWN"

@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import re
 
+from effnet_common.cloud_retry import OUTAGE_HOURS
 from effnet_common.registry import Registry
 
 DEFAULT_REGION = "us-central1"
@@ -116,6 +117,8 @@ class CloudSettings:
         artifact: every run starts from zero).
       check_region: refuse a region where the accelerator is not known to be offered.
       enable_cache: let Vertex reuse a step whose inputs, parameters and image are unchanged.
+      api_outage_hours: how long a step following its job (and ``--wait``) waits out an outage of the job's API
+        (``effnet_common.cloud_retry``); compiled into the steps' arguments when it is not the default.
     """
 
     project: str
@@ -137,6 +140,7 @@ class CloudSettings:
     checkpoint_root: str = ""
     check_region: bool = True
     enable_cache: bool = True
+    api_outage_hours: float = OUTAGE_HOURS
 
     def __post_init__(self):
         if not self.pipeline_root.startswith("gs://"):
@@ -161,6 +165,8 @@ class CloudSettings:
             raise ValueError(
                 f"--reservation takes reserved machines; --provisioning {self.provisioning} asks for others"
             )
+        if self.api_outage_hours <= 0:
+            raise ValueError(f"--api-outage-hours {self.api_outage_hours} must be > 0")
         if self.training_timeout_hours < 0:
             raise ValueError(f"--training-timeout-hours {self.training_timeout_hours} must be >= 0")
         if self.max_wait_hours is not None and self.provisioning != "flex-start":
@@ -304,13 +310,15 @@ class CloudSettings:
     ) -> dict:
         """``custom_config`` entries of the Vertex Tuner: one custom job of ``parallel_trials`` machines of the
         accelerator (the chief runs the search's oracle and trials, each worker trials), for a search that
-        trains ``epochs`` epochs in all.
+        trains ``epochs`` epochs in all; its timeout compiled for the default data and set again by the tuning
+        step for the run's own shards (``components.vertex_training.TimeoutRule``).
 
         Raises:
           AcceleratorMismatch: the accelerator is several machines: Vertex runs each trial on one.
         """
         from tfx import v1 as tfx
 
+        from components import vertex_training
         from pipeline import accelerators
 
         machine = self.machine
@@ -325,10 +333,14 @@ class CloudSettings:
         per_epoch = accelerators.estimate(trainer_config, machine).hours / trainer_config.loop.train_epochs
         hours = per_epoch * epochs / parallel_trials
         pools = machine.worker_pool_specs(self.training_image, replicas=parallel_trials)
+        rule = vertex_training.TimeoutRule(
+            self.accelerator, self.machines, self.max_timeout_seconds, epochs, parallel_trials
+        )
         return {
             vertex.ENABLE_VERTEX_KEY: True,
             vertex.VERTEX_REGION_KEY: self.region,
             vertex.experimental.TUNING_ARGS_KEY: self._job_args(
                 pools, self.timeout_seconds(hours), f"{pipeline_name}-tuner", labels
             ),
+            vertex_training.TIMEOUT_KEY: rule.to_config(),  # the search's timeout on the run's data
         }

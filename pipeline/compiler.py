@@ -190,6 +190,7 @@ def compile_pipeline(
         defaults=compiled.defaults,
         pipeline_root=settings.pipeline_root.rstrip("/"),
         labels=settings.labels(compiled.name, compiled.resolved.preset.name),
+        enable_cache=settings.enable_cache,
     )
     if is_job:
         files.write_text(output, json.dumps(job, sort_keys=True))
@@ -215,6 +216,7 @@ def build_pipeline(
     from tfx.orchestration import data_types
 
     from components import run_label, runtime_gate
+    from effnet_common import cloud_retry
     from pipeline import pipeline_def
 
     defaults = compiled.defaults
@@ -228,6 +230,10 @@ def build_pipeline(
     # Every task's arguments say where its run's id is, for the run's label on its jobs: filled in by Vertex, or
     # in the output URIs on Kubeflow.
     run_args = (run_label.kfp_run_arg(name) if for_kubeflow else run_label.RUN_ARG,)
+    if (
+        settings.api_outage_hours != cloud_retry.OUTAGE_HOURS
+    ):  # the default compiles as before: same cache keys
+        run_args += (cloud_retry.outage_arg(settings.api_outage_hours),)
     return pipeline_def.create_pipeline(
         pipeline_def.PipelineSettings(
             name=name,

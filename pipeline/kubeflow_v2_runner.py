@@ -147,6 +147,11 @@ def build_parser() -> argparse.ArgumentParser:
         where.add_argument(f"--{step}-max-workers", type=int, default=workers.max_workers)
     where.add_argument("--no-cache", action="store_true", help="run every step, reusing none")
     where.add_argument(
+        "--api-outage-hours", type=float, default=CLOUD_DEFAULTS["api_outage_hours"],
+        help="how long a step following its job, and --wait, wait out an outage of the service's API before giving "
+        "up (default %(default)g; a 403/404 is waited out 5 minutes)",
+    )  # fmt: skip
+    where.add_argument(
         "--vertex-endpoint",
         default="",
         help="also push a blessed model to the Vertex Model Registry (a version of the pipeline's model) and serve "
@@ -203,6 +208,7 @@ def _settings(args) -> CloudSettings:
         checkpoint_root=args.checkpoint_root,
         check_region=not args.skip_region_check,
         enable_cache=not args.no_cache,
+        api_outage_hours=args.api_outage_hours,
     )
 
 
@@ -280,7 +286,9 @@ def _check_destination(args, kubeflow: bool, path: str) -> None:
 def submit(template, args) -> int:
     """Checks the run's parameter values against the template, submits it, and with ``--wait`` follows the run
     to its end. Returns the exit status: 0 once submitted (or, with ``--wait``, when the run succeeded), 1 when
-    the run ended in another state."""
+    the run ended in another state, or when its state could not be read for ``--api-outage-hours`` (one line,
+    the run going on)."""
+    from effnet_common.cloud_retry import Patience
     from pipeline import submission
 
     _check_destination(args, not template.is_job, template.path)
@@ -296,7 +304,14 @@ def submit(template, args) -> int:
     print(f"follow it at {run.url}")
     if not args.wait:
         return 0
-    state = run.follow(on_change=lambda state: print(f"run state: {state}", flush=True))
+    try:
+        state = run.follow(
+            on_change=lambda state: print(f"run state: {state}", flush=True),
+            patience=Patience.of_hours(args.api_outage_hours),
+        )
+    except submission.Unfollowed as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 1
     return 0 if submission.succeeded(state) else 1
 
 

@@ -14,6 +14,7 @@ def patch(
     defaults: dict,
     pipeline_root: str,
     labels: dict[str, str],
+    enable_cache: bool = True,
 ) -> None:
     """Patches the compiled PipelineJob ``job`` of pipeline ``name``.
 
@@ -21,12 +22,16 @@ def patch(
     parameters' ``defaults`` go into the root's input definitions (``set_parameter_defaults``), and the DAG the
     exit handler follows gets the root's parameters (``bind_exit_dag_parameters``). The
     pipeline root goes into ``defaultPipelineRoot`` (the serving directory and Dataflow's temp location are
-    compiled under it, so a run must use it); ``labels`` onto the PipelineJob.
+    compiled under it, so a run must use it); ``labels`` onto the PipelineJob. Each task's caching is written
+    (``set_caching``: the exit task never cached), and the steps that start cloud jobs get a retry policy
+    (``set_retry_policy``).
     """
     spec = job["pipelineSpec"]
     scope_baseline_query(spec, name)
     set_parameter_defaults(spec, defaults)
     bind_exit_dag_parameters(spec)
+    set_caching(spec, enable_cache)
+    set_retry_policy(spec)
     spec["defaultPipelineRoot"] = pipeline_root
     job["labels"] = {**job.get("labels", {}), **labels}
 
@@ -77,3 +82,63 @@ def bind_exit_dag_parameters(spec: dict) -> None:
     spec["root"]["dag"]["tasks"][utils.TFX_DAG_NAME]["inputs"] = {
         "parameters": {name: {"componentInputParameter": name} for name in declared}
     }
+
+
+# The trigger strategy of an exit task (one that runs once its upstream tasks have ended, in any state).
+EXIT_TRIGGER = "ALL_UPSTREAM_TASKS_COMPLETED"
+
+
+def _all_tasks(spec: dict):
+    """Every task of the spec, in the root DAG and in every DAG component (TFX's ``tfx-dag``)."""
+    yield from spec["root"].get("dag", {}).get("tasks", {}).values()
+    for component in spec.get("components", {}).values():
+        yield from component.get("dag", {}).get("tasks", {}).values()
+
+
+def set_caching(spec: dict, enable_cache: bool) -> None:
+    """Writes each task's caching into the spec: the steps' as ``enable_cache`` says, the exit task's off.
+
+    A cached exit task does nothing: its inputs are the same every run (on Vertex its run id is an argument,
+    not an input), so from the second run on it would be skipped as cached and cancel nothing. And the
+    submitting clients cannot say it: the Vertex SDK's ``enable_caching`` sets every task alike, the exit task
+    included, and ``kfp.Client``'s reaches the root's tasks only (not the steps inside ``tfx-dag``). So the runner
+    submits with the clients' caching unset, which keeps these per-task settings (both clients document it). The
+    DAG tasks themselves are left without one: a DAG is not cached, its container tasks are.
+    """
+    for task in _all_tasks(spec):
+        component = spec["components"].get(task.get("componentRef", {}).get("name", ""), {})
+        if "dag" in component:
+            continue
+        exit_task = task.get("triggerPolicy", {}).get("strategy") == EXIT_TRIGGER
+        task["cachingOptions"] = {"enableCache": enable_cache and not exit_task}
+
+
+# The steps that start cloud jobs (``components.run_label``): an orchestrator retries their task when it fails, so
+# a launcher lost with its pod (eviction, out of memory, its node gone) is started again and re-attaches to its
+# job (the training step finds it by its labels; a Beam step's retry submits again under the same job name).
+RETRIED_STEPS = ("ImageNetShardGen", "Tuner", "Trainer", "Evaluator")
+# Two retries, the first at once (a lost pod, not an overloaded service: the steps wait out the services'
+# faults themselves), then after 60 s. A step that failed for good (a failed training job) is tried again too:
+# at most two more jobs, the price of surviving two evictions in a run of days.
+RETRY_POLICY = {
+    "maxRetryCount": 2,
+    "backoffDuration": "0s",
+    "backoffFactor": 2.0,
+    "backoffMaxDuration": "60s",
+}
+
+
+def set_retry_policy(spec: dict, steps=RETRIED_STEPS) -> list[str]:
+    """Gives the tasks of ``steps`` (where they are, in any DAG) the ``RETRY_POLICY``; returns their names.
+
+    Vertex AI Pipelines honours a task's ``retryPolicy`` in any DAG; Kubeflow Pipelines from 2.14.0 (before,
+    2.5.0 to 2.13, only in the root DAG's tasks: ``backend/src/v2/compiler/argocompiler/container.go``), and a
+    retry there reuses the pod's spec, so the retried launcher gets the same output URIs.
+    """
+    named = []
+    for dag in [spec["root"], *spec.get("components", {}).values()]:
+        for name, task in dag.get("dag", {}).get("tasks", {}).items():
+            if name in steps:
+                task["retryPolicy"] = dict(RETRY_POLICY)
+                named.append(name)
+    return sorted(named)

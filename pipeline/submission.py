@@ -10,6 +10,24 @@ are), with the compiled labels (the SDK takes them only from its argument, not f
 ``kfp.Client`` against ``--kfp-host``, into an experiment named after the pipeline, in the namespace
 ``--kfp-namespace`` (a multi-user install, the standard one, needs it), with the bearer token of
 ``--kfp-token-file`` (or of kfp's own ``KF_PIPELINES_SA_TOKEN_PATH``) on every call.
+
+What both share:
+
+- **Caching per task.** The run is submitted with the clients' caching unset and the spec's own per-task setting
+  written (``spec_patches.set_caching``): the steps as ``--no-cache`` says, the exit task (the clean-up) never
+  cached. The Vertex SDK's ``enable_caching`` would cache the exit task too, and ``kfp.Client``'s reaches the
+  root's tasks only, not the steps inside ``tfx-dag``.
+- **Faults waited out.** Every call retries what the services document as transient
+  (``effnet_common.cloud_retry``); ``follow`` (``--wait``) waits out an outage for ``--api-outage-hours``. A create
+  is sent again only once it is known not to have been made: the Vertex PipelineJob has an id of this
+  submission's (a retried create is refused ``ALREADY_EXISTS`` and the job is read instead), the Kubeflow run a
+  name of its own (looked up in its experiment before another create).
+- **Kubeflow versions.** ``MIN_KFP_VERSION`` (2.5.0) is the first backend that gives the exit task its run's id
+  (it fills ``{{$.pipeline_job_uuid}}`` in input parameters from 2.5.0 on, kubeflow/pipelines#11599; before
+  2.4.0 the exit task was also a plain task that set the run's outcome, #10917): the server's version is read
+  from its healthz and an older one is refused before anything is created.
+- **Tokens that outlive the run.** The token file is read before every call; a 401 while following a run is
+  waited out for ``cloud_retry.REFUSAL_SECONDS`` (a projected service-account token is rotated in place).
 """
 
 from __future__ import annotations
@@ -17,8 +35,15 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import io
+import json
 import os
+import re
+import secrets
+import sys
+import tempfile
 import time
+
+from effnet_common import cloud_retry
 
 # Seconds between two polls of a run's state (a pipeline run takes hours).
 POLL_SECONDS = 30.0
@@ -29,25 +54,49 @@ SUCCEEDED = ("PIPELINE_STATE_SUCCEEDED", "SUCCEEDED")
 VERTEX_CONSOLE = (
     "https://console.cloud.google.com/vertex-ai/locations/{location}/pipelines/runs/{job}?project={project}"
 )
+# The oldest Kubeflow Pipelines backend the compiled .yaml runs on (see the module's docstring), and the first that
+# applies a retry policy to tasks inside a DAG (kubeflow/pipelines#11908; before, to the root DAG's tasks only).
+MIN_KFP_VERSION = (2, 5, 0)
+KFP_NESTED_RETRY_VERSION = (2, 14, 0)
 # kfp's own variable naming a file that holds a bearer token (``kfp.client.KF_PIPELINES_SA_TOKEN_ENV``; in a
 # Kubeflow pod, a projected service-account token that the kubelet refreshes in place).
 KFP_TOKEN_ENV = "KF_PIPELINES_SA_TOKEN_PATH"
 
 
+class Unfollowed(RuntimeError):
+    """``--wait`` could not read the run's state (its API out, or refusing, for longer than it waits); the run
+    goes on. The message is one line."""
+
+
 @dataclasses.dataclass(frozen=True)
 class Submitted:
-    """A submitted run: what it is (``description``), where to watch it (``url``), and how to poll it."""
+    """A submitted run: what it is (``description``), where to watch it (``url``), how to poll it (``poll``,
+    raising the client's own errors) and how to say a client's error in one line (``describe``)."""
 
     description: str
     url: str
     poll: object  # () -> state name
+    describe: object = cloud_retry.one_line  # (error) -> one line
 
-    def follow(self, interval: float | None = None, on_change=None) -> str:
-        """Polls the run until a final state and returns it; ``on_change(state)`` is called as it changes."""
+    def follow(
+        self, interval: float | None = None, on_change=None, patience: cloud_retry.Patience | None = None
+    ) -> str:
+        """Polls the run until a final state and returns it; ``on_change(state)`` is called as it changes. A poll
+        that fails is waited out as ``patience`` says (``cloud_retry.Patience.read``).
+
+        Raises:
+          Unfollowed: the state could not be read for that long, or the service refused to say it.
+        """
         interval = POLL_SECONDS if interval is None else interval
+        patience = patience or cloud_retry.Patience()
         last = None
         while True:
-            state = self.poll()
+            try:
+                state = patience.read(self.poll, f"reading the state of {self.description}")
+            except cloud_retry.Unanswered as error:
+                raise Unfollowed(f"{error}; the run goes on: {self.url}") from None
+            except Exception as error:
+                raise Unfollowed(f"{self.describe(error)}; the run goes on: {self.url}") from None
             if state != last and on_change is not None:
                 on_change(state)
             last = state
@@ -106,38 +155,92 @@ def google_credentials():
     return credentials
 
 
-def vertex_pipeline_job(template, params: dict, enable_cache: bool, credentials=None):
-    """The Vertex ``PipelineJob`` of a compiled template, built and validated by the SDK (no network)."""
+@contextlib.contextmanager
+def caching_written(template, enable_cache: bool):
+    """A local copy of the template with each task's caching written (``spec_patches.set_caching``), removed
+    afterwards: the clients read the file when the run is built."""
+    import copy
+
+    import yaml
+
+    from pipeline import spec_patches
+
+    document = copy.deepcopy(template.document)
+    spec_patches.set_caching(document.get("pipelineSpec", document), enable_cache)
+    with tempfile.TemporaryDirectory(prefix="effnet-submission-") as directory:
+        path = os.path.join(
+            directory, f"{template.name or 'pipeline'}.{'json' if template.is_job else 'yaml'}"
+        )
+        with open(path, "w") as f:
+            f.write(json.dumps(document) if template.is_job else yaml.safe_dump(document, sort_keys=True))
+        yield path
+
+
+def submission_id(name: str) -> str:
+    """An id of this submission: the pipeline's name, when, and a random part (Vertex: ``[a-z][-a-z0-9]*``)."""
+    stem = re.sub(r"[^a-z0-9-]", "-", name.lower()).strip("-")[:90] or "run"
+    return f"{stem}-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}-{secrets.token_hex(3)}"
+
+
+def vertex_pipeline_job(
+    template, params: dict, enable_cache: bool, credentials=None, job_id: str | None = None
+):
+    """The Vertex ``PipelineJob`` of a compiled template, built and validated by the SDK (no network): each
+    task's caching written in its spec (the exit task never cached), the SDK's own caching override unset."""
     from google.cloud import aiplatform
 
     target = template.target
-    return aiplatform.PipelineJob(
-        display_name=template.name,
-        template_path=template.path,
-        pipeline_root=template.pipeline_root,
-        parameter_values=params,
-        project=target.project,
-        location=target.region,
-        enable_caching=enable_cache,
-        labels=template.labels or None,
-        credentials=credentials,
-    )
+    with caching_written(template, enable_cache) as path:
+        return aiplatform.PipelineJob(
+            display_name=template.name,
+            template_path=path,
+            job_id=job_id,
+            pipeline_root=template.pipeline_root,
+            parameter_values=params,
+            project=target.project,
+            location=target.region,
+            enable_caching=None,
+            labels=template.labels or None,
+            credentials=credentials,
+        )
 
 
 def submit_vertex(template, params: dict, enable_cache: bool, credentials=None) -> Submitted:
-    """Creates the PipelineJob in the template's project and region, as its service account and network."""
-    from google.api_core import exceptions
+    """Creates the PipelineJob in the template's project and region, as its service account and network.
 
-    job = vertex_pipeline_job(template, params, enable_cache, credentials or google_credentials())
+    The job's id is this submission's own: a create whose answer was lost (a timeout, a dropped connection) is
+    sent again, and if the first had made the job Vertex refuses the second as ``ALREADY_EXISTS``: the job is
+    then read, not made twice.
+    """
+    from google.api_core import exceptions
+    from google.cloud import aiplatform
+
+    credentials = credentials or google_credentials()
+    job_id = submission_id(template.name)
+    job = vertex_pipeline_job(template, params, enable_cache, credentials, job_id)
     target = template.target
+    name = f"projects/{target.project}/locations/{target.region}/pipelineJobs/{job_id}"
+
+    def create():
+        try:
+            job.submit(service_account=target.service_account or None, network=target.network or None)
+            return job
+        except exceptions.AlreadyExists:  # an earlier attempt made it
+            return aiplatform.PipelineJob.get(
+                name, project=target.project, location=target.region, credentials=credentials
+            )
+
     try:
-        job.submit(service_account=target.service_account or None, network=target.network or None)
+        job = cloud_retry.retried(create, f"creating {name}")
     except exceptions.GoogleAPICallError as error:
         message = " ".join(str(error).split())  # the status code and the service's message
         raise ValueError(f"Vertex AI Pipelines refused the run of {template.path}: {message}") from None
 
-    def poll() -> str:
-        return job.state.name
+    def poll() -> str:  # one read, no retry of the SDK's own: ``Submitted.follow`` waits out the faults
+        read = job.api_client.get_pipeline_job(
+            name=job.resource_name, retry=None, timeout=cloud_retry.CALL_TIMEOUT_SECONDS
+        )
+        return read.state.name
 
     return Submitted(f"Vertex PipelineJob {job.resource_name}", vertex_console_url(job.resource_name), poll)
 
@@ -222,9 +325,10 @@ def _kfp_calls(host: str, refused: str, credentials: TokenFile | None):
 
 
 def kfp_healthz(host: str, credentials: TokenFile | None):
-    """The endpoint's healthz (``multi_user`` among its fields), asked once with the token, as ``kfp.Client``
-    would ask it (with ``credentials``) but without its retries: reachable, the token accepted by the gateway in
-    front of the server, and whether every call needs a namespace."""
+    """The endpoint's healthz as a dict (``multi_user`` and ``tag_name``, the backend's version), asked with
+    the token as ``kfp.Client`` would ask it (with ``credentials``), transient errors retried
+    (``cloud_retry.call_retry``): reachable, the token accepted by the gateway in front of the server, whether every
+    call needs a namespace, and which backend it is."""
     import kfp_server_api
 
     config = kfp_server_api.Configuration(host=host.rstrip("/"))
@@ -232,22 +336,87 @@ def kfp_healthz(host: str, credentials: TokenFile | None):
         config.api_key["authorization"] = ""
         config.api_key_prefix["authorization"] = "Bearer"
         config.refresh_api_key_hook = credentials.refresh_api_key_hook
-    return kfp_server_api.HealthzServiceApi(kfp_server_api.ApiClient(config)).healthz_service_get_healthz()
+    api = kfp_server_api.HealthzServiceApi(kfp_server_api.ApiClient(config))
+
+    def ask() -> dict:  # the raw answer: the generated model keeps multi_user only, not tag_name
+        answer = api.healthz_service_get_healthz(
+            _preload_content=False, _request_timeout=cloud_retry.CALL_TIMEOUT_SECONDS
+        )
+        return json.loads(answer.data or b"{}")
+
+    return cloud_retry.retried(ask, f"asking {host} for its healthz")
+
+
+def kfp_version(tag: str) -> tuple[int, int, int, int] | None:
+    """A backend's ``tag_name`` as (major, minor, patch, 1), a pre-release (``2.5.0-rc.1``) as (..., 0): older
+    than its release. None for a tag that names no version (``unknown``, a build from source)."""
+    match = re.fullmatch(r"v?(\d+)\.(\d+)\.(\d+)(-[0-9A-Za-z.-]+)?(\+[0-9A-Za-z.-]+)?", tag.strip())
+    if match is None:
+        return None
+    return (int(match[1]), int(match[2]), int(match[3]), 0 if match[4] else 1)
+
+
+def _version_text(version: tuple[int, ...]) -> str:
+    return ".".join(map(str, version[:3]))
+
+
+def check_kfp_version(host: str, tag: str, warn) -> None:
+    """Refuses a backend older than ``MIN_KFP_VERSION``; ``warn``s about one that cannot be told, and about one
+    that applies no retry policy to the steps inside ``tfx-dag`` (before ``KFP_NESTED_RETRY_VERSION``).
+
+    Raises:
+      ValueError: one line naming the version found and the minimum.
+    """
+    minimum = _version_text(MIN_KFP_VERSION)
+    version = kfp_version(tag or "")
+    if version is None:
+        warn(
+            f"Kubeflow Pipelines at {host} reports no version in its healthz (tag_name {tag!r}): this pipeline "
+            f"needs {minimum} or newer, whose driver gives the clean-up exit task its run's id"
+        )
+        return
+    if version < (*MIN_KFP_VERSION, 1):
+        raise ValueError(
+            f"Kubeflow Pipelines at {host} is {tag}: this pipeline needs {minimum} or newer (from {minimum} the "
+            f"clean-up exit task gets its run's id, kubeflow/pipelines#11599; before 2.4.0 an exit task also "
+            f"decides the run's outcome, #10917)"
+        )
+    if version < (*KFP_NESTED_RETRY_VERSION, 1):
+        warn(
+            f"Kubeflow Pipelines {tag} applies a task's retry policy to the root DAG's tasks only (every task from "
+            f"{_version_text(KFP_NESTED_RETRY_VERSION)}, kubeflow/pipelines#11908): a step whose pod is lost fails "
+            f"the run, and the clean-up cancels its job"
+        )
+
+
+def _kfp_run_named(client, experiment_id: str, name: str):
+    """The run of ``experiment_id`` whose display name is ``name`` (one this submission made), or None."""
+    predicate = {"key": "display_name", "operation": "EQUALS", "string_value": name}
+    found = client.list_runs(experiment_id=experiment_id, filter=json.dumps({"predicates": [predicate]}))
+    runs = [run for run in (found.runs or []) if run.display_name == name]
+    return runs[0] if runs else None
 
 
 def submit_kfp(
-    template, params: dict, host: str, enable_cache: bool, namespace: str = "", token_file: str = ""
+    template,
+    params: dict,
+    host: str,
+    enable_cache: bool,
+    namespace: str = "",
+    token_file: str = "",
+    warn=lambda message: print(f"warning: {message}", file=sys.stderr),
 ) -> Submitted:
     """Creates a run on a Kubeflow Pipelines endpoint from the PipelineSpec (``.yaml``) template: its experiment
     (named after the pipeline) and the run in ``namespace``, every call with the bearer token of
     ``kfp_credentials(token_file)``.
 
-    A multi-user server (the standard Kubeflow install) refuses a call without a namespace; it is asked first
-    (healthz), so the missing namespace is named before anything is created.
+    The server is asked first (healthz), so that a multi-user server without a namespace, or a backend older
+    than ``MIN_KFP_VERSION``, is refused before anything is created. The run's name is this submission's own
+    (``submission_id``): a create whose answer was lost is looked up by it before it is sent again.
 
     Raises:
-      ValueError: the token file is unusable; the server is multi-user and no namespace is given; the server
-        (or its gateway) refused a call.
+      ValueError: the token file is unusable; the server is multi-user and no namespace is given, or too old; the
+        server (or its gateway) refused a call.
     """
     import kfp
 
@@ -257,31 +426,65 @@ def submit_kfp(
         )
     credentials = kfp_credentials(token_file)
     with _kfp_calls(host, "refused the call", credentials):
-        multi_user = kfp_healthz(host, credentials).multi_user
-    if multi_user and not namespace:
+        healthz = kfp_healthz(host, credentials)
+    check_kfp_version(host, str(healthz.get("tag_name") or ""), warn)
+    if healthz.get("multi_user") and not namespace:
         raise ValueError(
             f"--kfp-namespace: Kubeflow Pipelines at {host} is multi-user: name the namespace (your Kubeflow "
             "profile) to create the run in"
         )
     # kfp takes a namespace when given (its default, "kubeflow", means none); the experiment names it again.
     given = {"namespace": namespace} if namespace else {}
-    with _kfp_calls(host, "refused the run", credentials):
-        with contextlib.redirect_stdout(io.StringIO()):  # kfp prints its own "Run details" line
-            client = kfp.Client(host=host, credentials=credentials, **given)
-            result = client.create_run_from_pipeline_package(
-                template.path,
-                arguments=params,
-                run_name=template.name,
-                experiment_name=template.name,
-                namespace=namespace or None,
-                pipeline_root=template.pipeline_root,
-                enable_caching=enable_cache,
-            )
+    run_name = submission_id(template.name)
+    with _kfp_calls(host, "refused the run", credentials), contextlib.redirect_stdout(io.StringIO()):
+        # (kfp prints its own "Run details" line)
+        client = cloud_retry.retried(
+            lambda: kfp.Client(host=host, credentials=credentials, **given), f"connecting to {host}"
+        )
+        experiment = cloud_retry.retried(  # kfp's create_experiment gets the experiment first: idempotent
+            lambda: client.create_experiment(template.name, namespace=namespace or None),
+            f"finding experiment {template.name}",
+        )
+        sent = False
+
+        def create():
+            nonlocal sent
+            if sent:
+                made = _kfp_run_named(client, experiment.experiment_id, run_name)
+                if made is not None:
+                    return made
+            sent = True
+            with caching_written(template, enable_cache) as path:
+                return client.run_pipeline(
+                    experiment.experiment_id,
+                    run_name,
+                    pipeline_package_path=path,
+                    params=params,
+                    pipeline_root=template.pipeline_root,
+                    enable_caching=None,  # the spec's per-task caching (caching_written)
+                )
+
+        result = cloud_retry.retried(create, f"creating run {run_name}")
 
     def poll() -> str:
-        with _kfp_calls(host, f"refused to report run {result.run_id}", credentials):
-            return str(client.get_run(result.run_id).state)
+        return str(client.get_run(result.run_id).state)
+
+    def describe(error: BaseException) -> str:
+        import kfp_server_api
+
+        if isinstance(error, kfp_server_api.ApiException):
+            line = (
+                f"Kubeflow Pipelines at {host} refused to report run {result.run_id}: {_api_message(error)}"
+            )
+            if error.status == 401:
+                line += (
+                    f" (the token of {credentials}: refresh it, e.g. kubectl create token --duration)"
+                    if credentials
+                    else ""
+                )
+            return line
+        return cloud_retry.one_line(error)
 
     url = f"{host.rstrip('/')}/#/runs/details/{result.run_id}"
     where = f" in namespace {namespace}" if namespace else ""
-    return Submitted(f"Kubeflow run {result.run_id}{where}", url, poll)
+    return Submitted(f"Kubeflow run {result.run_id}{where}", url, poll, describe)

@@ -100,6 +100,7 @@ LONG_MODULES_FIRST = (
     "test_pipeline.py",  # 327 s: the demo pipeline, its cached rerun, the tuned pipeline
     "test_train.py",  # 277 s: replicas in BN groups, SIGKILL and resume, multi-worker over loopback
     "test_run_cleanup.py",  # 102 s: a failed run's jobs cancelled by the exit task
+    "test_faults.py",  # the fault tier: every cloud step under injected faults, two Beam steps on Dataflow
     "test_console.py",  # 90 s
     "test_efficientnet.py",  # 89 s
     "test_overfit.py",  # 88 s

@@ -38,8 +38,18 @@ update; ``Job``, ``JobState``, ``JobView``, ``ListJobsRequest.Filter``) and its 
 ``create_delay_s``: seconds the service takes to answer a create request (the request is recorded first), so a
 test can act while a job is being submitted.
 
-Not held: job names unique among active jobs, ``clientRequestId`` idempotence, templates, snapshots, the
-``projects.jobs`` (non-regional) and ``aggregated`` methods.
+``faults`` (a ``faults.FaultSchedule``): each request first meets the next fault scheduled for its call, named
+``METHOD jobs`` (list, create) or ``METHOD jobs/{id}`` (get, update; ``jobs/{id}/messages`` and ``/metrics``):
+Dataflow's error answer with a status, a dropped connection, a slow answer, or an answer lost after the request
+was served (a create that made its job).
+
+A create whose job name is that of an active job of the location does not create a second one: the service
+answers with the active job (its ``clientRequestId``), which Beam's client reads as "already exists" unless the
+request id is its own (``apiclient.submit_job_description``), so a create sent again after a lost answer finds
+the job it made (the reference: ``clientRequestId`` "re-used across retried attempts ... to ensure
+idempotence").
+
+Not held: templates, snapshots, the ``projects.jobs`` (non-regional) and ``aggregated`` methods.
 """
 
 from __future__ import annotations
@@ -52,6 +62,8 @@ import re
 import threading
 import time
 import urllib.parse
+
+import faults as fault_schedules
 
 TERMINAL = (
     "JOB_STATE_DONE",
@@ -66,7 +78,7 @@ SUMMARY_FIELDS = (
     "id", "projectId", "name", "type", "currentState", "currentStateTime", "createTime", "startTime",
     "location", "jobMetadata",
 )  # fmt: skip
-DESCRIPTION_FIELDS = (*SUMMARY_FIELDS, "labels", "environment", "requestedState")
+DESCRIPTION_FIELDS = (*SUMMARY_FIELDS, "labels", "environment", "requestedState", "clientRequestId")
 _JOBS = re.compile(r"^/v1b3/projects/(?P<project>[^/]+)/locations/(?P<location>[^/]+)/jobs(?:/(?P<job>[^/]+))?"
                    r"(?:/(?P<sub>messages|metrics))?$")  # fmt: skip
 _LABEL_KEY = re.compile(r"^[a-z][a-z0-9_-]{0,62}$")
@@ -90,6 +102,7 @@ class FakeDataflow:
         self.jobs: dict[str, dict] = {}  # by id, as stored (every field)
         self.requests: list[dict] = []
         self.create_delay_s = 0.0
+        self.faults: fault_schedules.FaultSchedule | None = None
         self._numbers = itertools.count(1)
         self._lock = threading.Lock()
         self._server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
@@ -154,6 +167,16 @@ class FakeDataflow:
         for key, value in labels.items():
             if not _LABEL_KEY.match(key) or not _LABEL_VALUE.match(str(value)):
                 raise ApiError(400, "INVALID_ARGUMENT", f"invalid label {key}={value}")
+        active = [
+            job
+            for job in self.jobs.values()
+            if job["projectId"] == project
+            and job["location"] == location
+            and job.get("name") == body.get("name")
+            and job["currentState"] not in TERMINAL
+        ]
+        if active and body.get("name"):  # job names are unique among a location's active jobs
+            return active[0]
         number = next(self._numbers)
         created = _now()
         job_id = f"{created[:10]}_{created[11:13]}_{created[14:16]}_{created[17:19]}-{number:019d}"
@@ -282,10 +305,20 @@ class FakeDataflow:
                 length = int(self.headers.get("Content-Length") or 0)
                 body = json.loads(self.rfile.read(length) or b"{}") if length else {}
                 fake.requests.append({"method": method, "path": url.path, "query": query, "body": body})
+                call = f"{method} {re.sub(r'^/v1b3/projects/[^/]+/locations/[^/]+/', '', url.path)}"
+                call = re.sub(r"^jobs/[^/]+", "jobs/{id}", call.split(" ", 1)[1]) if "jobs/" in call else call
+                call = f"{method} {call.split(' ', 1)[-1]}"
+                fault = fake.faults.take(call) if fake.faults is not None else None
+                if fault_schedules.serve_http_fault(self, fault, call, self._reply):
+                    return
                 if method == "POST":
                     time.sleep(fake.create_delay_s)
                 try:
-                    self._reply(200, fake._serve(method, url.path, query, body))
+                    answer = fake._serve(method, url.path, query, body)
+                    if fault is not None and fault.kind == "lost":
+                        fault_schedules.drop_connection(self)
+                        return
+                    self._reply(200, answer)
                 except ApiError as error:
                     self._reply(
                         error.code,

@@ -15,7 +15,28 @@ run the way the Kubeflow Pipelines backend does before it creates any workflow (
 6. a task's constant parameters are ``runtimeValue.constant`` (the driver implements no other form).
 
 A refused run gets the server's 400 with the message; an accepted one moves through the states the test
-scripts (``states``) as ``GET /apis/v2beta1/runs/ID`` is polled.
+scripts (``states``) as ``GET /apis/v2beta1/runs/ID`` is polled. ``GET /apis/v2beta1/runs`` lists an experiment's
+runs, filtered on ``display_name`` (the one predicate the fake implements; others are refused).
+
+**The backend's version** (``version``, default 2.5.0) is what healthz reports as ``tag_name`` (the API server's
+``TAG_NAME``, ``backend/src/apiserver/main.go``), and the fake models what differs between the versions this
+pipeline meets (read in kubeflow/pipelines ``backend/src/`` at the tags 2.3.0, 2.4.0, 2.5.0 and 2.14.0):
+
+- ``fills_run_id_placeholder``: the driver replaces an input parameter's constant ``{{$.pipeline_job_uuid}}``
+  with the run's id from 2.5.0 on (``v2/driver/driver.go``, kubeflow/pipelines#11599); before, the task gets the
+  literal text. ``kfp_launcher`` asks it (``backend_version``).
+- ``run_outcome``: before 2.4.0 the exit task was compiled as one more task of the root DAG, depending on the
+  DAG it follows whatever its state (``v2/compiler/argocompiler/dag.go``, ``depends_exit_handler``), and Argo
+  decides a DAG's outcome by its leaf tasks: the run's state is the exit task's (a failed run whose clean-up
+  succeeded is SUCCEEDED, kubeflow/pipelines#10917). From 2.4.0 the exit task is an Argo exit lifecycle hook
+  (#11470) that leaves the run's state to its steps.
+- ``applies_retry_policy``: a task's ``retryPolicy`` becomes an Argo ``retryStrategy`` from 2.5.0 for tasks of
+  the root DAG only (``argocompiler/container.go``, ``getTaskRetryPolicySpec`` reads ``Root.Dag.Tasks``), from
+  2.14.0 for tasks in any DAG (#11908).
+
+**Faults** (``faults``: a ``faults.FaultSchedule``): every request first meets the next fault scheduled for its
+call, named ``METHOD /path`` with ids as ``{id}`` (``GET /apis/v2beta1/runs/{id}``...): a status (the gateway's
+or server's error answer), a dropped connection, a slow answer.
 
 Two modes, as the real server has:
 
@@ -36,7 +57,7 @@ Two modes, as the real server has:
     ``system:serviceaccount:NS:NAME``) is written to the ``kubeflow-userid`` header, replacing any the client
     sent: the fake's ``User.identity``.
 
-  The API server (kubeflow/pipelines 2.3.0, ``backend/src/apiserver``: ``server/experiment_server.go``,
+  The API server (kubeflow/pipelines 2.3.0 to 2.5.0, ``backend/src/apiserver``: ``server/experiment_server.go``,
   ``server/run_server.go``, ``resource/resource_manager.go``; deployed with ``KUBEFLOW_USERID_HEADER=
   kubeflow-userid`` and an empty prefix):
 
@@ -65,6 +86,7 @@ import threading
 import urllib.parse
 import uuid
 
+import faults as fault_schedules
 from google.protobuf import json_format, struct_pb2
 from kfp.pipeline_spec import pipeline_spec_pb2
 
@@ -156,14 +178,26 @@ def _invalid_input(message: str) -> str:
     return f"Invalid input error: {message}"
 
 
+def _version(text: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in text.split("-")[0].split("."))
+
+
 class FakeKfpServer:
     """The server, started on a free port; ``host`` is its URL. ``runs`` holds every accepted run as sent,
     ``experiments`` every experiment by id (with its namespace), ``refused`` every refusal's message, ``calls``
     every request as ``(method, path, identity)`` (the identity the gateway let in, or None)."""
 
-    def __init__(self, states=("RUNNING", "SUCCEEDED"), users: dict[str, User] | None = None):
+    def __init__(
+        self,
+        states=("RUNNING", "SUCCEEDED"),
+        users: dict[str, User] | None = None,
+        version: str = "2.5.0",
+        faults: fault_schedules.FaultSchedule | None = None,
+    ):
         self.states = list(states)
         self.users = users
+        self.version = version
+        self.faults = faults
         self.runs: list[dict] = []
         self.refused: list[str] = []
         self.calls: list[tuple[str, str, str | None]] = []
@@ -176,6 +210,20 @@ class FakeKfpServer:
     @property
     def multi_user(self) -> bool:
         return self.users is not None
+
+    # ---- what the backend's version decides ------------------------------------------------------------------
+
+    @property
+    def fills_run_id_placeholder(self) -> bool:
+        return _version(self.version) >= (2, 5, 0)
+
+    def applies_retry_policy(self, in_root_dag: bool) -> bool:
+        version = _version(self.version)
+        return version >= (2, 14, 0) or (in_root_dag and version >= (2, 5, 0))
+
+    def run_outcome(self, steps_state: str, exit_task_state: str) -> str:
+        """The run's final state from its steps' DAG and its exit task (see the module's docstring)."""
+        return exit_task_state if _version(self.version) < (2, 4, 0) else steps_state
 
     @property
     def host(self) -> str:
@@ -312,6 +360,28 @@ class FakeKfpServer:
         self._polls[run["run_id"]] = 0
         return run
 
+    def list_runs(self, identity, query: dict) -> dict:
+        experiment_id = query.get("experiment_id", [""])[0]
+        experiment = self.experiments.get(experiment_id)
+        if experiment is None:
+            raise Refused(f"Failed to list runs: Experiment {experiment_id} not found", NOT_FOUND)
+        try:
+            self.access_run(identity, experiment["namespace"], "list")
+        except Refused as error:
+            raise Refused(f"Failed to list runs: {error}", error.code) from None
+        names = None
+        for predicate in json.loads(query.get("filter", ["{}"])[0] or "{}").get("predicates", []):
+            if predicate.get("key") != "display_name" or predicate.get("operation") not in ("EQUALS", 1):
+                raise Refused(f"the fake filters on display_name EQUALS only, not {predicate}")
+            names = {predicate.get("stringValue") or predicate.get("string_value")}
+        found = [
+            run
+            for run in self.runs
+            if run.get("experiment_id") == experiment_id
+            and (names is None or run.get("display_name") in names)
+        ]
+        return {"runs": found, "total_size": len(found)} if found else {}
+
     def get_run(self, identity, run_id: str) -> dict:
         run = next((run for run in self.runs if run["run_id"] == run_id), None)
         if run is None:
@@ -361,6 +431,10 @@ class FakeKfpServer:
                 url = urllib.parse.urlsplit(self.path)
                 path, query = url.path, urllib.parse.parse_qs(url.query)
                 body = self._body() if method == "POST" else {}
+                call = f"{method} {re.sub(r'/[0-9a-f-]{36}$', '/{id}', path)}"
+                fault = fake.faults.take(call) if fake.faults is not None else None
+                if fault_schedules.serve_http_fault(self, fault, call, self._reply):
+                    return
                 try:
                     identity = fake.gateway(self.headers)
                 except Refused as error:
@@ -372,6 +446,9 @@ class FakeKfpServer:
                     reply = route(method, path, query, body, identity)
                 except Refused as error:
                     self._refuse(error)
+                    return
+                if fault is not None and fault.kind == "lost":
+                    fault_schedules.drop_connection(self)
                     return
                 if reply is None:
                     self._reply(
@@ -388,13 +465,15 @@ class FakeKfpServer:
 
         def route(method, path, query, body, identity):
             if (method, path) == ("GET", "/apis/v2beta1/healthz"):
-                return {"commit_sha": "fake", "tag_name": "2.3.0", "multi_user": fake.multi_user}
+                return {"commit_sha": "fake", "tag_name": fake.version, "multi_user": fake.multi_user}
             if (method, path) == ("GET", "/apis/v2beta1/experiments"):
                 return fake.list_experiments(identity, query)
             if (method, path) == ("POST", "/apis/v2beta1/experiments"):
                 return fake.create_experiment(identity, body)
             if (method, path) == ("POST", "/apis/v2beta1/runs"):
                 return fake.create_run(identity, body)
+            if (method, path) == ("GET", "/apis/v2beta1/runs"):
+                return fake.list_runs(identity, query)
             if method == "GET" and path.startswith("/apis/v2beta1/runs/"):
                 return fake.get_run(identity, path.rsplit("/", 1)[1])
             return None

@@ -28,6 +28,16 @@ polling and the cancellation of the job.
 With ``RUN_REPLICAS`` False (tests of what a task sends, in this process), a created job starts no replica and
 succeeds at once.
 
+A job outlives the task that created it, as a real one does: each replica runs in a session of its own and
+writes its exit status beside its log (``EXIT_FILE``), and a job's record, replicas and cancellation are files of
+the record directory, so a task started again after its first attempt was killed (``kfp_launcher.run_task_retried``)
+finds, follows and cancels the jobs the first one made. ``stop_all(record_dir)`` stops what is left.
+
+Faults: every call is a GAPIC method (``faults.gapic_method``) that meets the next fault of ``FAULTS`` (a
+``faults.FaultSchedule``; ``--faults FILE`` in a task's process) and honours the caller's ``retry=`` and
+``timeout=`` as the generated clients do. In a task's process the retry policy's waits are made short
+(``FAST_RETRY``).
+
 Polls are made fast (``components.vertex_training.POLL_SECONDS``): the fake answers at once, where Vertex takes
 seconds, so only the test's time changes.
 
@@ -48,12 +58,15 @@ import argparse
 import datetime
 import json
 import os
+import pathlib
 import re
 import runpy
 import signal
 import subprocess
 import sys
+import time
 
+import faults
 from loopback import free_ports
 
 RECORD_FILE = "custom_job-{n}.json"
@@ -66,6 +79,8 @@ FAST_POLL_SECONDS = 0.2
 _JOBS: dict = {}
 _record_dir = ""
 RUN_REPLICAS = True
+# The faults the job service's calls meet (``faults.FaultSchedule``; ``--faults FILE`` in a task's process).
+FAULTS: faults.FaultSchedule | None = None
 
 # ---- the training service's rules --------------------------------------------------------------------------
 #
@@ -234,10 +249,31 @@ def _matches(job, term: str) -> bool:
     raise Refused(f"unsupported filter term {term!r}")
 
 
-def wrapper(record_dir: str) -> list[str]:
+def wrapper(record_dir: str, faults_file: str = "") -> list[str]:
     """The command to put in front of a container's command (``kfp_launcher.run_task(wrapper=...)``, which puts
-    ``tests/`` on the container's PYTHONPATH)."""
-    return [sys.executable, "-m", "fake_vertex", "--record-dir", record_dir, "--"]
+    ``tests/`` on the container's PYTHONPATH); the job service's calls meet the schedule of ``faults_file``."""
+    schedule = ["--faults", faults_file] if faults_file else []
+    return [sys.executable, "-m", "fake_vertex", "--record-dir", record_dir, *schedule, "--"]
+
+
+# The retry policy's waits in a task's process: the policy as written, its waits made short (the fake answers at
+# once, where a service's outage lasts minutes), as polls are (``FAST_POLL_SECONDS``).
+FAST_RETRY = {
+    "CALL_TIMEOUT_SECONDS": 1.0,
+    "CALL_INITIAL_SECONDS": 0.05,
+    "CALL_MAXIMUM_SECONDS": 0.2,
+    "FOLLOW_INITIAL_SECONDS": 0.05,
+    "FOLLOW_MAXIMUM_SECONDS": 0.2,
+    "REFUSAL_SECONDS": 2.0,
+}
+
+
+def fast_retries(setattr=setattr) -> None:
+    """Makes ``cloud_retry``'s waits short (``FAST_RETRY``); ``setattr`` may be a monkeypatch's."""
+    from effnet_common import cloud_retry
+
+    for name, value in FAST_RETRY.items():
+        setattr(cloud_retry, name, value)
 
 
 def replica_environments(job_spec: dict, pool_sizes: list[int]) -> dict[str, dict[str, str]]:
@@ -269,15 +305,89 @@ def replica_environments(job_spec: dict, pool_sizes: list[int]) -> dict[str, dic
     return environments
 
 
+# A replica as Vertex runs it: its own process (a session of its own, so that it outlives the task that created
+# its job, as a real job outlives its killed task), which writes its exit status where any process can read it.
+_REPLICA = r"""
+import os, signal, subprocess, sys
+exit_file, argv = sys.argv[1], sys.argv[2:]
+child = subprocess.Popen(argv)
+signal.signal(signal.SIGTERM, lambda *args: child.terminate())
+code = child.wait()
+with open(exit_file + ".tmp", "w") as f:
+    f.write(str(code))
+os.replace(exit_file + ".tmp", exit_file)
+sys.exit(code)
+"""
+EXIT_FILE = "custom_job-{n}.{replica}.exit"
+PIDS_FILE = "custom_job-{n}.pids.json"
+
+
+class _Replica:
+    """One replica process, started here (``process``) or by another task's process (``pid`` only)."""
+
+    def __init__(self, exit_file: str, pid: int, process: subprocess.Popen | None = None):
+        self.exit_file, self.pid, self.process = exit_file, pid, process
+
+    def poll(self) -> int | None:
+        if os.path.exists(self.exit_file):
+            with open(self.exit_file) as f:
+                return int(f.read())
+        if self.process is not None:
+            code = self.process.poll()
+            return None if code is None else (code or -9)  # gone without its exit file: killed
+        try:
+            os.kill(self.pid, 0)
+        except ProcessLookupError:
+            return -9
+        return None
+
+    def send_signal(self, sig: int) -> None:
+        try:
+            os.kill(self.pid, sig)
+        except ProcessLookupError:
+            pass
+
+    def wait(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while self.poll() is None:
+            if time.monotonic() > deadline:
+                raise subprocess.TimeoutExpired("replica", timeout)
+            time.sleep(0.05)
+        if self.process is not None:
+            self.process.wait()
+
+
 class _FakeJob:
     """A created job: its message (state updated as its replicas run) and the replica processes."""
 
-    def __init__(self, job, number: int, replicas: dict[str, subprocess.Popen], logs: dict[str, str]):
+    def __init__(self, job, number: int, replicas: dict[str, _Replica], logs: dict[str, str]):
         self.job = job
         self.number = number
         self.replicas = replicas
         self.logs = logs
-        self.cancelled = False
+
+    @property
+    def cancelled(self) -> bool:
+        return os.path.exists(os.path.join(_record_dir, CANCEL_FILE.format(n=self.number)))
+
+    @classmethod
+    def load(cls, number: int) -> _FakeJob:
+        """A job another process created in the same record directory."""
+        from google.cloud import aiplatform_v1
+
+        with open(os.path.join(_record_dir, RECORD_FILE.format(n=number))) as f:
+            record = json.load(f)
+        job = aiplatform_v1.CustomJob(record["custom_job"])
+        job.name = f"{record['parent']}/customJobs/{number}"
+        job.create_time = _created(number)
+        with open(os.path.join(_record_dir, PIDS_FILE.format(n=number))) as f:
+            pids = json.load(f)
+        replicas = {
+            name: _Replica(os.path.join(_record_dir, EXIT_FILE.format(n=number, replica=name)), pid)
+            for name, pid in pids.items()
+        }
+        logs = {name: os.path.join(_record_dir, LOG_FILE.format(n=number, replica=name)) for name in pids}
+        return cls(job, number, replicas, logs)
 
     def refresh(self):
         from google.cloud import aiplatform_v1
@@ -286,7 +396,7 @@ class _FakeJob:
         if self.cancelled:
             self.job.state = states.JOB_STATE_CANCELLED
             return self.job
-        codes = {name: process.poll() for name, process in self.replicas.items()}
+        codes = {name: replica.poll() for name, replica in self.replicas.items()}
         failed = {name: code for name, code in codes.items() if code not in (None, 0)}
         if failed:
             name, code = sorted(failed.items())[0]
@@ -303,25 +413,77 @@ class _FakeJob:
         return self.job
 
     def stop(self) -> None:
-        for process in self.replicas.values():
-            if process.poll() is None:
-                process.send_signal(signal.SIGTERM)
-        for process in self.replicas.values():
+        for replica in self.replicas.values():
+            if replica.poll() is None:
+                replica.send_signal(signal.SIGTERM)
+        for replica in self.replicas.values():
             try:
-                process.wait(timeout=30)
+                replica.wait(timeout=30)
             except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
+                replica.send_signal(signal.SIGKILL)
+
+
+def _created(number: int):
+    return datetime.datetime(2026, 1, 1, tzinfo=datetime.timezone.utc) + datetime.timedelta(seconds=number)
+
+
+def _numbers() -> list[int]:
+    """The jobs recorded in the record directory (by any process), in order."""
+    names = os.listdir(_record_dir) if _record_dir and os.path.isdir(_record_dir) else []
+    found = (re.fullmatch(r"custom_job-(\d+)\.json", name) for name in names)
+    return sorted(int(match.group(1)) for match in found if match)
+
+
+def _job(name: str) -> _FakeJob:
+    """The job ``name``, created by this process or by another one sharing the record directory."""
+    from google.api_core import exceptions
+
+    if name not in _JOBS:
+        number = name.rsplit("/", 1)[-1]
+        if not number.isdigit() or int(number) not in _numbers():
+            raise exceptions.NotFound(f"CustomJob {name} not found")
+        _JOBS[name] = _FakeJob.load(int(number))
+    return _JOBS[name]
+
+
+def stop_all(record_dir: str) -> None:
+    """Stops every replica still running of the jobs recorded in ``record_dir`` (whatever process started it)."""
+    for pids_file in sorted(pathlib.Path(record_dir).glob("custom_job-*.pids.json")):
+        for name, pid in json.loads(pids_file.read_text()).items():
+            exit_file = str(pids_file).replace(".pids.json", f".{name}.exit")
+            replica = _Replica(exit_file, pid)
+            if replica.poll() is None:
+                replica.send_signal(signal.SIGKILL)
 
 
 class FakeJobServiceClient:
-    """The calls of ``google.cloud.aiplatform_v1.JobServiceClient`` that a Vertex training task makes."""
+    """The calls of ``google.cloud.aiplatform_v1.JobServiceClient`` that a Vertex training task makes.
+
+    Each call is a GAPIC method (``faults.gapic_method``): the caller's ``retry=`` and ``timeout=`` apply as they do
+    to the real client, and each attempt first meets the next fault ``FAULTS`` schedules for it.
+    """
 
     def __init__(self, client_options=None, **kwargs):
         options = client_options or {}
         self.api_endpoint = options.get("api_endpoint") if isinstance(options, dict) else options.api_endpoint
 
-    def create_custom_job(self, parent: str, custom_job, **kwargs):
+    @staticmethod
+    def _call(call: str, serve, *args, **kwargs):
+        return faults.gapic_method(lambda: FAULTS, call, serve)(*args, **kwargs)
+
+    def create_custom_job(self, *args, **kwargs):
+        return self._call("create_custom_job", self._create_custom_job, *args, **kwargs)
+
+    def get_custom_job(self, *args, **kwargs):
+        return self._call("get_custom_job", self._get_custom_job, *args, **kwargs)
+
+    def list_custom_jobs(self, *args, **kwargs):
+        return self._call("list_custom_jobs", self._list_custom_jobs, *args, **kwargs)
+
+    def cancel_custom_job(self, *args, **kwargs):
+        return self._call("cancel_custom_job", self._cancel_custom_job, *args, **kwargs)
+
+    def _create_custom_job(self, parent: str, custom_job, **kwargs):
         from google.api_core import exceptions
         from google.cloud import aiplatform_v1
 
@@ -331,7 +493,7 @@ class FakeJobServiceClient:
             check_custom_job(parent, job)
         except Refused as refusal:
             raise exceptions.InvalidArgument(str(refusal)) from None
-        number = len(_JOBS) + 1
+        number = max(_numbers(), default=0) + 1
         request = custom_job if isinstance(custom_job, dict) else aiplatform_v1.CustomJob.to_dict(job)
         record = {"parent": parent, "api_endpoint": self.api_endpoint, "custom_job": request}
         with open(os.path.join(_record_dir, RECORD_FILE.format(n=number)), "w") as f:
@@ -347,30 +509,37 @@ class FakeJobServiceClient:
             for index in range(pool.replica_count):
                 name = f"workerpool{p}-{index}"
                 logs[name] = os.path.join(_record_dir, LOG_FILE.format(n=number, replica=name))
+                exit_file = os.path.join(_record_dir, EXIT_FILE.format(n=number, replica=name))
                 with open(logs[name], "wb") as log:
-                    replicas[name] = subprocess.Popen(
-                        argv, env={**os.environ, **environments[name]}, stdout=log, stderr=subprocess.STDOUT
+                    process = subprocess.Popen(
+                        [sys.executable, "-c", _REPLICA, exit_file, *argv],
+                        env={**os.environ, **environments[name]},
+                        stdout=log,
+                        stderr=subprocess.STDOUT,
+                        start_new_session=True,
                     )
+                replicas[name] = _Replica(exit_file, process.pid, process)
+        with open(os.path.join(_record_dir, PIDS_FILE.format(n=number)), "w") as f:
+            json.dump({name: replica.pid for name, replica in replicas.items()}, f)
         job.name = f"{parent}/customJobs/{number}"
         job.state = aiplatform_v1.JobState.JOB_STATE_PENDING
-        job.create_time = datetime.datetime(2026, 1, 1, tzinfo=datetime.timezone.utc) + datetime.timedelta(
-            seconds=number
-        )
+        job.create_time = _created(number)
         _JOBS[job.name] = _FakeJob(job, number, replicas, logs)
         return aiplatform_v1.CustomJob(job)
 
-    def get_custom_job(self, name: str, **kwargs):
+    def _get_custom_job(self, name: str, **kwargs):
         from google.cloud import aiplatform_v1
 
-        return aiplatform_v1.CustomJob(_JOBS[name].refresh())
+        return aiplatform_v1.CustomJob(_job(name).refresh())
 
-    def list_custom_jobs(self, request=None, *, parent: str | None = None, **kwargs) -> list:
+    def _list_custom_jobs(self, request=None, *, parent: str | None = None, **kwargs) -> list:
         from google.api_core import exceptions
         from google.cloud import aiplatform_v1
 
         request = aiplatform_v1.ListCustomJobsRequest(request or {"parent": parent})
         terms = [term.strip() for term in request.filter.split(" AND ")] if request.filter else []
-        jobs = [fake.refresh() for name, fake in _JOBS.items() if name.startswith(f"{request.parent}/")]
+        names = [f"{parent_of(n)}/customJobs/{n}" for n in _numbers()]
+        jobs = [_job(name).refresh() for name in names if name.startswith(f"{request.parent}/")]
         try:
             return [
                 aiplatform_v1.CustomJob(job) for job in jobs if all(_matches(job, term) for term in terms)
@@ -378,12 +547,17 @@ class FakeJobServiceClient:
         except Refused as refusal:
             raise exceptions.InvalidArgument(str(refusal)) from None
 
-    def cancel_custom_job(self, name: str, **kwargs) -> None:
-        fake = _JOBS[name]
+    def _cancel_custom_job(self, name: str, **kwargs) -> None:
+        fake = _job(name)
+        running = [n for n, replica in fake.replicas.items() if replica.poll() is None]
         with open(os.path.join(_record_dir, CANCEL_FILE.format(n=fake.number)), "w") as f:
-            json.dump({"name": name, "running": [n for n, p in fake.replicas.items() if p.poll() is None]}, f)
+            json.dump({"name": name, "running": running}, f)
         fake.stop()
-        fake.cancelled = True
+
+
+def parent_of(number: int) -> str:
+    with open(os.path.join(_record_dir, RECORD_FILE.format(n=number))) as f:
+        return json.load(f)["parent"]
 
 
 # Vertex AI Pipelines' rules for a PipelineJob's labels (``aiplatform_v1.PipelineJob.labels``, which points to
@@ -430,7 +604,9 @@ class FakePipelineService:
       (googleapis/python-aiplatform#1073). Without one the job runs as the project's Compute Engine default
       account, which the fake does not check.
 
-    A created job carries the labels it was sent, with the service's own ``BILLING_LABEL`` set by the service.
+    A created job carries the labels it was sent, with the service's own ``BILLING_LABEL`` set by the service. A
+    job's id is unique in its location: a second create of the same id is ``ALREADY_EXISTS``. Both calls are GAPIC
+    methods (``faults.gapic_method``): the SDK's ``retry=`` applies, and each attempt meets ``faults`` first.
     """
 
     def __init__(
@@ -443,6 +619,8 @@ class FakePipelineService:
         self.created: list = []  # (parent, PipelineJob message, job id) as sent
         self.refused: list[str] = []
         self.gets = 0
+        self.jobs: dict = {}  # by name, as created
+        self.faults: faults.FaultSchedule | None = None  # what the calls meet (tests/faults.py)
 
     def check(self, message) -> None:
         """The service's checks of a PipelineJob before it is created; raises ``InvalidArgument``."""
@@ -465,27 +643,40 @@ class FakePipelineService:
 
         fake = self
 
-        def create_pipeline_job(client, parent=None, pipeline_job=None, pipeline_job_id=None, **kwargs):
+        def create(parent=None, pipeline_job=None, pipeline_job_id=None, **kwargs):
+            from google.api_core import exceptions
             from google.cloud import aiplatform_v1
 
             message = aiplatform_v1.PipelineJob(pipeline_job)  # the API's own message
             fake.check(message)
+            name = f"{parent}/pipelineJobs/{pipeline_job_id or 'effnet-run-1'}"
+            if name in fake.jobs:  # a job's id is unique in its location
+                raise exceptions.AlreadyExists(f"PipelineJob {name} already exists")
             fake.created.append((parent, message, pipeline_job_id))
             created = aiplatform_v1.PipelineJob(message)
-            created.name = f"{parent}/pipelineJobs/{pipeline_job_id or 'effnet-run-1'}"
+            created.name = name
             created.state = aiplatform_v1.PipelineState.PIPELINE_STATE_PENDING
             created.labels[BILLING_LABEL] = str(len(fake.created))
-            fake._job = created
+            fake.jobs[name] = created
             return aiplatform_v1.PipelineJob(created)
 
-        def get_pipeline_job(client, name=None, **kwargs):
+        def get(name=None, **kwargs):
+            from google.api_core import exceptions
             from google.cloud import aiplatform_v1
 
+            if name not in fake.jobs:
+                raise exceptions.NotFound(f"PipelineJob {name} not found")
             state = fake.states[min(fake.gets, len(fake.states) - 1)]
             fake.gets += 1
-            job = aiplatform_v1.PipelineJob(fake._job)
+            job = aiplatform_v1.PipelineJob(fake.jobs[name])
             job.state = aiplatform_v1.PipelineState[state]
             return job
+
+        def create_pipeline_job(client, *args, **kwargs):
+            return faults.gapic_method(lambda: fake.faults, "create_pipeline_job", create)(*args, **kwargs)
+
+        def get_pipeline_job(client, *args, **kwargs):
+            return faults.gapic_method(lambda: fake.faults, "get_pipeline_job", get)(*args, **kwargs)
 
         monkeypatch.setattr(PipelineServiceClient, "create_pipeline_job", create_pipeline_job)
         monkeypatch.setattr(PipelineServiceClient, "get_pipeline_job", get_pipeline_job)
@@ -561,23 +752,32 @@ class FakeProjectJobs:
                 if self.endpoint and self.endpoint != f"{location}-aiplatform.googleapis.com":
                     raise exceptions.InvalidArgument(f"{name} is not served by the endpoint {self.endpoint}")
 
-            def list_custom_jobs(self, request=None, **kwargs):
+            @staticmethod
+            def _method(name: str, serve):
+                return faults.gapic_method(lambda: FAULTS, name, serve)
+
+            def list_custom_jobs(self, request=None, retry=None, timeout=None, **kwargs):
                 from google.cloud import aiplatform_v1
                 from google.cloud.aiplatform_v1.services.job_service import pagers
 
                 request = aiplatform_v1.ListCustomJobsRequest(request)  # the API's own message
                 self._check_endpoint(request.parent)
+                method = self._method("list_custom_jobs", fake.list_page)
                 return pagers.ListCustomJobsPager(
-                    method=fake.list_page, request=request, response=fake.list_page(request)
+                    method=method,
+                    request=request,
+                    response=method(request, retry=retry, timeout=timeout),
+                    retry=retry,
+                    timeout=timeout,
                 )
 
             def get_custom_job(self, name=None, **kwargs):
                 self._check_endpoint(name)
-                return fake.get(name)
+                return self._method("get_custom_job", fake.get)(name, **kwargs)
 
             def cancel_custom_job(self, name=None, **kwargs):
                 self._check_endpoint(name)
-                fake.cancel(name)
+                return self._method("cancel_custom_job", fake.cancel)(name, **kwargs)
 
         return Client
 
@@ -637,7 +837,7 @@ class FakeProjectJobs:
             custom_jobs=[aiplatform_v1.CustomJob(job) for job in page], next_page_token=token
         )
 
-    def get(self, name: str):
+    def get(self, name: str, **kwargs):
         from google.api_core import exceptions
         from google.cloud import aiplatform_v1
 
@@ -647,7 +847,7 @@ class FakeProjectJobs:
                 return aiplatform_v1.CustomJob(job)
         raise exceptions.NotFound(f"CustomJob {name} not found")
 
-    def cancel(self, name: str) -> None:
+    def cancel(self, name: str, **kwargs) -> None:
         from google.api_core import exceptions
 
         name = self._canonical(name)
@@ -662,10 +862,10 @@ class FakeProjectJobs:
         raise exceptions.NotFound(f"CustomJob {name} not found")
 
 
-def project_jobs_wrapper(record_dir: str, jobs_file: str) -> list[str]:
+def project_jobs_wrapper(record_dir: str, jobs_file: str, faults_file: str = "") -> list[str]:
     """``wrapper``, the task's ``JobServiceClient`` serving the project's jobs of ``jobs_file``
     (``FakeProjectJobs``)."""
-    return [*wrapper(record_dir)[:-1], "--project-jobs", jobs_file, "--"]
+    return [*wrapper(record_dir, faults_file)[:-1], "--project-jobs", jobs_file, "--"]
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -674,14 +874,19 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--project-jobs", default="", help="serve the custom jobs of this file (FakeProjectJobs)"
     )
+    parser.add_argument(
+        "--faults", default="", help="a fault schedule for the job service's calls (faults.py)"
+    )
     parser.add_argument("command", nargs=argparse.REMAINDER, help="-- python -m MODULE ARGS...")
     args = parser.parse_args(argv)
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     if len(command) < 3 or command[1] != "-m":
         raise SystemExit(f"expected a container command 'python -m MODULE ...', got {command[:3]}")
-    global _record_dir
+    global _record_dir, FAULTS
     _record_dir = args.record_dir
     os.makedirs(_record_dir, exist_ok=True)
+    if args.faults:
+        FAULTS = faults.FaultSchedule.load(args.faults)
 
     from google.cloud.aiplatform import gapic
 
@@ -692,6 +897,7 @@ def main(argv: list[str] | None = None) -> None:
         gapic.JobServiceClient = FakeProjectJobs.load(args.project_jobs).client_class()
     vertex_training.POLL_SECONDS = FAST_POLL_SECONDS
     vertex_training.CANCEL_POLL_SECONDS = FAST_POLL_SECONDS
+    fast_retries()
     sys.argv = [command[2], *command[3:]]
     runpy.run_module(command[2], run_name="__main__", alter_sys=True)
 

@@ -36,13 +36,16 @@ where each comes from:
   request moves it elsewhere (``FailedPrecondition``);
 - long-running calls return an operation whose ``result()`` is the response.
 
-``calls`` records every call by name, so a test can tell that a retried push uploaded nothing.
+``calls`` records every call by name, so a test can tell that a retried push uploaded nothing. ``faults`` (a
+``faults.FaultSchedule``) gives each call, by its name (``upload_model``...), the service's transient faults.
 """
 
 from __future__ import annotations
 
+import functools
 import re
 
+import faults
 from google.api_core import exceptions
 from google.cloud import aiplatform_v1
 
@@ -76,8 +79,23 @@ def _matches(message, text: str) -> bool:
     return True
 
 
+def _with_faults(client_class, fake) -> None:
+    """Makes each call of ``client_class`` a GAPIC method (``faults.gapic_method``): the caller's ``retry=`` and
+    ``timeout=`` apply, and each attempt meets the next fault ``fake.faults`` schedules for the call's name."""
+    for name, serve in list(vars(client_class).items()):
+        if name.startswith("_") or not callable(serve):
+            continue
+
+        def call(self, *args, _name=name, _serve=serve, **kwargs):
+            bound = functools.partial(_serve, self)
+            return faults.gapic_method(lambda: fake.faults, _name, bound)(*args, **kwargs)
+
+        setattr(client_class, name, call)
+
+
 class FakeModelRegistry:
     def __init__(self, projects: dict[str, str] | None = None):
+        self.faults: faults.FaultSchedule | None = None  # what each call meets (tests/faults.py)
         self.projects = dict(PROJECTS if projects is None else projects)
         self.models: dict[str, list[aiplatform_v1.Model]] = {}  # model name -> versions, oldest first
         self.endpoints: dict[str, aiplatform_v1.Endpoint] = {}
@@ -321,6 +339,8 @@ class FakeModelRegistry:
                 registry._set_traffic(stored, dict(endpoint.traffic_split))
                 return aiplatform_v1.Endpoint(stored)
 
+        for client in (ModelServiceClient, EndpointServiceClient):
+            _with_faults(client, self)
         monkeypatch.setattr(aiplatform_v1, "ModelServiceClient", ModelServiceClient)
         monkeypatch.setattr(aiplatform_v1, "EndpointServiceClient", EndpointServiceClient)
         return self

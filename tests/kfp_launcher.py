@@ -17,8 +17,9 @@ too, from the compiled job (or spec) alone:
   component's output definitions; for a bare PipelineSpec (Kubeflow), as Kubeflow's driver has since 2024: at
   ``{root}/{pipeline name}/{run id}/{task}/{random UUID}/{output_key}``, unnamed (as the driver's
   ``provisionOutputs`` gives them);
-- puts the run's id in place of an input parameter constant that is exactly ``{{$.pipeline_job_uuid}}`` (both
-  services' drivers do), and writes it all as the ``ExecutorInput`` JSON in place of the ``{{$}}`` placeholder of
+- puts the run's id in place of an input parameter constant that is exactly ``{{$.pipeline_job_uuid}}`` (Vertex's
+  driver does, and Kubeflow's from 2.5.0 on: ``backend_version`` models an older Kubeflow backend, whose task gets
+  the literal text, ``fake_kfp_server.FakeKfpServer.fills_run_id_placeholder``), and writes it all as the ``ExecutorInput`` JSON in place of the ``{{$}}`` placeholder of
   the container's args; in the args, the run's id replaces ``{{$.pipeline_job_uuid}}`` for a Vertex job (as
   Vertex's launcher does) and stays as it is for Kubeflow (whose driver fills no placeholder there); runs the
   container's command as a subprocess of this interpreter (``.venv/bin/python`` standing for the image's
@@ -39,6 +40,11 @@ Deviations, each because the real thing cannot run here:
   pointed at the run's root too, where Vertex would keep them as compiled.
 - ``outputs.outputFile`` is a local file under ``scratch_dir``, as in the open-source KFP launcher's container
   (Vertex gives a path under the pipeline root); the executor's ``.temp`` directory sits beside it.
+
+A task's compiled ``retryPolicy`` is honoured by ``run_task_retried``: a failed attempt is started again, up to
+``maxRetryCount`` more times, after the policy's backoff, with the same ``ExecutorInput`` (Kubeflow's Argo retry
+re-runs the executor pod of the same pod spec, so the same output URIs; Vertex does not document what a retried
+task's URIs are).
 """
 
 from __future__ import annotations
@@ -194,6 +200,7 @@ def build_executor_input(
     output_file: str,
     execution: int = 1,
     run_id: str = DEFAULT_RUN_ID,
+    backend_version: tuple[int, ...] = (2, 5, 0),
 ) -> dict:
     """The ``ExecutorInput`` (as a dict) the launcher hands task ``task`` in place of ``{{$}}``.
 
@@ -202,6 +209,8 @@ def build_executor_input(
       upstream: the results of the tasks this one reads artifacts of, by task name.
       execution: numbers this task's output URIs (Vertex layout), so a task can run more than once on one root.
       run_id: the run's id, for the run-id placeholder and (Kubeflow) the output URIs.
+      backend_version: the Kubeflow backend modelled (a bare spec only): before 2.5.0 the run-id placeholder of
+        an input parameter is left as it is.
 
     Raises:
       ValueError: an input artifact's producer has not run (and is not a resolver) or a binding this launcher
@@ -217,7 +226,7 @@ def build_executor_input(
     for name, binding in dag_task.get("inputs", {}).get("parameters", {}).items():
         if "runtimeValue" in binding:
             value = binding["runtimeValue"]["constant"]
-            if value == RUN_ID_PLACEHOLDER:
+            if value == RUN_ID_PLACEHOLDER and (not is_kubeflow(job) or tuple(backend_version) >= (2, 5, 0)):
                 value = run_id
             elif isinstance(value, str):
                 value = _relocate(value, job, root)
@@ -336,18 +345,24 @@ def start_task(
     env: Mapping[str, str] | None = None,
     run_id: str = DEFAULT_RUN_ID,
     dataflow: Sequence[str] | None = None,
+    executor_input: dict | None = None,
 ) -> StartedTask:
-    """Starts ``task`` of the compiled ``job`` as its container would (see ``run_task``), without waiting."""
+    """Starts ``task`` of the compiled ``job`` as its container would (see ``run_task``), without waiting; with
+    ``executor_input``, that of an earlier attempt (a retry)."""
     task_dir = os.path.join(scratch_dir, f"{task}-{execution}")
     os.makedirs(task_dir, exist_ok=True)
     output_file = os.path.join(task_dir, "executor_output.json")
-    executor_input = build_executor_input(
-        job, task, pipeline_root, parameters, upstream or {}, output_file, execution, run_id
-    )
+    if executor_input is None:
+        executor_input = build_executor_input(
+            job, task, pipeline_root, parameters, upstream or {}, output_file, execution, run_id
+        )
+    output_file = executor_input["outputs"]["outputFile"]
     argv = [*wrapper, *container_argv(job, task, executor_input, pipeline_root, dataflow, run_id)]
     child_env = {**os.environ, **(env or {})}
     child_env["PYTHONPATH"] = os.pathsep.join(p for p in (TESTS_DIR, child_env.get("PYTHONPATH")) if p)
     log_path = os.path.join(task_dir, "log.txt")
+    while os.path.exists(log_path):  # a retried attempt logs beside the earlier one's
+        log_path = log_path.replace(".txt", "-retry.txt")
     with open(log_path, "wb") as log:
         process = subprocess.Popen(argv, cwd=REPO_DIR, env=child_env, stdout=log, stderr=subprocess.STDOUT)
     return StartedTask(task, process, executor_input, output_file, log_path)
@@ -392,3 +407,64 @@ def run_task(
     except subprocess.TimeoutExpired:
         started.process.kill()
         raise
+
+
+def retry_policy(job: dict, task: str) -> dict:
+    """The task's compiled ``retryPolicy`` ({} without one)."""
+    return _dag_task(job, task).get("retryPolicy", {})
+
+
+def _seconds(duration: str) -> float:
+    return float(duration.rstrip("s") or 0)
+
+
+def run_task_retried(
+    job: dict,
+    task: str,
+    pipeline_root: str,
+    scratch_dir: str,
+    parameters: Mapping[str, object],
+    upstream: Mapping[str, TaskResult] | None = None,
+    kill_first_when=None,
+    backoff_scale: float = 1.0,
+    timeout: float = 900,
+    **kwargs,
+) -> tuple[TaskResult, int]:
+    """Runs ``task`` as an orchestrator honouring its compiled ``retryPolicy`` does: a failed attempt is started
+    again (the same ``ExecutorInput``) up to ``maxRetryCount`` more times, after ``backoffDuration`` times
+    ``backoffFactor`` per retry (at most ``backoffMaxDuration``), scaled by ``backoff_scale``. Returns the result
+    and the attempts made.
+
+    ``kill_first_when``: a predicate of the first attempt (a ``StartedTask``), polled while it runs; once it
+    holds, the attempt is SIGKILLed (its pod evicted, its node lost).
+
+    Raises:
+      RuntimeError: the last attempt failed too.
+    """
+    import time
+
+    policy = retry_policy(job, task)
+    started = start_task(job, task, pipeline_root, scratch_dir, parameters, upstream, **kwargs)
+    if kill_first_when is not None:
+        deadline = time.monotonic() + timeout
+        while started.process.poll() is None and not kill_first_when(started):
+            if time.monotonic() > deadline:
+                started.process.kill()
+                raise RuntimeError(f"task {task}: what the test waited for never happened")
+            time.sleep(0.2)
+        started.process.kill()
+    retries, backoff = 0, _seconds(policy.get("backoffDuration", "0s"))
+    while True:
+        try:
+            return started.finish(timeout), retries + 1
+        except RuntimeError:
+            if retries >= int(policy.get("maxRetryCount", 0)):
+                raise
+        wait = min(backoff * float(policy.get("backoffFactor", 2.0)) ** retries,
+                   _seconds(policy.get("backoffMaxDuration", "3600s")))  # fmt: skip
+        time.sleep(wait * backoff_scale)
+        retries += 1
+        started = start_task(
+            job, task, pipeline_root, scratch_dir, parameters, upstream, executor_input=started.executor_input,
+            **kwargs,
+        )  # fmt: skip

@@ -90,21 +90,32 @@ def test_run_fn_trains_on_the_artifact_and_writes_metrics(trained, clean_archive
     assert tf.io.gfile.glob(str(root / "model_run" / "tensorboard" / "events.out.tfevents.*"))
 
 
-@pytest.mark.slow
-def test_the_export_answers_tf_servings_rest_requests_in_a_fresh_process(trained):
-    """The request a client sends a Vertex endpoint, ``{"instances": [{"b64": JPEG}]}``, answered by the default
-    signature with the class, its synset and the top 5; TFMA's signature on the same images agrees."""
-    root, fn_args = trained
+def serve(python: str, fn_args) -> dict:
+    """The answers of ``SERVE`` run by ``python`` (an interpreter and its TensorFlow) on the export."""
     shard_path = tf.io.gfile.glob(fn_args.eval_files[0])[0]
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
     result = subprocess.run(
-        [sys.executable, "-c", SERVE, fn_args.serving_model_dir, shard_path, TESTS_DIR],
+        [python, "-c", SERVE, fn_args.serving_model_dir, shard_path, TESTS_DIR],
         capture_output=True,
         text=True,
         timeout=300,
-        env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"},
+        env={**env, "TF_CPP_MIN_LOG_LEVEL": "2"},
     )
     assert result.returncode == 0, result.stderr[-3000:]
-    out = json.loads(result.stdout.strip().splitlines()[-1])
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture(scope="module")
+def served(trained):
+    """The export's answers, loaded as TensorFlow Serving loads it, under this project's TensorFlow."""
+    return serve(sys.executable, trained[1])
+
+
+@pytest.mark.slow
+def test_the_export_answers_tf_servings_rest_requests_in_a_fresh_process(served):
+    """The request a client sends a Vertex endpoint, ``{"instances": [{"b64": JPEG}]}``, answered by the default
+    signature with the class, its synset and the top 5; TFMA's signature on the same images agrees."""
+    out = served
     assert out["signatures"] == [export.EXAMPLES_SIGNATURE, export.SERVING_SIGNATURE]
     answers = out["jpeg"]["predictions"]
     assert len(answers) == 6 and out["named"] == out["jpeg"]  # the bare value or the value by input name
@@ -121,6 +132,30 @@ def test_the_export_answers_tf_servings_rest_requests_in_a_fresh_process(trained
     assert "Unable to base64 decode" in out["refused"]["not base64"]
     assert "image_bytes" in out["refused"]["another input name"]
     assert "serve_jpeg" in out["refused"]["no such signature"]
+
+
+@pytest.mark.slow  # builds, once per machine, an environment of tensorflow-cpu 2.15.1 (tests/serving_env.py)
+def test_the_prebuilt_serving_images_tensorflow_loads_the_export_and_answers_alike(trained, served):
+    """Vertex's prebuilt ``tf2-cpu.2-15`` image, where the pipeline pushes the model, loads it with TensorFlow
+    2.15's C++ loader: the export of TensorFlow 2.16 loads there and answers the same requests with the same
+    classes, synsets and probabilities (to float32 rounding). A change to the export that 2.15 cannot load fails
+    here, not on the endpoint."""
+    import serving_env
+
+    old = serve(serving_env.python("2.15.1"), trained[1])
+    assert old["signatures"] == served["signatures"] and old["refused"].keys() == served["refused"].keys()
+    for request in ("jpeg", "named", "examples"):
+        for then, now in zip(old[request]["predictions"], served[request]["predictions"], strict=True):
+            assert then.keys() == now.keys()
+            for key in now:
+                if isinstance(now[key], str) or (
+                    isinstance(now[key], list) and now[key] and isinstance(now[key][0], str)
+                ):
+                    assert then[key] == now[key], (request, key)
+                else:
+                    np.testing.assert_allclose(
+                        then[key], now[key], rtol=0, atol=1e-6, err_msg=f"{request} {key}"
+                    )
 
 
 def test_class_names_are_the_manifests_synsets_or_imagenets():

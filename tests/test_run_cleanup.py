@@ -21,6 +21,7 @@ import time
 
 import fake_kfp_server
 import fake_vertex
+import faults
 import gcs_emulator
 import kfp_launcher
 import pytest
@@ -309,6 +310,7 @@ def project_jobs(tmp_path, monkeypatch):
     jobs = fake_vertex.FakeProjectJobs(str(tmp_path / "custom_jobs.json"), {PROJECT: NUMBER})
     jobs.write([])
     monkeypatch.setattr(gapic, "JobServiceClient", jobs.client_class())
+    monkeypatch.setattr(fake_vertex, "FAULTS", None)
     return jobs
 
 
@@ -369,34 +371,42 @@ def test_clean_up_refuses_a_run_id_its_orchestrator_did_not_replace(dataflow, pr
     assert run_label.labels(run_label.RUN_ID_PLACEHOLDER) == {}  # a step's job then carries no run label
 
 
-def test_clean_up_fails_when_a_job_may_still_run(dataflow, monkeypatch, capsys):
-    """Vertex unreachable: the Dataflow jobs are still cancelled, and the task fails naming what it could not do."""
-    from google.api_core import exceptions
-    from google.cloud.aiplatform import gapic
-
-    class Unavailable:
-        def __init__(self, **kwargs):
-            pass
-
-        def list_custom_jobs(self, request=None, **kwargs):
-            raise exceptions.ServiceUnavailable("the service is unavailable")
-
-    monkeypatch.setattr(gapic, "JobServiceClient", Unavailable)
+def test_a_clean_up_that_may_not_list_says_which_permission_and_never_fails_its_run(
+    dataflow, project_jobs, monkeypatch, capsys, caplog
+):
+    """The service account may not list custom jobs (403, persistent): the Dataflow jobs are still cancelled; the
+    task logs the permission it lacked and succeeds, so the run's outcome stays its steps' (a failed clean-up
+    would fail a good run). Transient faults on the way are retried."""
+    monkeypatch.setattr(fake_vertex, "FAULTS", faults.FaultSchedule({"list_custom_jobs": ["403*"]}))
+    fake_vertex.fast_retries(monkeypatch.setattr)
+    dataflow.faults = faults.FaultSchedule({"GET jobs": ["503", "drop"], "PUT jobs/{id}": ["429"]})
     job = dataflow.add_job(PROJECT, REGION, "sharding", {run_label.RUN_LABEL: RUN}, "JOB_STATE_RUNNING")
     args = [f"--effnet_run={RUN}", *dataflow.beam_args()]  # the task's args, the run's id filled in
     executor = run_cleanup.Executor(run_cleanup.Executor.Context(beam_pipeline_args=args))
-    with pytest.raises(RuntimeError) as raised:
-        executor.Do({}, {}, {"project": PROJECT, "region": REGION})
-    message = str(raised.value)
-    assert (
-        "\n" not in message and f"cancelled 1 Dataflow job ({job} sharding: JOB_STATE_CANCELLED)" in message
+    executor.Do({}, {}, {"project": PROJECT, "region": REGION})  # does not raise
+    (summary,) = capsys.readouterr().out.splitlines()
+    assert summary.startswith(
+        f"run {RUN}: cancelled 1 Dataflow job ({job} sharding: JOB_STATE_CANCELLED); could not"
     )
     assert (
-        f"could not cancel: listing the Vertex AI custom jobs of projects/{PROJECT}/locations/{REGION}"
-        in message
+        f"could not cancel: listing the Vertex AI custom jobs of projects/{PROJECT}/locations/{REGION}: 403 "
+        in summary
     )
-    assert dataflow.state(job) == "JOB_STATE_CANCELLED"
-    assert message in capsys.readouterr().out
+    assert summary.endswith("(the service account lacks aiplatform.customJobs.list (roles/aiplatform.user))")
+    assert dataflow.state(job) == "JOB_STATE_CANCELLED" and dataflow.cancel_requests() == [job, job]
+    assert not any(dataflow.faults.plan.values())
+    assert [r.levelname for r in caplog.records if r.message == summary] == ["ERROR"]
+
+
+def test_a_run_id_left_unfilled_is_an_error_in_the_log_not_a_failed_task(dataflow, project_jobs, capsys):
+    """A backend that does not fill the exit task's run id (Kubeflow before 2.5.0; refused at submission): nothing is
+    cancelled, the log says why, the task does not fail."""
+    args = [f"--effnet_run={RUN}", *dataflow.beam_args()]
+    executor = run_cleanup.Executor(run_cleanup.Executor.Context(beam_pipeline_args=args))
+    executor.Do({}, {}, {"project": PROJECT, "region": REGION, "run_id": run_label.RUN_ID_PLACEHOLDER})
+    (line,) = capsys.readouterr().out.splitlines()
+    assert line.startswith("no clean-up: no run id: '{{$.pipeline_job_uuid}}' is not one")
+    assert not dataflow.requests
 
 
 def test_the_run_label_goes_on_the_training_job_and_the_evaluators_dataflow_job():
@@ -625,3 +635,47 @@ def test_a_failed_run_leaves_no_job_running(dataflow, gcs_bucket, clean_archives
     assert pipeline_tasks(kfp_launcher.pipeline_spec(job))[run_cleanup.STEP_ID]["triggerPolicy"][
         "strategy"
     ] == ("ALL_UPSTREAM_TASKS_COMPLETED")
+
+
+def test_the_kubeflow_fake_models_what_its_backend_version_decides(tmp_path):
+    """The facts read in kubeflow/pipelines' backend at its release tags, as the fake server and the launcher
+    model them: the exit task's run id filled from 2.5.0 (before, the literal placeholder, which the clean-up
+    refuses), the run's outcome the exit task's before 2.4.0, a task's retry policy applied in tfx-dag from 2.14.0."""
+    spec = compile_smoke(tmp_path, "gs://b/p", suffix=".yaml")
+    parameters = kfp_launcher.runtime_parameters(spec)
+    values = {}
+    for version in ((2, 3, 0), (2, 5, 0)):
+        executor_input = kfp_launcher.build_executor_input(
+            spec,
+            run_cleanup.STEP_ID,
+            "gs://b/p",
+            parameters,
+            {},
+            "out.json",
+            run_id=KFP_RUN,
+            backend_version=version,
+        )
+        values[version] = executor_input["inputs"]["parameterValues"][run_cleanup.RUN_ID_KEY]
+    assert values == {(2, 3, 0): run_label.RUN_ID_PLACEHOLDER, (2, 5, 0): KFP_RUN}
+    with pytest.raises(run_label.NoRunId):
+        run_label.run_value(values[(2, 3, 0)])
+    old, new, newest = (fake_kfp_server.FakeKfpServer(version=v) for v in ("2.3.0", "2.5.0", "2.14.0"))
+    try:
+        assert (
+            old.run_outcome("FAILED", "SUCCEEDED") == "SUCCEEDED"
+        )  # #10917: a failed run reported succeeded
+        assert (
+            new.run_outcome("FAILED", "SUCCEEDED") == "FAILED"
+            and new.run_outcome("SUCCEEDED", "FAILED") == "SUCCEEDED"
+        )
+        assert not old.fills_run_id_placeholder and new.fills_run_id_placeholder
+        # The compiled retry policy sits on tasks inside tfx-dag: applied from 2.14.0 only.
+        retried = [name for name, task in pipeline_tasks(spec).items() if "retryPolicy" in task]
+        assert set(retried) == {"ImageNetShardGen", "Trainer", "Evaluator"}
+        assert not set(retried) & set(spec["root"]["dag"]["tasks"])
+        assert not new.applies_retry_policy(in_root_dag=False) and newest.applies_retry_policy(
+            in_root_dag=False
+        )
+    finally:
+        for server in (old, new, newest):
+            server.stop()

@@ -10,6 +10,8 @@ import pathlib
 import urllib.error
 import urllib.request
 
+import fake_vertex
+import faults
 import pytest
 import yaml
 from google.auth.credentials import AnonymousCredentials
@@ -595,6 +597,7 @@ def vertex_pipelines(monkeypatch, gcs_bucket):
     monkeypatch.setattr(google.auth, "default", lambda *a, **k: (AnonymousCredentials(), "my-project"))
     monkeypatch.setattr(resourcemanager_v3.ProjectsClient, "get_project", get_project)
     monkeypatch.setattr(submission, "POLL_SECONDS", 0.0)
+    fake_vertex.fast_retries(monkeypatch.setattr)
     return FakePipelineService(act_as=[SERVICE_ACCOUNT]).install(monkeypatch)
 
 
@@ -742,6 +745,8 @@ def test_no_credentials_is_one_line(template_file, capsys, monkeypatch, vertex_p
 # ---- open-source Kubeflow Pipelines ------------------------------------------------------------------------
 
 NAMESPACE = "team-a"
+# The backend the Kubeflow tests submit to: one that applies a retry policy in any DAG (no warning to print).
+KFP_VERSION = "2.14.0"
 IDENTITY = "system:serviceaccount:team-a:default-editor"
 TOKEN = "eyJhbGciOiJSUzI1NiJ9.team-a-default-editor.signature"
 
@@ -753,7 +758,7 @@ def kfp_server():
     rules to submitted runs."""
     from fake_kfp_server import FakeKfpServer, User
 
-    server = FakeKfpServer(users={TOKEN: User(IDENTITY, (NAMESPACE,))})
+    server = FakeKfpServer(users={TOKEN: User(IDENTITY, (NAMESPACE,))}, version=KFP_VERSION)
     yield server
     server.stop()
 
@@ -950,7 +955,7 @@ def test_a_single_user_kubeflow_takes_the_yaml_without_namespace_or_token(kubefl
     from fake_kfp_server import FakeKfpServer
 
     monkeypatch.setattr(submission, "POLL_SECONDS", 0.0)
-    server = FakeKfpServer()
+    server = FakeKfpServer(version=KFP_VERSION)
     try:
         code = _kfp(kubeflow_yaml, server, "--param", "train_epochs=30", "--wait")
     finally:
@@ -962,7 +967,9 @@ def test_a_single_user_kubeflow_takes_the_yaml_without_namespace_or_token(kubefl
         "parameters": {"train_epochs": 30},
         "pipeline_root": "gs://my-bucket/pipelines",
     }
-    assert run["display_name"] == "effnet-b0-rmsprop-8x2048"
+    assert run["display_name"].startswith(
+        "effnet-b0-rmsprop-8x2048-"
+    )  # the pipeline's name, when, a random part
     assert out == [
         f"submitted Kubeflow run {run['run_id']}",
         f"follow it at {server.host}/#/runs/details/{run['run_id']}",
@@ -1093,3 +1100,181 @@ def test_the_compiler_takes_typed_settings_and_writes_what_the_cli_writes(tmp_pa
     output.parent.mkdir()
     assert compiler.compile_pipeline(compiled, settings, str(output)) == str(output)
     assert output.read_bytes() == cli_output.read_bytes()
+
+
+# ---- caching per task, backends' versions, faults at submission -------------------------------------------------
+
+
+def _caching(spec) -> dict[str, bool]:
+    """Each container task's ``enableCache`` in a submitted spec, by task name (in any DAG)."""
+    spec = json_format.MessageToDict(spec) if not isinstance(spec, dict) else spec
+    found = {}
+    for dag in [spec["root"], *spec["components"].values()]:
+        for name, task in dag.get("dag", {}).get("tasks", {}).items():
+            if "dag" not in spec["components"][task["componentRef"]["name"]]:
+                found[name] = task.get("cachingOptions", {}).get("enableCache", False)
+    return found
+
+
+@pytest.mark.parametrize("no_cache", [False, True], ids=["caching", "no-cache"])
+def test_vertex_gets_the_clean_up_uncached_whatever_the_steps_caching(
+    template_file, vertex_pipelines, no_cache
+):
+    """The request ``--submit`` sends: the exit task never cached (from the second run on a cached clean-up would
+    be skipped and cancel nothing), the steps as ``--no-cache`` says."""
+    assert (
+        kubeflow_v2_runner.main(
+            ["--template", template_file, "--submit", *(["--no-cache"] if no_cache else [])]
+        )
+        == 0
+    )
+    ((_, job, _),) = vertex_pipelines.created
+    caching = _caching(type(job).to_dict(job)["pipeline_spec"])
+    assert caching.pop("RunCleanup") is False
+    assert {"ImageNetShardGen", "Trainer", "Evaluator", "Pusher"} <= set(caching)
+    assert set(caching.values()) == {not no_cache}
+
+
+def test_a_vertex_create_whose_answer_is_lost_is_not_made_twice_and_wait_outlasts_faults(
+    template_file, vertex_pipelines, capsys
+):
+    """The create is made but its answer lost; the retry is refused ALREADY_EXISTS (the id is this submission's)
+    and the job read instead. Following it, 503, 429 and a dropped connection are waited out."""
+    vertex_pipelines.faults = faults.FaultSchedule(
+        {"create_pipeline_job": ["lost", "503"], "get_pipeline_job": ["503", "429", "drop", "500", "504"]}
+    )
+    assert kubeflow_v2_runner.main(["--template", template_file, "--submit", "--wait"]) == 0
+    assert len(vertex_pipelines.created) == 1 and len(vertex_pipelines.jobs) == 1
+    out = capsys.readouterr().out.splitlines()
+    assert out[-1] == "run state: PIPELINE_STATE_SUCCEEDED"
+    assert not vertex_pipelines.faults.plan["get_pipeline_job"]  # every fault met
+
+
+def test_wait_gives_up_in_one_line_when_the_api_stays_out(template_file, vertex_pipelines, capsys):
+    vertex_pipelines.faults = faults.FaultSchedule({"get_pipeline_job": ["503*"]})
+    argv = ["--template", template_file, "--submit", "--wait", "--api-outage-hours", "0.0003"]  # about 1 s
+    assert kubeflow_v2_runner.main(argv) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: reading the state of Vertex PipelineJob projects/")
+    assert "no answer for 1.08 s: ServiceUnavailable: 503" in err[0] and "the run goes on: https://" in err[0]
+
+
+@pytest.mark.parametrize("version", ["2.3.0", "2.4.1", "2.5.0-rc.1", "1.8.5"])
+def test_a_kubeflow_older_than_the_minimum_is_refused_in_one_line_before_anything_is_created(
+    kubeflow_yaml, token_file, capsys, version
+):
+    from fake_kfp_server import FakeKfpServer, User
+
+    server = FakeKfpServer(users={TOKEN: User(IDENTITY, (NAMESPACE,))}, version=version)
+    try:
+        code = _kfp(kubeflow_yaml, server, "--kfp-namespace", NAMESPACE, "--kfp-token-file", token_file)
+    finally:
+        server.stop()
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and err == [
+        f"error: Kubeflow Pipelines at {server.host} is {version}: this pipeline needs 2.5.0 or newer (from 2.5.0 "
+        "the clean-up exit task gets its run's id, kubeflow/pipelines#11599; before 2.4.0 an exit task also decides "
+        "the run's outcome, #10917)"
+    ]
+    assert server.runs == [] and server.experiments == {}
+    assert [path for _, path, _ in server.calls] == ["/apis/v2beta1/healthz"]
+
+
+def test_a_kubeflow_of_the_minimum_takes_the_run_and_no_cache_reaches_the_steps_inside_the_dag(
+    kubeflow_yaml, token_file, capsys
+):
+    """2.5.0 takes the run (it applies no retry policy inside ``tfx-dag``: said once); ``--no-cache`` reaches every
+    step, which kfp.Client's own override does not (root tasks only), and the clean-up is never cached."""
+    from fake_kfp_server import FakeKfpServer, User
+
+    server = FakeKfpServer(users={TOKEN: User(IDENTITY, (NAMESPACE,))}, version="2.5.0")
+    try:
+        for flags in ([], ["--no-cache"]):
+            code = _kfp(
+                kubeflow_yaml, server, "--kfp-namespace", NAMESPACE, "--kfp-token-file", token_file, *flags
+            )
+            assert code == 0, server.refused
+    finally:
+        server.stop()
+    err = capsys.readouterr().err.strip().splitlines()
+    assert (
+        err
+        == [
+            "warning: Kubeflow Pipelines 2.5.0 applies a task's retry policy to the root DAG's tasks only (every task "
+            "from 2.14.0, kubeflow/pipelines#11908): a step whose pod is lost fails the run, and the clean-up cancels "
+            "its job"
+        ]
+        * 2
+    )
+    cached, uncached = (_caching(run["pipeline_spec"]) for run in server.runs)
+    assert cached.pop("RunCleanup") is False and uncached.pop("RunCleanup") is False
+    assert set(cached.values()) == {True} and set(uncached.values()) == {False}
+    assert {"ImageNetShardGen", "Trainer", "Evaluator"} <= set(cached)
+
+
+def test_a_kubeflow_that_names_no_version_is_warned_about(kubeflow_yaml, capsys):
+    from fake_kfp_server import FakeKfpServer
+
+    server = FakeKfpServer(version="unknown")
+    try:
+        assert _kfp(kubeflow_yaml, server) == 0
+    finally:
+        server.stop()
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [
+        f"warning: Kubeflow Pipelines at {server.host} reports no version in its healthz (tag_name 'unknown'): this "
+        "pipeline needs 2.5.0 or newer, whose driver gives the clean-up exit task its run's id"
+    ]
+
+
+def test_kubeflow_faults_are_retried_a_lost_create_is_not_made_twice_and_a_rotated_token_is_read_again(
+    kubeflow_yaml, token_file, capsys, monkeypatch
+):
+    """Transient faults at every call; the create's answer lost (the run made): found by its name, not made twice;
+    while ``--wait`` follows, the token expires and the file is rotated a moment later: the 401 is waited out and
+    the new token read from the file."""
+    from fake_kfp_server import FakeKfpServer, Refused, User
+
+    fake_vertex.fast_retries(monkeypatch.setattr)
+    monkeypatch.setattr(submission, "POLL_SECONDS", 0.0)
+    rotated = "eyJhbGciOiJSUzI1NiJ9.team-a-default-editor.rotated"
+
+    class Rotating(FakeKfpServer):
+        def gateway(self, headers):
+            if (
+                headers.get("Authorization") == f"Bearer {TOKEN}"
+                and self._polls
+                and max(self._polls.values()) >= 2
+            ):
+                self.users = {rotated: self.users[TOKEN]}  # the old token expired...
+                pathlib.Path(token_file).write_text(
+                    rotated
+                )  # ...and the kubelet rotates the file, a moment late
+                raise Refused("Jwt is expired", 16, http_status=401)
+            return super().gateway(headers)
+
+    schedule = faults.FaultSchedule(
+        {
+            "GET /apis/v2beta1/healthz": ["503", "drop"],
+            "GET /apis/v2beta1/experiments": ["500"],
+            "POST /apis/v2beta1/runs": ["lost"],
+            "GET /apis/v2beta1/runs/{id}": ["503", "drop", "429"],
+        }
+    )
+    server = Rotating(
+        states=("RUNNING", "RUNNING", "RUNNING", "SUCCEEDED"),
+        users={TOKEN: User(IDENTITY, (NAMESPACE,))},
+        version=KFP_VERSION,
+        faults=schedule,
+    )
+    try:
+        code = _kfp(
+            kubeflow_yaml, server, "--kfp-namespace", NAMESPACE, "--kfp-token-file", token_file, "--wait"
+        )
+    finally:
+        server.stop()
+    assert code == 0, server.refused
+    assert len(server.runs) == 1  # the lost create was found by its name
+    assert capsys.readouterr().out.splitlines()[-1] == "run state: SUCCEEDED"
+    assert not any(schedule.plan.values())  # every fault met
+    assert "Jwt is expired" in server.refused

@@ -71,6 +71,33 @@ def test_each_blessed_model_is_a_version_served_alone_and_other_pipelines_stay(r
     assert registry.default_version(first.model).version_id == "2"
 
 
+def test_a_push_outlasts_the_services_transient_faults_and_makes_nothing_twice(registry, monkeypatch):
+    """Every call meets a transient fault; the upload, the endpoint's creation and the deployment are made but
+    their answers lost: each is found before it would be sent again. One version, one endpoint, one deployment."""
+    import fake_vertex
+    import faults
+
+    fake_vertex.fast_retries(monkeypatch.setattr)
+    vertex_pusher.push(_target(), "gs://b/push/1", "run-1")  # an earlier version, served
+    registry.faults = faults.FaultSchedule(
+        {
+            "list_models": ["503", "429"],
+            "list_model_versions": ["drop"],
+            "upload_model": ["lost"],
+            "list_endpoints": ["500"],
+            "get_endpoint": ["504"],
+            "deploy_model": ["lost"],
+            "undeploy_model": ["503"],
+        }
+    )
+    pushed = vertex_pusher.push(_target(), "gs://b/push/2", "run-2")
+    assert not any(registry.faults.plan.values())  # every fault met
+    assert pushed.version_id == "2" and len(registry.models[pushed.model]) == 2
+    assert registry.calls.count("upload_model") == 2 and registry.calls.count("create_endpoint") == 1
+    assert _served(registry, pushed.endpoint) == {(pushed.model, "2"): 100}  # deployed once, the old one gone
+    assert len(registry.endpoints[pushed.endpoint].deployed_models) == 1
+
+
 def test_a_retried_push_uploads_and_deploys_nothing_again(registry):
     pushed = vertex_pusher.push(_target(), "gs://b/push/1", "run-1")
     before = list(registry.calls)

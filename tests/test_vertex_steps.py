@@ -27,6 +27,7 @@ import os
 import pathlib
 
 import fake_vertex
+import faults
 import gcs_emulator
 import kfp_launcher
 import pytest
@@ -126,14 +127,45 @@ def shards(local_run):
     return local_run.run(SHARDS)
 
 
+@dataclasses.dataclass(frozen=True)
+class RetriedTrainer:
+    result: kfp_launcher.TaskResult
+    attempts: int
+    faults_met: list
+
+    def artifact(self, key: str) -> dict:
+        return self.result.artifact(key)
+
+
 @pytest.fixture(scope="module")
 def trainer(local_run, shards):
-    return local_run.run(TRAINER, [shards], wrapper=fake_vertex.wrapper(str(local_run.out / "vertex")))
+    """The Trainer task as the orchestrator runs it under its compiled retry policy, with its first attempt killed
+    outright (SIGKILL: its pod evicted) once its job trains, and Vertex's transient faults on the way: the retried
+    attempt finds the job by its labels and follows it to its end."""
+    vertex = local_run.out / "vertex"
+    vertex.mkdir()
+    record = str(local_run.out / "faults-met.jsonl")
+    schedule = faults.FaultSchedule(
+        {"list_custom_jobs": ["503", "drop"], "get_custom_job": ["429", "500", "slow:2", "503"]}, record
+    ).save(str(local_run.out / "faults.json"))
+    replica_log = vertex / fake_vertex.LOG_FILE.format(n=1, replica="workerpool0-0")
+
+    def training(started) -> bool:
+        return replica_log.exists() and "Training model." in replica_log.read_text(errors="replace")
+
+    try:
+        result, attempts = kfp_launcher.run_task_retried(
+            local_run.job, TRAINER, local_run.root, str(local_run.out / "launcher"), local_run.parameters,
+            {SHARDS: shards}, kill_first_when=training, backoff_scale=0.0, wrapper=fake_vertex.wrapper(str(vertex), schedule),
+        )  # fmt: skip
+    finally:
+        fake_vertex.stop_all(str(vertex))
+    return RetriedTrainer(result, attempts, faults.FaultSchedule.recorded(record))
 
 
 @pytest.fixture(scope="module")
 def evaluator(local_run, shards, trainer):
-    return local_run.run(EVALUATOR, [shards, trainer])
+    return local_run.run(EVALUATOR, [shards, trainer.result])
 
 
 def test_run_values_differ_from_the_compiled_defaults(local_run):
@@ -163,7 +195,7 @@ def test_trainer_runs_as_a_vertex_custom_job_with_the_run_values(trainer, local_
     executors = local_run.job["pipelineSpec"]["deploymentSpec"]["executors"]
     assert executors["Trainer_executor"]["container"]["image"] == PIPELINE_IMAGE  # it only starts the job
     vertex = local_run.out / "vertex"
-    (record_file,) = [name for name in os.listdir(vertex) if name.endswith(".json")]
+    record_file = fake_vertex.RECORD_FILE.format(n=1)  # the one job the task (and its retry) made
     with open(vertex / record_file) as f:
         record = json.load(f)
     assert record["parent"] == f"projects/{PROJECT}/locations/{REGION}"
@@ -209,6 +241,27 @@ def test_trainer_runs_as_a_vertex_custom_job_with_the_run_values(trainer, local_
     # The target (0.0) is met at the first evaluation, after one of the three epochs planned.
     assert metrics["target_top1"] == RUN["target_top1"] and metrics["target_reached"]
     assert metrics["steps"] == config["plan"]["total_steps"] // RUN["train_epochs"]
+
+
+@pytest.mark.slow
+def test_a_trainer_launcher_killed_mid_job_is_retried_and_follows_its_one_job_to_the_end(trainer, local_run):
+    """The compiled retry policy (``spec_patches.RETRY_POLICY``) re-ran the killed task; the retry created no
+    second job and cancelled nothing, and the job it followed wrote the model (the other tests of this module read
+    it). Vertex's faults were met by both attempts' calls and waited out."""
+    from pipeline import spec_patches
+
+    assert kfp_launcher.retry_policy(local_run.job, TRAINER) == spec_patches.RETRY_POLICY
+    assert trainer.attempts == 2
+    vertex = local_run.out / "vertex"
+    assert sorted(p.name for p in vertex.glob("custom_job-*.json")) == [
+        "custom_job-1.json",
+        "custom_job-1.pids.json",
+    ]
+    assert not list(vertex.glob("*.cancel.json"))
+    assert {met["fault"] for met in trainer.faults_met} == {"503", "drop", "429", "500", "slow:2"}
+    assert len({met["pid"] for met in trainer.faults_met}) == 2  # both attempts met faults
+    log = pathlib.Path(trainer.result.log_path).read_text(errors="replace")
+    assert "following training job projects/effnet-test-project/locations/us-central1/customJobs/1" in log
 
 
 @pytest.mark.slow

@@ -13,12 +13,13 @@ import signal
 import time
 
 import fake_vertex
+import faults
 import pytest
 from google.api_core import exceptions
 from tfx.types import artifact_utils, standard_artifacts
 
 from components import run_label, runtime_gate, vertex_training
-from effnet_common import schema
+from effnet_common import cloud_retry, schema
 from effnet_common.manifest import LabelConvention, Manifest, Shard, SplitManifest
 from pipeline import accelerators, kubeflow_v2_runner
 from pipeline.template import pipeline_tasks
@@ -41,8 +42,11 @@ def vertex(monkeypatch, tmp_path):
     monkeypatch.setattr(fake_vertex, "_JOBS", {})
     monkeypatch.setattr(fake_vertex, "_record_dir", str(records))
     monkeypatch.setattr(gapic, "JobServiceClient", fake_vertex.FakeJobServiceClient)
+    monkeypatch.setattr(fake_vertex, "FAULTS", None)
     monkeypatch.setattr(vertex_training, "POLL_SECONDS", 0.05)
     monkeypatch.setattr(vertex_training, "CANCEL_POLL_SECONDS", 0.05)
+    monkeypatch.setattr(vertex_training, "CANCEL_WAIT_SECONDS", 2.0)
+    fake_vertex.fast_retries(monkeypatch.setattr)
     yield records
     for job in fake_vertex._JOBS.values():  # no replica outlives its test
         job.stop()
@@ -50,8 +54,10 @@ def vertex(monkeypatch, tmp_path):
 
 def created(records) -> list[dict]:
     """The jobs the fake service was asked to create, in order."""
-    names = sorted(records.glob("custom_job-*.json"), key=lambda p: int(p.name.split("-")[1].split(".")[0]))
-    return [json.loads(p.read_text()) for p in names if not p.name.endswith(".cancel.json")]
+    numbered = [
+        p for p in records.glob("custom_job-*.json") if p.name.split("-")[1].split(".")[0:2][1] == "json"
+    ]
+    return [json.loads(p.read_text()) for p in sorted(numbered, key=lambda p: int(p.name.split("-")[1][:-5]))]
 
 
 def state(name: str) -> str:
@@ -154,6 +160,82 @@ def test_job_request_labels_the_task_and_its_outputs_and_sets_the_timeout(vertex
     assert other.find_labels[vertex_training.TASK_LABEL] == "tuner"
 
 
+# ---- the service's transient faults ------------------------------------------------------------------------
+
+
+def cancelled(records) -> list[str]:
+    return sorted(p.name for p in records.glob("custom_job-*.cancel.json"))
+
+
+def test_transient_faults_at_the_lookup_and_while_polling_are_waited_out_and_cancel_nothing(
+    vertex, monkeypatch
+):
+    """What Vertex documents as transient, at the first lookup of an earlier attempt's job, at the create and
+    while the job is polled: 503, 429, 500, an answer slower than the call's deadline, a reset connection, 504.
+    One job is created and followed to its success; nothing is cancelled."""
+    schedule = faults.FaultSchedule(
+        {
+            "list_custom_jobs": ["503", "429"],
+            "create_custom_job": ["500"],
+            "get_custom_job": ["503", "429", "500", "slow:2", "drop", "504"],
+        }
+    )
+    monkeypatch.setattr(fake_vertex, "FAULTS", schedule)
+    job = vertex_training.run_job(request(code="import time; time.sleep(1)"))
+    assert job.state.name == "JOB_STATE_SUCCEEDED"
+    assert len(created(vertex)) == 1 and cancelled(vertex) == []
+    assert [fault for _, fault in schedule.injected] == [
+        "503",
+        "429",
+        "500",
+        "503",
+        "429",
+        "500",
+        "slow:2",
+        "drop",
+        "504",
+    ]
+
+
+def test_a_create_whose_answer_is_lost_is_found_by_its_labels_not_made_twice(vertex, monkeypatch):
+    """The create call's deadline passes while Vertex creates the job: the retry finds it by the execution's
+    labels instead of creating a second one."""
+    monkeypatch.setattr(fake_vertex, "FAULTS", faults.FaultSchedule({"create_custom_job": ["slow:2"]}))
+    job = vertex_training.run_job(request())
+    assert job.state.name == "JOB_STATE_SUCCEEDED"
+    assert len(created(vertex)) == 1 and job.name == f"{PARENT}/customJobs/1"
+
+
+def test_a_persistent_refusal_ends_the_step_in_one_line_within_the_window_and_leaves_nothing_running(
+    vertex, monkeypatch
+):
+    """403 on every read of the job (the permission to get it taken away): the step waits out the refusal for
+    ``REFUSAL_SECONDS`` (IAM changes take a while to apply), then fails with one line and cancels the job."""
+    monkeypatch.setattr(fake_vertex, "FAULTS", faults.FaultSchedule({"get_custom_job": ["403*"]}))
+    started = time.monotonic()
+    with pytest.raises(vertex_training.TrainingJobFailed) as failure:
+        vertex_training.run_job(request(code="import time; time.sleep(60)"))
+    waited = time.monotonic() - started
+    assert cloud_retry.REFUSAL_SECONDS <= waited < cloud_retry.REFUSAL_SECONDS + 10
+    message = str(failure.value)
+    assert "\n" not in message and message.startswith(
+        f"reading training job {PARENT}/customJobs/1: refused for {cloud_retry.REFUSAL_SECONDS:g} s: PermissionDenied: "
+    )
+    (job,) = fake_vertex._JOBS
+    assert fake_vertex._JOBS[job].cancelled and cancelled(vertex) == ["custom_job-1.cancel.json"]
+    assert len(created(vertex)) == 1
+
+
+def test_an_outage_longer_than_the_patience_gives_up_in_one_line(vertex, monkeypatch):
+    monkeypatch.setattr(fake_vertex, "FAULTS", faults.FaultSchedule({"get_custom_job": ["503*"]}))
+    patience = cloud_retry.Patience(outage_seconds=1.0)
+    with pytest.raises(
+        vertex_training.TrainingJobFailed, match=r"no answer for 1 s: ServiceUnavailable: 503"
+    ):
+        vertex_training.run_job(request(code="import time; time.sleep(60)"), patience=patience)
+    assert len(created(vertex)) == 1 and cancelled(vertex) == ["custom_job-1.cancel.json"]
+
+
 # ---- a task stopped while its job is created -------------------------------------------------------------------
 
 
@@ -229,16 +311,16 @@ def imagenet_shards(
     return examples
 
 
-def compiled_trainer(tmp_path, *flags) -> dict:
-    """The Trainer task's constant parameters in the compiled Vertex PipelineJob (b0-rmsprop-8x2048 on a
-    tpu-v3-8)."""
+def compiled_trainer(tmp_path, *flags, task: str = "Trainer") -> dict:
+    """The Trainer task's (or ``task``'s) constant parameters in the compiled Vertex PipelineJob
+    (b0-rmsprop-8x2048 on a tpu-v3-8)."""
     output = tmp_path / "effnet.json"
     argv = [
         "--output", str(output), "--project", PROJECT, "--region", REGION, "--pipeline-root", "gs://b/p",
         "--image", IMAGE, "--preset", "b0-rmsprop-8x2048", *INPUTS, *flags,
     ]  # fmt: skip
     assert kubeflow_v2_runner.main(argv) == 0
-    parameters = pipeline_tasks(json.loads(output.read_text())["pipelineSpec"])["Trainer"]["inputs"]
+    parameters = pipeline_tasks(json.loads(output.read_text())["pipelineSpec"])[task]["inputs"]
     return {
         k: v["runtimeValue"]["constant"] for k, v in parameters["parameters"].items() if "runtimeValue" in v
     }
@@ -288,6 +370,32 @@ def test_the_timeout_follows_the_shards_epoch(vertex, tmp_path, monkeypatch):
     runtime_gate.VertexTrainerExecutor().Do({"examples": [examples]}, outputs("run-1"), properties)
     (record,) = created(vertex)
     assert record["custom_job"]["job_spec"]["scheduling"]["timeout"] == f"{accelerators.MIN_TIMEOUT_SECONDS}s"
+
+
+def test_the_tuning_jobs_timeout_is_the_searchs_on_the_runs_data(vertex, tmp_path, monkeypatch):
+    """The Tuner's job: the compiled timeout is the search's on ImageNet; a run on a smaller dataset (another
+    archive given at submission) gets its own, here the 2-hour floor."""
+    from tfx import v1 as tfx
+
+    monkeypatch.setattr(fake_vertex, "RUN_REPLICAS", False)
+    properties = compiled_trainer(tmp_path, "--tune", "--tune-parallel-trials", "1", task="Tuner")
+    tuning_args = json.loads(properties["custom_config"])[
+        tfx.extensions.google_cloud_ai_platform.experimental.TUNING_ARGS_KEY
+    ]
+    compiled = tuning_args["job_spec"]["scheduling"]["timeout"]
+    assert int(compiled.rstrip("s")) > accelerators.MIN_TIMEOUT_SECONDS  # a search of ImageNet epochs
+    timeouts = []
+    for name, examples in (
+        ("imagenet", imagenet_shards(tmp_path / "imagenet")),
+        ("small", imagenet_shards(tmp_path / "small", train_records=20_480, val_records=1_000)),
+    ):
+        best = standard_artifacts.HyperParameters()
+        best.uri = f"gs://bucket/root/{name}/Tuner/best_hyperparameters"
+        runtime_gate.VertexTunerExecutor().Do(
+            {"examples": [examples]}, {"best_hyperparameters": [best]}, properties
+        )
+        timeouts.append(created(vertex)[-1]["custom_job"]["job_spec"]["scheduling"]["timeout"])
+    assert timeouts == [compiled, f"{accelerators.MIN_TIMEOUT_SECONDS}s"]
 
 
 def test_on_kubeflow_the_training_job_is_labelled_with_the_run_id_in_its_output_uris(
