@@ -9,6 +9,22 @@ from beam_preprocess import classes as class_lists
 from beam_preprocess import sources
 from effnet_common import schema, storage
 
+# The inputs that give each split its images (a tensorflow-datasets copy gives both).
+SPLIT_INPUTS = {
+    schema.TRAIN: ("train_archive", "train_dir", "tfds_data_dir"),
+    schema.VALIDATION: ("val_archive", "val_dir", "tfds_data_dir"),
+}
+
+
+def splits_without_input(inputs) -> list[str]:
+    """The splits (of ``schema.SPLITS``) that none of ``inputs`` (a mapping of input names to paths, or a
+    ``ShardingConfig``) gives images."""
+
+    def given(name: str) -> bool:
+        return bool(inputs.get(name) if hasattr(inputs, "get") else getattr(inputs, name))
+
+    return [split for split in schema.SPLITS if not any(given(name) for name in SPLIT_INPUTS[split])]
+
 
 @dataclasses.dataclass(frozen=True)
 class ShardingConfig:

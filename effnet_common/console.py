@@ -18,6 +18,9 @@ instead. How:
   checked; ``Session.keep_log(path)`` moves it to its place once the preflight passed (a local path is
   written from then on; a remote one, ``gs://...``, is uploaded when the session closes). A session that ends
   before ``keep_log`` (a preflight error) leaves no file behind.
+- Ctrl-C: in a command's own process the session arms ``effnet_common.stopping``, which ends the command in one
+  ``stopped by the user: ...`` line on the terminal (what was kept, what to run), completes the log file and
+  exits with ``STOPPED_EXIT`` (130), wherever the program was.
 
 Nothing here imports TensorFlow: Beam workers import ``beam_preprocess``.
 """
@@ -27,13 +30,20 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import shlex
 import shutil
 import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator
 
+from effnet_common import stopping
+
 CONSOLE_LOGGER = "console"
+# Exit statuses every command shares: a bad input or setting, a missed target, Ctrl-C.
+USAGE_EXIT = 2
+MISSED_TARGET_EXIT = 3
+STOPPED_EXIT = stopping.STOPPED_EXIT
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
 _console = logging.getLogger(CONSOLE_LOGGER)
@@ -141,6 +151,7 @@ class Session:
     # -- set-up and tear-down
 
     def _open(self) -> None:
+        program = _is_program()
         self._add(_console, _ConsoleHandler(logging.INFO))
         self._set_level(_console, logging.INFO)
         root = logging.getLogger()
@@ -158,16 +169,20 @@ class Session:
         self._set_level(root, logging.INFO)
         self._absl_info()
         logging.captureWarnings(True)
+        if program:
+            stopping.arm(report=self._report_stop, finish=lambda: self._finish_log(close=False))
+
+    def _report_stop(self, line: str) -> None:
+        """The stop's line on the terminal (``sys.stderr`` is the terminal in a command's process); the program's
+        threads, still running until the process exits, print no logging error there."""
+        logging.raiseExceptions = False
+        sys.stderr.write(line + "\n")
+        sys.stderr.flush()
 
     def _redirect_fd2(self, fd: int) -> None:
         """Points descriptor 2 at ``fd`` and ``sys.stderr`` at the terminal (a real process only)."""
         if self._terminal_fd is None:
-            if sys.stderr is not sys.__stderr__ or sys.__stderr__ is None:
-                return
-            try:
-                if sys.__stderr__.fileno() != 2:
-                    return
-            except (AttributeError, OSError, ValueError):
+            if not _is_program():
                 return
             sys.stderr.flush()
             self._terminal_fd = os.dup(2)
@@ -177,6 +192,7 @@ class Session:
         os.dup2(fd, 2)
 
     def close(self) -> None:
+        stopping.disarm()
         logging.captureWarnings(False)
         for logger, handler in reversed(self._handlers):
             logger.removeHandler(handler)
@@ -186,9 +202,17 @@ class Session:
             restore()
         # Descriptor 2 stays on the log file (and sys.stderr on the terminal) until the process exits: what
         # TensorFlow prints while shutting down (gRPC, the multi-worker coordination service) belongs there.
+        self._finish_log()
+
+    def _finish_log(self, close: bool = True) -> None:
+        """The log file completed: kept where ``keep_log`` put it, uploaded to a remote place, or removed when it
+        was never kept (an early error, or a command that keeps none). A stop (``close=False``) flushes it
+        instead of closing it: the program's other threads may still write until the process exits."""
         if self._stream is not None:
-            self._stream.close()
-            self._stream = None
+            self._stream.flush()
+            if close:
+                self._stream.close()
+                self._stream = None
         if self._temp_path is None:
             return
         if self._upload is not None and self.log_path is not None:
@@ -254,6 +278,17 @@ class Session:
         say("full log: %s", path)
 
 
+def _is_program() -> bool:
+    """Whether this is a command's own process (its stderr the process's descriptor 2, on the main thread),
+    not a test calling a command's ``main`` under pytest's capture."""
+    if sys.stderr is not sys.__stderr__ or sys.__stderr__ is None or not stopping.can_arm():
+        return False
+    try:
+        return sys.__stderr__.fileno() == 2
+    except (AttributeError, OSError, ValueError):
+        return False
+
+
 def _local_path(path: str) -> str | None:
     """The local file a path names (no scheme, or file://), None for a remote one (gs://, ram://...)."""
     if path.startswith("file://"):
@@ -284,6 +319,16 @@ def session(verbose: bool = False) -> Iterator[Session]:
     finally:
         _current = None
         current.close()
+
+
+def program_command(name: str) -> str:
+    """How a person runs the console script ``name`` of this Python environment as printed: its bare name when
+    the shell finds this environment's, else its path (a virtualenv that is not activated)."""
+    here = os.path.join(os.path.dirname(sys.executable), name)
+    found = shutil.which(name)
+    if not os.path.exists(here) or (found and os.path.realpath(found) == os.path.realpath(here)):
+        return name
+    return shlex.quote(here)
 
 
 def log_name(program: str) -> str:
