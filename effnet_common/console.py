@@ -27,13 +27,16 @@ Nothing here imports TensorFlow: Beam workers import ``beam_preprocess``.
 
 from __future__ import annotations
 
+import argparse
 import contextlib
+import difflib
 import logging
 import os
 import shlex
 import shutil
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterator
 
@@ -59,6 +62,39 @@ class UsageError(Exception):
         self.flag = flag
 
 
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse's parser whose refusals are one ``error:`` line and exit status 2 (argparse prints its whole
+    usage first): an unknown option is named with the options spelt like it (``--num_hosts``: did you mean
+    ``--num-hosts``?), and ``--help`` still lists them all. Its subcommands' parsers are of this class too."""
+
+    # Options another parser takes after this one (Beam's, for beam_preprocess): spellings to suggest too.
+    more_options: tuple[str, ...] = ()
+
+    def error(self, message: str):
+        unknown = message.partition("unrecognized arguments: ")[2]
+        if unknown:
+            message += did_you_mean(unknown.split(), [*self.option_strings(), *self.more_options])
+        sys.stderr.write(f"error: {message}; see {self.prog} --help\n")
+        sys.exit(USAGE_EXIT)
+
+    def option_strings(self) -> list[str]:
+        return [option for action in self._actions for option in action.option_strings]
+
+
+def did_you_mean(unknown: list[str], known: list[str]) -> str:
+    """`` (did you mean --a?)`` for the unknown options spelt like a known one (``_`` for ``-``, a typo), or ''."""
+    options = [option.partition("=")[0] for option in unknown if option.startswith("--")]
+    guesses = {}
+    for name in options:
+        close = difflib.get_close_matches(name.replace("_", "-"), known, n=1, cutoff=0.75)
+        if close:
+            guesses[name] = close[0]
+    if len(options) == 1 and guesses:
+        return f" (did you mean {guesses[options[0]]}?)"
+    said = ", ".join(f"{guess} for {name}" for name, guess in guesses.items())
+    return f" (did you mean {said}?)" if said else ""
+
+
 def say(message: str, *args: object) -> None:
     """One line of the short account (``message % args``)."""
     _console.info(message, *args)
@@ -78,6 +114,11 @@ def fail(error: BaseException | str, status: int = 2) -> int:
         logging.getLogger(__name__).info("the run stops on this error", exc_info=error)
     _console.error("%s", one_line(error))
     return status
+
+
+def plural(count: int, noun: str, nouns: str = "") -> str:
+    """'1 host', '2 hosts' (``nouns`` for an irregular plural: '1 replica'... are regular)."""
+    return f"{count:,} {noun if count == 1 else nouns or noun + 's'}"
 
 
 def duration(seconds: float) -> str:
@@ -144,6 +185,7 @@ class Session:
         self._stream = None
         self._upload: Callable[[str, str], None] | None = None
         self._terminal_fd: int | None = None
+        self._terminal = sys.stderr  # where a stop's line goes
         self._handlers: list[tuple[logging.Logger, logging.Handler]] = []
         self._levels: list[tuple[logging.Logger, int]] = []
         self._restore: list[Callable[[], None]] = []
@@ -170,14 +212,21 @@ class Session:
         self._absl_info()
         logging.captureWarnings(True)
         if program:
-            stopping.arm(report=self._report_stop, finish=lambda: self._finish_log(close=False))
+            stopping.arm(self._quiet, self._report_stop, lambda: self._finish_log(close=False))
+            self._replace(threading, "excepthook", stopping.log_thread_exception)
+
+    def _quiet(self) -> None:
+        """A stop has begun: what the program's threads print on ``sys.stderr`` (a failing thread, a logging
+        error) goes to descriptor 2, the log file, instead of the terminal (unless --verbose shows it all)."""
+        logging.raiseExceptions = False
+        self._terminal = sys.stderr
+        if self._terminal_fd is not None:
+            sys.stderr = open(2, "w", encoding="utf-8", errors="backslashreplace", buffering=1, closefd=False)
 
     def _report_stop(self, line: str) -> None:
-        """The stop's line on the terminal (``sys.stderr`` is the terminal in a command's process); the program's
-        threads, still running until the process exits, print no logging error there."""
-        logging.raiseExceptions = False
-        sys.stderr.write(line + "\n")
-        sys.stderr.flush()
+        """The stop's line on the terminal."""
+        self._terminal.write(line + "\n")
+        self._terminal.flush()
 
     def _redirect_fd2(self, fd: int) -> None:
         """Points descriptor 2 at ``fd`` and ``sys.stderr`` at the terminal (a real process only)."""
@@ -242,6 +291,11 @@ class Session:
             logger.setLevel(level)
 
         self._restore.append(restore)
+
+    def _replace(self, owner: object, name: str, value: object) -> None:
+        previous = getattr(owner, name)
+        setattr(owner, name, value)
+        self._restore.append(lambda: setattr(owner, name, previous))
 
     def _add(self, logger: logging.Logger, handler: logging.Handler) -> None:
         logger.addHandler(handler)

@@ -165,8 +165,8 @@ def remove_generated_sources() -> None:
 class _Armed:
     """The stopping thread of one command, and how it prints and finishes."""
 
-    def __init__(self, report: Callable[[str], None], finish: Callable[[], None]):
-        self.report, self.finish = report, finish
+    def __init__(self, quiet: Callable[[], None], report: Callable[[str], None], finish: Callable[[], None]):
+        self.quiet, self.report, self.finish = quiet, report, finish
         self.started = threading.Event()
         self._once = (
             threading.Lock()
@@ -205,6 +205,9 @@ class _Armed:
     def _stop(self) -> None:
         status = STOPPED_EXIT
         try:
+            # From now on the program's threads, still running until the process exits, print nothing on the
+            # terminal.
+            self.quiet()
             logger.info("SIGINT: stopping")
             stop_children()
             run_cleanups()
@@ -229,17 +232,29 @@ class _Armed:
         os.close(self._read)
 
 
+def log_thread_exception(args) -> None:
+    """``threading.excepthook`` of a command: a thread's failure goes to the log file (a Beam thread whose worker
+    process the terminal's Ctrl-C ended fails before this process's stop has begun)."""
+    logger.error(
+        "thread %s failed: %s",
+        getattr(args.thread, "name", "?"),
+        args.exc_value,
+        exc_info=(args.exc_type, args.exc_value, args.exc_traceback),
+    )
+
+
 def can_arm() -> bool:
     """Only the main thread can take a signal's handler."""
     return threading.current_thread() is threading.main_thread()
 
 
-def arm(report: Callable[[str], None], finish: Callable[[], None]) -> None:
-    """From now on, Ctrl-C stops this process: ``report(line)`` prints the stop's line, ``finish()`` completes
-    the log; then the process exits with ``STOPPED_EXIT``. Call from the main thread of a command's process."""
+def arm(quiet: Callable[[], None], report: Callable[[str], None], finish: Callable[[], None]) -> None:
+    """From now on, Ctrl-C stops this process: ``quiet()`` first sends whatever the program's threads print to
+    the log, ``report(line)`` prints the stop's line, ``finish()`` completes the log; then the process exits
+    with ``STOPPED_EXIT``. Call from the main thread of a command's process."""
     global _armed
     if _armed is None and can_arm():
-        _armed = _Armed(report, finish)
+        _armed = _Armed(quiet, report, finish)
 
 
 def disarm() -> None:

@@ -354,7 +354,8 @@ def compile_run(args) -> int:
         )
     compiler.compile_pipeline(compiled, settings, args.output, push)
     machine = settings.machine
-    print(f"compiled {args.output}: {preset.name} on {machine.describe()} ({machine.replicas} replicas)")
+    replicas = console.plural(machine.replicas, "replica")
+    print(f"compiled {args.output}: {preset.name} on {machine.describe()} ({replicas})")
     if for_kubeflow:
         print(
             "note: Kubeflow Pipelines runs no TFX resolver node, so this PipelineSpec has no latest-blessed-model "

@@ -93,10 +93,15 @@ def trial_line(summary: dict) -> str:
 def planned_budget_line(search: Search) -> str:
     """The search before it starts: its algorithm, schedule, space, and the trials and epochs it plans."""
     trials, epochs = search.planned_trials_and_epochs()
-    how = f"factor {search.factor}" if search.search == "hyperband" else f"{search.max_trials} trials"
+    how = (
+        f"factor {search.factor}"
+        if search.search == "hyperband"
+        else console.plural(search.max_trials, "trial")
+    )
     return (
-        f"{search.search} search ({how}) of schedules of {search.max_epochs} epochs over "
-        f"{len(search.space)} settings: about {trials} trials, {epochs} epochs of training"
+        f"{search.search} search ({how}) of schedules of {console.plural(search.max_epochs, 'epoch')} over "
+        f"{console.plural(len(search.space), 'setting')}: about {console.plural(trials, 'trial')}, "
+        f"{console.plural(epochs, 'epoch')} of training"
     )
 
 
