@@ -224,9 +224,7 @@ def main(argv: list[str] | None = None) -> int:
         except console.UsageError as e:
             return console.fail(e)
         session.keep_log(log_path(config.output_dir))
-        console.say(
-            "sharding into %s (%s)", config.output_dir, console.plural(config.num_hosts, "host")
-        )
+        console.say("sharding into %s (%s)", config.output_dir, console.plural(config.num_hosts, "host"))
         start = time.time()
         stopped = (
             f"the partial shards and spill files under {config.output_dir} were removed (the log "

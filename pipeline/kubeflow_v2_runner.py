@@ -33,6 +33,7 @@ import warnings
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 warnings.filterwarnings("ignore", category=FutureWarning)
 
+from effnet_common import console, stopping  # noqa: E402
 from pipeline import compiler, tune_flags  # noqa: E402
 from pipeline.accelerators import AcceleratorMismatch  # noqa: E402
 from pipeline.cloud import (  # noqa: E402
@@ -63,7 +64,7 @@ CLOUD_DEFAULTS = {field.name: field.default for field in dataclasses.fields(Clou
 def build_parser() -> argparse.ArgumentParser:
     from pipeline import accelerators
 
-    parser = argparse.ArgumentParser(
+    parser = console.ArgumentParser(
         prog="python -m pipeline.kubeflow_v2_runner",
         description=__doc__.split("\n\n")[0],
         epilog=__doc__.split("\n\n", 1)[1],
@@ -286,17 +287,22 @@ def submit(template, args) -> int:
     _check_destination(args, not template.is_job, template.path)
     params = template.parse(args.params)
     template.check_values(params)  # the steps' own rules, before anything is submitted
-    if args.kfp_host:
-        run = submission.submit_kfp(
-            template, params, args.kfp_host, not args.no_cache, args.kfp_namespace, args.kfp_token_file
-        )
-    else:
-        run = submission.submit_vertex(template, params, not args.no_cache)
+    where = f"Kubeflow Pipelines at {args.kfp_host}" if args.kfp_host else "Vertex AI Pipelines"
+    with stopping.describe(f"stopped while submitting: look for the run in {where} before submitting again"):
+        if args.kfp_host:
+            run = submission.submit_kfp(
+                template, params, args.kfp_host, not args.no_cache, args.kfp_namespace, args.kfp_token_file
+            )
+        else:
+            run = submission.submit_vertex(template, params, not args.no_cache)
     print(f"submitted {run.description}")
     print(f"follow it at {run.url}")
     if not args.wait:
         return 0
-    state = run.follow(on_change=lambda state: print(f"run state: {state}", flush=True))
+    with stopping.describe(
+        f"the run goes on without this command following it: follow or cancel it at {run.url}"
+    ):
+        state = run.follow(on_change=lambda state: print(f"run state: {state}", flush=True))
     return 0 if submission.succeeded(state) else 1
 
 
@@ -369,12 +375,15 @@ def compile_run(args) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    try:
-        return run(args)
-    except (AcceleratorMismatch, TypeError, ValueError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    # A session without a log file of its own: what TensorFlow, TFX and the Google clients print while
+    # compiling stays off the console (its account is this program's own lines); Ctrl-C stops it in one line.
+    with console.session(), stopping.describe("nothing was written or submitted"):
+        args = build_parser().parse_args(argv)
+        try:
+            return run(args)
+        except (AcceleratorMismatch, TypeError, ValueError) as e:
+            print(f"error: {e}", file=sys.stderr)
+            return console.USAGE_EXIT
 
 
 if __name__ == "__main__":

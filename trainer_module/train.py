@@ -499,6 +499,12 @@ def _train_loop(config, trainer, inputs, recorder, manager, profiler, step, loop
     return step
 
 
+def last_checkpoint_step(checkpoint_dir: str) -> int | None:
+    """The step of the latest checkpoint in ``checkpoint_dir`` (saved as ``ckpt-<step>``), or None."""
+    latest = tf.train.latest_checkpoint(checkpoint_dir)
+    return int(latest.rpartition("-")[2]) if latest else None
+
+
 def _save(manager: tf.train.CheckpointManager, step: int) -> None:
     """Checkpoints ``step``. TensorFlow writes a checkpoint's parts under ``<prefix>_temp`` and merges them into
     place; Ctrl-C in between (``effnet_common.stopping``) removes that directory, as a clean exit would."""

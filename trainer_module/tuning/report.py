@@ -12,7 +12,7 @@ from keras_tuner.engine.trial import TrialStatus
 
 from effnet_common import console
 from trainer_module import files
-from trainer_module.resolve import SCHEDULE_EPOCHS, search_values
+from trainer_module.resolve import SCHEDULE_EPOCHS, SEARCHED_WITH_KEY, search_values, searched_with
 from trainer_module.tuning.search import OBJECTIVE, Search
 from trainer_module.tuning.trials import RUN_DIR, read_evaluations, read_record
 
@@ -66,7 +66,11 @@ def write_summaries(tuner) -> dict | None:
     if not best:
         return None
     values = best[0].hyperparameters.values
-    best_values = {**search_values(values), SCHEDULE_EPOCHS: values[SCHEDULE_EPOCHS]}
+    best_values = {
+        **search_values(values),
+        SCHEDULE_EPOCHS: values[SCHEDULE_EPOCHS],
+        SEARCHED_WITH_KEY: searched_with(search.config),
+    }
     files.write_json(files.join(tuner.directory, BEST_HYPERPARAMETERS_FILE), best_values)
     return next(t for t in trials if t["trial_id"] == best[0].trial_id)
 
