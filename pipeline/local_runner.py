@@ -254,7 +254,7 @@ def run(args, session: console.Session) -> int:
     finally:
         logging.getLogger().removeHandler(steps)
     result = outcome.read_outcome(metadata_path, name, target)
-    for line in result.report().splitlines():
+    for line in result.report(pushed_before=local_steps.PUSHER in steps.cached).splitlines():
         console.say("%s", line)
     if result.model_run_uri:
         from trainer_module import report

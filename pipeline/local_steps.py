@@ -84,6 +84,7 @@ class StepLines(logging.Handler):
         self._started = 0.0
         self._cached = False
         self._before: dict[str, set[str]] = {}
+        self.cached: set[str] = set()  # the steps whose earlier outputs were reused
 
     def emit(self, record: logging.LogRecord) -> None:
         if not isinstance(record.msg, str) or record.msg not in self._EVENTS:
@@ -124,6 +125,7 @@ class StepLines(logging.Handler):
         self._running = False
         took = console.duration(time.time() - self._started)
         if self._cached:
+            self.cached.add(self._node)
             console.say("%s: CACHED, outputs of an earlier run reused (%s)", self._prefix(), took)
         else:
             console.say("%s: done in %s", self._prefix(), took)

@@ -25,7 +25,8 @@ class Outcome:
     )  # settings a Tuner step chose (config.json's "tuned")
     refusals: tuple[str, ...] = ()  # why the Evaluator did not bless: each condition that failed
 
-    def report(self) -> str:
+    def report(self, pushed_before: bool = False) -> str:
+        """The verdict's lines; ``pushed_before``: the push is an earlier run's (the Pusher was cached)."""
         top1 = "unknown" if self.top1 is None else f"{self.top1:.4f}"
         lines = []
         if self.tuned:
@@ -38,7 +39,11 @@ class Outcome:
             lines.append("model BLESSED by the Evaluator")
         else:
             lines.append(f"model NOT blessed: {'; '.join(self.refusals) or 'the Evaluator did not bless it'}")
-        if self.pushed:
+        if self.pushed and pushed_before:
+            lines.append(
+                f"already pushed to {self.pushed_destination} (the same model; nothing pushed again)"
+            )
+        elif self.pushed:
             lines.append(f"pushed to {self.pushed_destination}")
         else:
             lines.append("nothing pushed")

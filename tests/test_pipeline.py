@@ -4,8 +4,10 @@ import json
 import os
 import pathlib
 import re
+import signal
 import subprocess
 import sys
+import time
 
 import pytest
 from ml_metadata.metadata_store import metadata_store
@@ -185,3 +187,79 @@ def test_tuning_step_chooses_the_values_the_trainer_trains_with(tmp_path):
     assert saved["config"]["schedule"]["lr_per_256"] == best["schedule.lr_per_256"]
     (line,) = [line for line in out.splitlines() if line.startswith("trained with the Tuner's values: ")]
     assert "lr_per_256=" in line
+
+
+def _leftovers(root: pathlib.Path) -> list[str]:
+    """What a stopped run would leave half-done under the pipeline root: temporary or half-written files, a
+    step's temporary or working directory with something in it, output directories no finished execution owns.
+    (TFX leaves a finished execution's ``executor_execution/<id>`` directory empty.)"""
+    found = [str(p) for p in root.rglob("*") if re.search(r"tmp|temp|\.inprogress", p.name)]
+    for system in root.glob("artifacts/*/.system"):
+        found += [str(p) for p in system.glob("executor_execution/*/*")]
+        found += [str(p) for p in system.glob("stateful_working_dir/*")]
+    store = _store(root)
+    owned = {pathlib.Path(a.uri) for a in store.get_artifacts()}
+    for output in root.glob("artifacts/*/[!.]*/*"):
+        if output not in owned:
+            found.append(str(output))
+    return found
+
+
+@pytest.mark.slow
+def test_ctrl_c_during_training_stops_in_one_line_and_the_next_run_resumes_then_reuses_everything(tmp_path):
+    """SIGINT to the demo's process group while it trains, as a terminal's Ctrl-C sends it: no traceback, a
+    few lines, nothing temporary left under the root, the checkpoint kept; the next run resumes the training
+    from it and pushes; a run after that reuses every step and pushes no second version."""
+    root = tmp_path / "root"
+    args = ["--pipeline-root", root, "--preset", "demo", "--set", "loop.train_epochs=2"]
+    args += [
+        "--set",
+        "loop.eval_every_epochs=1",
+        "--set",
+        "schedule.warmup_epochs=0.5",
+        "--target-top1",
+        "0.1",
+    ]
+    command = [sys.executable, "-m", "pipeline.local_runner", *map(str, args)]
+    process = subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO, start_new_session=True
+    )
+    try:
+        before = []
+        for line in process.stdout:
+            before.append(line)
+            if line.startswith("epoch "):
+                break
+        assert process.poll() is None, "".join(before)
+        # The first evaluation's checkpoint (written just after its line).
+        states = root / "checkpoints" / "effnet-demo"
+        while not list(states.glob("*/checkpoint")) and process.poll() is None:
+            time.sleep(0.05)
+        os.killpg(process.pid, signal.SIGINT)
+        after = [line for line in process.stdout.read().splitlines() if line.strip()]
+        status = process.wait(timeout=60)
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+    assert status == 130, "".join(before) + "\n".join(after)
+    assert len(after) <= 5 and not [line for line in after if "Traceback" in line], after
+    (stopped,) = [line for line in after if line.startswith("stopped by the user: ")]
+    assert (
+        "the Trainer stopped: its checkpoint of step" in stopped and "run the same command again" in stopped
+    )
+    step = int(re.search(r"checkpoint of step (\d+)", stopped).group(1))
+    assert not _leftovers(root), _leftovers(root)
+
+    resumed = _run_cli(*args)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert f"training: resumed at step {step} of " in resumed.stdout
+    assert re.search(r"^\[\d/\d\] ImageNetShardGen: CACHED", resumed.stdout, re.M)
+    assert len(os.listdir(root / SERVING)) == 1
+
+    again = _run_cli(*args)
+    assert again.returncode == 0, again.stderr[-3000:]
+    for component in ("ImageNetShardGen", "Trainer", "Evaluator", "Pusher"):
+        assert re.search(rf"^\[\d/\d\] {component}: CACHED", again.stdout, re.M), again.stdout
+    assert "already pushed to " in again.stdout and len(os.listdir(root / SERVING)) == 1
+    store = _store(root)
+    assert len(store.get_artifacts_by_type("PushedModel")) == 1
