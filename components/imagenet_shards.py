@@ -75,10 +75,7 @@ def artifact_config(config_json: str, uri: str, overrides: dict[str, Any] | None
     missing = splits_without_input(config)
     if missing:
         needed = " and ".join(" or ".join(SPLIT_INPUTS[split][:2]) for split in missing)
-        raise ValueError(
-            f"no {' and no '.join(missing)} input ({needed}): the pipeline trains on the {schema.TRAIN} split and "
-            f"gates on the {schema.VALIDATION} split"
-        )
+        raise ValueError(f"no {' and no '.join(missing)} input ({needed}): {parameters.BOTH_SPLITS}")
     return config
 
 

@@ -98,14 +98,12 @@ def _metrics(evaluation_uri: str) -> dict[str, float]:
     return values
 
 
-def _refusals(evaluation_uri: str) -> tuple[str, ...]:
-    """Each blessing condition the Evaluator found failed, in words: the top-1 below the target, or worse than
-    the last blessed model's (TFMA's validation result: a value threshold, or a change threshold against the
-    baseline, whose metric value is the difference)."""
-    import tensorflow_model_analysis as tfma
-
+def refusals(validation) -> tuple[str, ...]:
+    """Each blessing condition a TFMA ``ValidationResult`` says failed, in words: the top-1 below the target (a
+    value threshold), or worse than the last blessed model's (a change threshold against the baseline, whose
+    metric value is the difference)."""
     reasons = []
-    for per_slice in tfma.load_validation_result(evaluation_uri).metric_validations_per_slice:
+    for per_slice in validation.metric_validations_per_slice:
         for failure in per_slice.failures:
             if failure.metric_key.name != pipeline_def.TOP1:
                 reasons.append(failure.message or f"{failure.metric_key.name} failed its threshold")
@@ -118,6 +116,12 @@ def _refusals(evaluation_uri: str) -> tuple[str, ...]:
                 bound = threshold.value_threshold.lower_bound.value
                 reasons.append(f"top-1 {value:.4f} is below the target {bound:.4f}")
     return tuple(reasons)
+
+
+def _refusals(evaluation_uri: str) -> tuple[str, ...]:
+    import tensorflow_model_analysis as tfma
+
+    return refusals(tfma.load_validation_result(evaluation_uri))
 
 
 def read_outcome(metadata_path: str, pipeline_name: str, target_top1: float) -> Outcome:

@@ -13,6 +13,7 @@ import dataclasses
 from collections.abc import Mapping
 
 from beam_preprocess.config import ShardingConfig, splits_without_input
+from components import parameters
 from effnet_common import schema
 from effnet_common.registry import Registry
 from trainer_module import presets as trainer_presets
@@ -137,8 +138,8 @@ def check_both_splits(inputs: Mapping[str, str]) -> None:
     missing = [SPLIT_INPUT_FLAGS[split] for split in splits_without_input(inputs)]
     if missing:
         raise ValueError(
-            f"no {' and no '.join(name for name, _ in missing)} input: the pipeline trains on the training split "
-            f"and gates on the validation split; give {' and '.join(flags for _, flags in missing)}"
+            f"no {' and no '.join(name for name, _ in missing)} input: {parameters.BOTH_SPLITS}; give "
+            f"{' and '.join(flags for _, flags in missing)}"
         )
 
 

@@ -117,7 +117,8 @@ def test_unreachable_target_stops_nothing_early_blesses_nothing_and_pushes_nothi
     result = _run_cli("--pipeline-root", root, *SHORT, "--target-top1", "0.999", "--verbose")
     out = result.stdout
     assert result.returncode == local_runner.NOT_BLESSED_EXIT, result.stderr[-3000:]
-    assert "NOT blessed" in out and "nothing pushed" in out
+    assert re.search(r"^model NOT blessed: top-1 0\.\d{4} is below the target 0\.9990$", out, re.M), out
+    assert "nothing pushed" in out
     outcome = json.loads(out.strip().splitlines()[-1])
     assert outcome["model_run_uri"] and result_report_path(out) == f"{outcome['model_run_uri']}/report.html"
     assert outcome["blessed"] is False and outcome["pushed"] is False and 0.0 < outcome["top1"] < 0.999
@@ -173,6 +174,8 @@ def test_tuning_step_chooses_the_values_the_trainer_trains_with(tmp_path):
     assert result.returncode == 0, result.stderr[-3000:]
     out = result.stdout
     assert re.search(r"^\[\d/\d\] Tuner: done in ", out, re.M) and "Search space summary" not in out
+    # A line per trial, as the standalone search prints them.
+    assert len(re.findall(r"^trial \S+ completed .*top-1 0\.\d{4} at epoch 1 ", out, re.M)) == 2, out
     store = _store(tmp_path)
     (hyperparameters,) = store.get_artifacts_by_type("HyperParameters")
     with open(pathlib.Path(hyperparameters.uri) / "best_hyperparameters.txt") as f:
@@ -263,3 +266,68 @@ def test_ctrl_c_during_training_stops_in_one_line_and_the_next_run_resumes_then_
     assert "already pushed to " in again.stdout and len(os.listdir(root / SERVING)) == 1
     store = _store(root)
     assert len(store.get_artifacts_by_type("PushedModel")) == 1
+
+
+def test_the_local_baseline_is_the_latest_blessed_model_other_than_the_candidate():
+    """A rerun's cached model is not compared with itself (its Evaluator and Pusher stay cached); a new model
+    is compared with the latest model blessed before it."""
+    from tfx.types import standard_artifacts
+
+    from components.latest_blessed import LatestBlessedOtherModelStrategy
+
+    def model(i):
+        artifact = standard_artifacts.Model()
+        artifact.id = i
+        return artifact
+
+    def blessing(model_id, blessed):
+        artifact = standard_artifacts.ModelBlessing()
+        artifact.id = 100 + model_id
+        artifact.set_int_custom_property("current_model_id", model_id)
+        artifact.set_int_custom_property("blessed", int(blessed))
+        return artifact
+
+    models, blessings = (
+        [model(1), model(2), model(3)],
+        [blessing(1, True), blessing(2, True), blessing(3, False)],
+    )
+    strategy = LatestBlessedOtherModelStrategy()
+
+    def baseline(candidate):
+        inputs = {"model": list(models), "model_blessing": list(blessings), "candidate": [candidate]}
+        return [m.id for m in strategy.resolve_artifacts(None, inputs)["model"]]
+
+    assert baseline(model(4)) == [2]  # a new model: the latest blessed one
+    assert baseline(model(2)) == [1]  # the latest blessed model itself, again: the one blessed before it
+    models, blessings = [model(1)], [blessing(1, True)]
+    assert (
+        baseline(model(1)) == []
+    )  # the only blessed model, again: no baseline, as when it was first evaluated
+
+
+def test_the_verdict_says_which_blessing_condition_failed():
+    from tensorflow_model_analysis.proto import validation_result_pb2
+
+    from pipeline import outcome
+
+    validation = validation_result_pb2.ValidationResult(validation_ok=False)
+    per_slice = validation.metric_validations_per_slice.add()
+    below = per_slice.failures.add()
+    below.metric_key.name = "sparse_categorical_accuracy"
+    below.metric_value.double_value.value = 0.9412
+    below.metric_threshold.value_threshold.lower_bound.value = 0.95
+    worse = per_slice.failures.add()
+    worse.metric_key.name = "sparse_categorical_accuracy"
+    worse.metric_key.is_diff = True
+    worse.metric_value.double_value.value = -0.0125
+    assert outcome.refusals(validation) == (
+        "top-1 0.9412 is below the target 0.9500",
+        "its top-1 is 0.0125 below the last blessed model's",
+    )
+    verdict = outcome.Outcome(
+        0.95, 0.9412, None, False, False, None, None, refusals=outcome.refusals(validation)
+    )
+    assert (
+        "model NOT blessed: top-1 0.9412 is below the target 0.9500; its top-1 is 0.0125 below"
+        in verdict.report()
+    )
