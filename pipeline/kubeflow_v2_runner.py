@@ -63,6 +63,7 @@ CLOUD_DEFAULTS = {field.name: field.default for field in dataclasses.fields(Clou
 
 def build_parser() -> argparse.ArgumentParser:
     from pipeline import accelerators
+    from trainer_module.presets import preset_names  # the pipeline presets' names, without loading TensorFlow
 
     parser = console.ArgumentParser(
         prog="python -m pipeline.kubeflow_v2_runner",
@@ -144,8 +145,16 @@ def build_parser() -> argparse.ArgumentParser:
         where.add_argument(
             f"--{step}-machine-type", default=workers.machine_type, help=f"{what} Dataflow workers"
         )
-        where.add_argument(f"--{step}-disk-gb", type=int, default=workers.disk_gb)
-        where.add_argument(f"--{step}-max-workers", type=int, default=workers.max_workers)
+        where.add_argument(
+            f"--{step}-disk-gb",
+            type=int,
+            default=workers.disk_gb,
+            help=f"{what} workers' disks (default %(default)s)",
+        )
+        where.add_argument(
+            f"--{step}-max-workers", type=int, default=workers.max_workers,
+            help=f"{what} most workers (default %(default)s)",
+        )  # fmt: skip
     where.add_argument("--no-cache", action="store_true", help="run every step, reusing none")
     where.add_argument(
         "--vertex-endpoint",
@@ -160,9 +169,22 @@ def build_parser() -> argparse.ArgumentParser:
         "google-cloud-aiplatform lists, 2.15 or newer (e.g. us-docker.pkg.dev/vertex-ai/prediction/tf2-cpu.2-15:latest)",
     )
     run = parser.add_argument_group("what it runs")
-    run.add_argument("--preset", default="b0-rmsprop-8x2048")
+    run.add_argument(
+        "--preset", default="b0-rmsprop-8x2048", metavar="PRESET",
+        help="what to train and how to shard (default %(default)s); one of: "
+        + ", ".join(sorted(preset_names())),
+    )  # fmt: skip
+    inputs = {
+        "train_archive": "gs://.../ILSVRC2012_img_train.tar",
+        "val_archive": "gs://.../ILSVRC2012_img_val.tar",
+        "train_dir": "gs://.../train/ (<wnid>/*.JPEG)",
+        "val_dir": "gs://.../val/",
+    }
     for key in compiler.INPUT_KEYS:
-        run.add_argument(f"--{key.replace('_', '-')}", default="")
+        run.add_argument(
+            f"--{key.replace('_', '-')}", default="",
+            help=f"{inputs[key]}: the default of --param {key} (a run needs a training and a validation input)",
+        )  # fmt: skip
     tune = tune_flags.add_tune_flags(
         parser,
         "tuning (a Tuner step: trials on the accelerator's machines, in parallel)",
@@ -171,7 +193,10 @@ def build_parser() -> argparse.ArgumentParser:
         max_trials=10,
     )
     tune.add_argument("--tune-parallel-trials", type=int, default=2, help="machines running trials at once")
-    run.add_argument("--set", dest="overrides", action="append", default=[], metavar="FIELD=VALUE")
+    run.add_argument(
+        "--set", dest="overrides", action="append", default=[], metavar="FIELD=VALUE",
+        help="trainer config override, e.g. --set optimizer.label_smoothing=0.1",
+    )  # fmt: skip
     run.add_argument(
         "--param", dest="params", action="append", default=[], metavar="NAME=VALUE",
         help="a runtime parameter: " + ", ".join(compiler.RUNTIME_PARAMETERS),

@@ -44,9 +44,10 @@ SETUP_FILE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from pipeline import presets
+    from trainer_module.presets import preset_names  # the pipeline presets' names, without loading TensorFlow
 
-    parser = argparse.ArgumentParser(
+    names = sorted(preset_names())
+    parser = console.ArgumentParser(
         prog="python -m pipeline.local_runner", description=__doc__.split("\n\n")[0]
     )
     parser.add_argument(
@@ -57,11 +58,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--preset",
         default="demo",
-        choices=sorted(presets.PIPELINE_PRESETS),
+        choices=names,
         metavar="PRESET",
         help="what to train and how to shard (default %(default)s: the embedded digits' tiny EfficientNet; smoke: "
-        "one epoch, target 0; or a row of the paper's Table 2); one of: "
-        + ", ".join(sorted(presets.PIPELINE_PRESETS)),
+        "one epoch, target 0; or a row of the paper's Table 2); one of: " + ", ".join(names),
     )
     parser.add_argument(
         "--target-top1",
