@@ -33,7 +33,7 @@ if __name__ == "__main__" and lean_imports.runs_on_direct_runner(sys.argv[1:]):
     lean_imports.install()
 
 from beam_preprocess import classes, sources, spill  # noqa: E402
-from beam_preprocess.config import ShardingConfig  # noqa: E402
+from beam_preprocess.config import ShardingConfig, with_flag_names  # noqa: E402
 from beam_preprocess.run import FailureBudgetExceeded, OutputExistsError, leftovers_message, run  # noqa: E402
 from components.dataflow_jobs import TaskStopped  # noqa: E402
 from effnet_common import console, path_checks, schema, stopping, storage  # noqa: E402
@@ -191,8 +191,8 @@ def preflight(args) -> ShardingConfig:
             classes=args.classes or (classes.FILE if args.classes_file else classes.IMAGENET),
             classes_file=args.classes_file,
         )
-    except ValueError as e:
-        raise console.UsageError("", "", console.one_line(e)) from None  # the message names the option
+    except ValueError as e:  # the message names the option
+        raise console.UsageError("", "", with_flag_names(console.one_line(e))) from None
     if args.classes_file:
         path_checks.check_file("--classes-file", args.classes_file)
         try:

@@ -178,8 +178,11 @@ def preflight(args, preset):
             parse_overrides(args.overrides), target_top1=target, inputs=inputs, max_failures=args.max_failures
         )
     except (TypeError, ValueError) as e:
+        from beam_preprocess.config import with_flag_names
+
         flag = "--target-top1" if "target_top1" in str(e) and args.target_top1 is not None else ""
-        raise console.UsageError(flag, "", console.one_line(e)) from None  # the message names the setting
+        # The message names the setting (an input as the flag that gives it).
+        raise console.UsageError(flag, "", with_flag_names(console.one_line(e))) from None
     tuning = tune_flags.tuning_settings(args)
     if tuning is not None:
         from trainer_module import tuning as tuning_module

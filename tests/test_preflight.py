@@ -71,7 +71,7 @@ def _beam_case(case, tmp_path, blocker, out, archives):
         ),
         "bad override": (
             ["--train-archive", archives.train_archive, "--output-dir", out, "--shard-mb", "0"],
-            "error: shard_mb must be positive, got 0.0",
+            "error: --shard-mb must be positive, got 0.0",
         ),
     }[case]
 
