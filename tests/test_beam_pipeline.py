@@ -263,9 +263,13 @@ def test_existing_output_is_not_mixed_without_overwrite(clean_archives, tmp_path
 @pytest.mark.parametrize(
     "args,message",
     [
-        (["--num-hosts", "4", "--train-shards", "6"], "train_shards=6 must be a multiple of num_hosts=4"),
-        (["--shard-mb", "0"], "shard_mb must be positive"),
-        (["--train-dir", "x"], "give train_archive or train_dir, not both"),
+        # Named as the flags that set them.
+        (
+            ["--num-hosts", "4", "--train-shards", "6"],
+            "error: --train-shards=6 must be a multiple of --num-hosts=4",
+        ),
+        (["--shard-mb", "0"], "error: --shard-mb must be positive"),
+        (["--train-dir", "x"], "error: give --train-archive or --train-dir, not both"),
     ],
 )
 def test_bad_options_get_a_clear_error(clean_archives, tmp_path, capsys, args, message):

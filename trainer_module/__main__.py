@@ -425,10 +425,11 @@ def train_main(args, session) -> int:
     def stopped() -> str:
         step = train.last_checkpoint_step(paths.checkpoint_dir)
         if step is None:
-            return (
-                "no checkpoint yet (the first comes with the first evaluation); the same command starts again"
-            )
-        return f"its checkpoint of step {step} is kept in {paths.checkpoint_dir}; the same command resumes from it"
+            return "no checkpoint yet (the first comes with the first evaluation); run the same command again"
+        return (
+            f"the checkpoint of step {step} is kept in {paths.checkpoint_dir}; run the same command again to "
+            "resume from it"
+        )
 
     try:
         with stopping.describe(stopped):
