@@ -182,6 +182,8 @@ class StepLines(logging.Handler):
                 f"the Tuner stopped: its finished trials are kept in {self._tuning}; run the same command again to "
                 "resume the search"
             )
+        if self._index == 1:
+            return f"{self._node} did not finish (its partial output was removed); run the same command again"
         return (
             f"{self._node} did not finish (its partial output was removed), the steps before it are cached: run the "
             "same command again to go on from there"
