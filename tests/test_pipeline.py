@@ -331,3 +331,55 @@ def test_the_verdict_says_which_blessing_condition_failed():
         "model NOT blessed: top-1 0.9412 is below the target 0.9500; its top-1 is 0.0125 below"
         in verdict.report()
     )
+
+
+def _record(message, *args):
+    import logging
+
+    return logging.LogRecord("absl", logging.INFO, __file__, 0, message, args, None)
+
+
+def test_a_stopped_step_leaves_none_of_its_directories_and_the_stop_line_says_what_was_kept(tmp_path):
+    """What Ctrl-C in the middle of a step removes (its outputs, TFX's temporary and working directories for it,
+    a Pusher's half-copied version) and keeps (finished steps, earlier versions, the Trainer's checkpoints)."""
+    from pipeline import local_steps
+
+    artifacts, serving = tmp_path / "artifacts", tmp_path / "serving"
+    checkpoints = tmp_path / "checkpoints"
+    steps = local_steps.StepLines(3, str(artifacts), str(checkpoints), str(tmp_path / "tuning"), str(serving))
+    assert steps.stop_description() == "nothing ran yet; run the same command again"
+
+    def run_step(node, execution, outputs):
+        steps.emit(_record(steps.RUNNING, node))
+        steps.emit(_record(steps.NEW_EXECUTION, execution))
+        made = [artifacts / node / name / str(execution) for name in outputs]
+        made += [artifacts / node / ".system" / "executor_execution" / str(execution) / ".temp"]
+        made += [artifacts / node / ".system" / "stateful_working_dir" / f"uuid-{execution}"]
+        for directory in made:
+            directory.mkdir(parents=True)
+        return made
+
+    finished = run_step("ImageNetShardGen", 1, ["examples"])
+    assert "ImageNetShardGen did not finish" in steps.stop_description()
+    steps.emit(_record(steps.FINISHED, "ImageNetShardGen"))
+    assert steps.unfinished_directories() == [] and "the finished steps are kept" in steps.stop_description()
+
+    run_step("Trainer", 2, ["model", "model_run"])
+    assert steps.stop_description().startswith("the Trainer stopped: no checkpoint yet")
+    (checkpoints / "key").mkdir(parents=True)
+    (checkpoints / "key" / "checkpoint").write_text('model_checkpoint_path: "ckpt-224"\n')
+    assert steps.stop_description() == (
+        f"the Trainer stopped: its checkpoint of step 224 is kept in {checkpoints}; run the same command again to "
+        "resume the training"
+    )
+    steps.emit(_record(steps.FINISHED, "Trainer"))
+
+    (serving / "1700000000").mkdir(parents=True)  # an earlier run's push
+    pusher = run_step("Pusher", 3, ["pushed_model"])
+    (serving / "1700000099").mkdir()  # this push, half-copied
+    steps.remove_unfinished()
+    assert not [path for path in pusher if path.exists()] and os.listdir(serving) == ["1700000000"]
+    assert all(path.exists() for path in finished[:1]) and (artifacts / "Trainer" / "model" / "2").exists()
+    assert "Pusher did not finish (its partial output was removed), the steps before it are cached" in (
+        steps.stop_description()
+    )
