@@ -2,7 +2,11 @@
 
 Options not listed here are Beam pipeline options and go to the runner unchanged, for example
 ``--direct_num_workers 2 --direct_running_mode multi_processing`` here, or
-``--runner DataflowRunner --project P --region R --temp_location gs://... --setup_file ./setup.py`` at scale.
+``--runner DataflowRunner --project P --region R --temp_location gs://... --setup_file ./setup.py`` at scale;
+an option that is neither this program's nor Beam's is refused (Beam would drop it and run without it).
+
+Exit status: 0 done, 2 a bad flag or input (more unusable images than --max-failures included), 130 Ctrl-C (its
+partial shards and spill files removed) or a Dataflow job cancelled by Ctrl-C or SIGTERM.
 """
 
 from __future__ import annotations
@@ -29,14 +33,14 @@ if __name__ == "__main__" and lean_imports.runs_on_direct_runner(sys.argv[1:]):
     lean_imports.install()
 
 from beam_preprocess import classes, sources, spill  # noqa: E402
-from beam_preprocess.config import ShardingConfig  # noqa: E402
+from beam_preprocess.config import ShardingConfig, with_flag_names  # noqa: E402
 from beam_preprocess.run import FailureBudgetExceeded, OutputExistsError, leftovers_message, run  # noqa: E402
 from components.dataflow_jobs import TaskStopped  # noqa: E402
-from effnet_common import console, path_checks, schema, storage  # noqa: E402
+from effnet_common import console, path_checks, schema, stopping, storage  # noqa: E402
 
 LOG_NAME = "beam_preprocess.log"
 # The exit status of a run stopped by Ctrl-C or SIGTERM (its Dataflow job cancelled): the shell's for SIGINT.
-STOPPED_EXIT = 130
+STOPPED_EXIT = console.STOPPED_EXIT
 
 
 # The options' defaults are the config's own (one home for each).
@@ -44,7 +48,7 @@ DEFAULTS = {field.name: field.default for field in dataclasses.fields(ShardingCo
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = console.ArgumentParser(
         prog="python -m beam_preprocess",
         description=__doc__.split("\n\n")[0],
         epilog=__doc__.split("\n\n", 1)[1],
@@ -127,6 +131,30 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def parse_arguments(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
+    """This program's options, and the Beam pipeline options among the rest; any other argument is refused in
+    one line naming it (Beam's own parser drops what it does not know, so a misspelt option would go unnoticed).
+    """
+    parser = build_parser()
+    args, rest = parser.parse_known_args(argv)
+    unknown, beam_options = beam_unknown_arguments(rest)
+    if unknown:
+        parser.more_options = tuple(beam_options)
+        parser.error("unrecognized arguments: " + " ".join(unknown))
+    return args, rest
+
+
+def beam_unknown_arguments(argv: list[str]) -> tuple[list[str], list[str]]:
+    """The arguments of ``argv`` that no Beam pipeline option takes, and Beam's option strings: parsed by the
+    parser Beam builds from every ``PipelineOptions`` class (handed out through its ``add_extra_args_fn``)."""
+    from apache_beam.options.pipeline_options import PipelineOptions
+
+    built = []
+    PipelineOptions(argv).get_all_options(add_extra_args_fn=built.append)
+    _, unknown = built[0].parse_known_args(argv)
+    return unknown, [option for action in built[0]._actions for option in action.option_strings]
+
+
 def log_path(output_dir: str) -> str:
     """The run's log file: beside the output directory (which holds only shards and the manifest), or in it
     when it is a file system's or bucket's root."""
@@ -163,8 +191,8 @@ def preflight(args) -> ShardingConfig:
             classes=args.classes or (classes.FILE if args.classes_file else classes.IMAGENET),
             classes_file=args.classes_file,
         )
-    except ValueError as e:
-        raise console.UsageError("", "", console.one_line(e)) from None  # the message names the option
+    except ValueError as e:  # the message names the option
+        raise console.UsageError("", "", with_flag_names(console.one_line(e))) from None
     if args.classes_file:
         path_checks.check_file("--classes-file", args.classes_file)
         try:
@@ -190,23 +218,28 @@ def preflight(args) -> ShardingConfig:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     with console.session(verbose=console.wants_verbose(argv)) as session:
-        args, beam_args = build_parser().parse_known_args(argv)
+        args, beam_args = parse_arguments(argv)
         try:
             config = preflight(args)
         except console.UsageError as e:
             return console.fail(e)
         session.keep_log(log_path(config.output_dir))
-        console.say("sharding into %s (%d hosts)", config.output_dir, config.num_hosts)
+        console.say("sharding into %s (%s)", config.output_dir, console.plural(config.num_hosts, "host"))
         start = time.time()
+        stopped = (
+            f"the partial shards and spill files under {config.output_dir} were removed (the log "
+            f"{log_path(config.output_dir)} is kept); run the same command again"
+        )
         try:
-            result = run(config, beam_args)
+            with stopping.describe(stopped):
+                result = run(config, beam_args)
         except TaskStopped as e:  # Ctrl-C or SIGTERM while its Dataflow job ran: the job was cancelled
             console.fail(e)
             return console.fail(leftovers_message(config), status=STOPPED_EXIT)
         except OutputExistsError as e:
             return console.fail(e)
-        except FailureBudgetExceeded as e:
-            return console.fail(e, status=1)
+        except FailureBudgetExceeded as e:  # a bad input, as every command counts it
+            return console.fail(e)
         except Exception as e:
             changed = spill.changed_source(e)
             if changed:  # an archive replaced between checking and writing: what changed, then the leftovers

@@ -4,10 +4,37 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 
 from beam_preprocess import classes as class_lists
 from beam_preprocess import sources
 from effnet_common import schema, storage
+
+# The inputs that give each split its images (a tensorflow-datasets copy gives both).
+SPLIT_INPUTS = {
+    schema.TRAIN: ("train_archive", "train_dir", "tfds_data_dir"),
+    schema.VALIDATION: ("val_archive", "val_dir", "tfds_data_dir"),
+}
+
+
+def with_flag_names(message: str) -> str:
+    """``message`` with each ``ShardingConfig`` field it names written as the command-line flag that sets it
+    (``shard_mb`` -> ``--shard-mb``): the line a person reads names what they typed. Only the names of more than
+    one word are taken for fields (``seed`` and ``classes`` are words of the messages too)."""
+    names = [field.name for field in dataclasses.fields(ShardingConfig) if "_" in field.name]
+    for name in sorted(names, key=len, reverse=True):
+        message = re.sub(rf"(?<![\w.-]){name}(?!\w)", "--" + name.replace("_", "-"), message)
+    return message
+
+
+def splits_without_input(inputs) -> list[str]:
+    """The splits (of ``schema.SPLITS``) that none of ``inputs`` (a mapping of input names to paths, or a
+    ``ShardingConfig``) gives images."""
+
+    def given(name: str) -> bool:
+        return bool(inputs.get(name) if hasattr(inputs, "get") else getattr(inputs, name))
+
+    return [split for split in schema.SPLITS if not any(given(name) for name in SPLIT_INPUTS[split])]
 
 
 @dataclasses.dataclass(frozen=True)

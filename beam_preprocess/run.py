@@ -9,7 +9,7 @@ import apache_beam as beam
 
 from beam_preprocess import direct, pipeline
 from beam_preprocess.config import ShardingConfig
-from effnet_common import schema, storage
+from effnet_common import console, schema, stopping, storage
 from effnet_common.manifest import Manifest
 
 
@@ -83,6 +83,16 @@ def prepare_output_dir(config: ShardingConfig) -> None:
         storage.remove_tree(config.temp_dir)
 
 
+def remove_partial_output(config: ShardingConfig) -> None:
+    """Deletes what a run stopped half-way wrote: its spill files and its shards and manifest (the output
+    directory held none before it: ``prepare_output_dir``)."""
+    storage.remove_tree(config.temp_dir)
+    written = [p for p in (config.manifest_path,) if storage.exists(p)]
+    for split in schema.SPLITS:
+        written += storage.glob(storage.join(config.split_dir(split), f"{split}-*-of-*"))
+    storage.remove(written)
+
+
 def leftovers_message(config: ShardingConfig) -> str:
     """The one line a failed run prints: where its partial output and spill files are."""
     return (
@@ -119,7 +129,7 @@ class RunResult:
         for split, info in self.manifest.splits.items():
             fixed = ", ".join(f"{k} {v}" for k, v in info.fixed.items() if v) or "none"
             lines.append(
-                f"  {split}: read {info.read}, written {info.records} in {info.num_shards} shards "
+                f"  {split}: read {info.read}, written {info.records} in {console.plural(info.num_shards, 'shard')} "
                 f"({info.bytes / 2**20:.1f} MiB), failed {info.failed}, fixed: {fixed}"
             )
         if self.counters:
@@ -152,7 +162,9 @@ def run(
     prepare_output_dir(config)
     if beam_pipeline is None:
         beam_pipeline = direct.pipeline_from_args(beam_args or [])
-    result = run_pipeline(beam_pipeline, config)
+    # Ctrl-C ends the command without unwinding this (``effnet_common.stopping``): nothing half-written stays.
+    with stopping.cleanup(lambda: remove_partial_output(config)):
+        result = run_pipeline(beam_pipeline, config)
     manifest = Manifest.read(config.manifest_path)
     if len(manifest.failures) > config.max_failures:
         check_failure_budget(manifest, config.max_failures, discard_failed_output(config))

@@ -16,11 +16,11 @@ Command line: ``python -m beam_preprocess.sample_data --out DIR [--kind photos -
 
 from __future__ import annotations
 
-import argparse
 import collections
 import dataclasses
 import io
 import random
+import sys
 import tarfile
 
 import numpy as np
@@ -28,6 +28,9 @@ from PIL import Image
 
 from effnet_common import schema, storage
 
+KINDS = ("digits", "photos")
+PHOTOS_DEFAULT_IMAGES = 3000
+PHOTOS_DEFAULT_SYNSETS = 40
 TRAIN_ARCHIVE = "ILSVRC2012_img_train.tar"
 VAL_ARCHIVE = "ILSVRC2012_img_val.tar"
 
@@ -138,6 +141,23 @@ def validation_indices(synsets: list[str]) -> dict[str, list[int]]:
     return by_synset
 
 
+def validation_counts(samples: list[Sample], val_fraction: float) -> dict[str, int]:
+    """How many images of each synset go to the validation archive.
+
+    Raises:
+      ValueError: a synset would need more than the official list's 50 validation images.
+    """
+    sizes = collections.Counter(sample.synset for sample in samples)
+    slots = validation_indices(sorted(sizes))
+    counts = {synset: round(size * val_fraction) for synset, size in sizes.items()}
+    for synset in sorted(counts):
+        if counts[synset] > len(slots[synset]):
+            raise ValueError(
+                f"{synset}: {counts[synset]} validation images asked, the official list has 50 per synset"
+            )
+    return counts
+
+
 @dataclasses.dataclass
 class ArchiveContents:
     """What ``write_archives`` wrote, for tests to check the pipeline against."""
@@ -180,13 +200,10 @@ def write_archives(
 
     inner = {}  # synset -> [(member name, bytes)]
     val_members = []
+    num_vals = validation_counts(samples, val_fraction)
     for synset in sorted(by_synset):
         group = by_synset[synset]
-        num_val = round(len(group) * val_fraction)
-        if num_val > len(val_slots[synset]):
-            raise ValueError(
-                f"{synset}: {num_val} validation images asked, the official list has 50 per synset"
-            )
+        num_val = num_vals[synset]
         for k, image in enumerate(group[num_val:]):
             name = f"{synset}_{k + 1}.JPEG"
             inner.setdefault(synset, []).append((name, encode_jpeg(image, jpeg_quality)))
@@ -288,26 +305,90 @@ def write_digits_archives(out_dir: str, image_size: int = 32) -> ArchiveContents
     return write_archives(out_dir, digit_samples(image_size), val_fraction=0.2)
 
 
-def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", required=True, help="directory for the two archives")
-    parser.add_argument("--kind", choices=("digits", "photos"), default="digits")
-    parser.add_argument("--num-images", type=int, default=3000, help="photos: how many images in all")
-    parser.add_argument("--num-synsets", type=int, default=40, help="photos: over how many synsets")
-    parser.add_argument("--val-fraction", type=float, default=0.2)
+def build_parser():
+    from effnet_common import console
+
+    parser = console.ArgumentParser(
+        prog="python -m beam_preprocess.sample_data", description=__doc__.split("\n\n")[0]
+    )
+    parser.add_argument("--out", required=True, help="directory for the two archives (local or gs://)")
+    parser.add_argument(
+        "--kind",
+        choices=KINDS,
+        default="digits",
+        help="digits (default): scikit-learn's 1,797 scanned digits in 10 synsets, the demo's data; photos: "
+        "crops of scikit-learn's sample photographs at ImageNet-like sizes, for benchmarks",
+    )
+    parser.add_argument(
+        "--num-images", type=int, help=f"photos: how many images in all (default {PHOTOS_DEFAULT_IMAGES})"
+    )
+    parser.add_argument(
+        "--num-synsets",
+        type=int,
+        help=f"photos: over how many synsets (default {PHOTOS_DEFAULT_SYNSETS}; at most {len(schema.synsets())})",
+    )
+    parser.add_argument(
+        "--val-fraction",
+        type=float,
+        default=0.2,
+        help="share of each synset's images in the validation archive (default %(default)s; the official list "
+        "has 50 validation images a synset)",
+    )
     parser.add_argument(
         "--quirks", action="store_true", help="add the real set's PNG/CMYK/grayscale oddities"
     )
     parser.add_argument("--bad-inputs", action="store_true", help="add unusable inputs (tests of failures)")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def samples_of(args) -> list[Sample]:
+    """The images ``args`` ask for.
+
+    Raises:
+      console.UsageError: a photos-only flag with the digits, or counts out of range.
+    """
+    from effnet_common import console
+
     if args.kind == "digits":
-        samples = digit_samples()
-    else:
-        samples = photo_samples(args.num_images, args.num_synsets)
-    contents = write_archives(args.out, samples, args.val_fraction, args.quirks, args.bad_inputs)
+        for flag, value in (("--num-images", args.num_images), ("--num-synsets", args.num_synsets)):
+            if value is not None:
+                raise console.UsageError(
+                    flag,
+                    value,
+                    "goes with --kind photos: the digits are always scikit-learn's 1,797 in 10 synsets",
+                )
+        return digit_samples()
+    images = PHOTOS_DEFAULT_IMAGES if args.num_images is None else args.num_images
+    synsets = PHOTOS_DEFAULT_SYNSETS if args.num_synsets is None else args.num_synsets
+    if not 1 <= synsets <= len(schema.synsets()):
+        raise console.UsageError("--num-synsets", synsets, f"must be 1 to {len(schema.synsets())}")
+    if images < synsets:
+        raise console.UsageError("--num-images", images, f"must be at least --num-synsets ({synsets})")
+    return photo_samples(images, synsets)
+
+
+def main(argv=None) -> int:
+    from effnet_common import console, path_checks, stopping
+
+    with console.session():
+        args = build_parser().parse_args(argv)
+        try:
+            if not 0.0 < args.val_fraction < 1.0:
+                raise console.UsageError("--val-fraction", args.val_fraction, "must be between 0 and 1")
+            samples = samples_of(args)
+            try:
+                validation_counts(samples, args.val_fraction)
+            except ValueError as e:  # more validation images a synset than the official list has
+                raise console.UsageError("--val-fraction", args.val_fraction, console.one_line(e)) from None
+            path_checks.make_writable_directory("--out", args.out)
+            with stopping.describe(f"no archive was written to {args.out}; run the same command again"):
+                contents = write_archives(args.out, samples, args.val_fraction, args.quirks, args.bad_inputs)
+        except console.UsageError as e:
+            return console.fail(e)
     print(f"{contents.train_archive}: {len(contents.train)} usable training images")
     print(f"{contents.val_archive}: {len(contents.validation)} usable validation images")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

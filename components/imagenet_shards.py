@@ -37,7 +37,7 @@ from tfx.proto import example_gen_pb2
 from tfx.types import artifact_utils, component_spec
 
 from beam_preprocess import run
-from beam_preprocess.config import ShardingConfig
+from beam_preprocess.config import SPLIT_INPUTS, ShardingConfig, splits_without_input
 from components import beam_executor, dataflow_jobs, parameters
 from effnet_common import schema
 from effnet_common.manifest import Manifest
@@ -69,9 +69,14 @@ def artifact_config(config_json: str, uri: str, overrides: dict[str, Any] | None
     unknown = sorted(set(given) - set(OVERRIDE_PARAMETERS))
     if unknown:
         raise ValueError(f"unknown sharding parameters: {', '.join(unknown)}")
-    return dataclasses.replace(
+    config = dataclasses.replace(
         config, **given, output_dir=uri, split_dir_template=SPLIT_DIR_TEMPLATE, overwrite=True
     )
+    missing = splits_without_input(config)
+    if missing:
+        needed = " and ".join(" or ".join(SPLIT_INPUTS[split][:2]) for split in missing)
+        raise ValueError(f"no {' and no '.join(missing)} input ({needed}): {parameters.BOTH_SPLITS}")
+    return config
 
 
 def describe_artifact(examples: tfx.types.standard_artifacts.Examples, manifest: Manifest) -> None:
@@ -81,12 +86,16 @@ def describe_artifact(examples: tfx.types.standard_artifacts.Examples, manifest:
     ('none'), ``<split>_records`` and ``<split>_shards`` for every split written, ``failed_inputs``.
 
     Raises:
-      RuntimeError: no split holds a record (nothing a Trainer could read).
+      RuntimeError: a split holds no record (the pipeline trains on one and gates on the other: an artifact
+        without both would be reused by every later run only for its Trainer to fail).
     """
     splits = [s for s in schema.SPLITS if s in manifest.splits and manifest.splits[s].records > 0]
-    if not splits:
+    if len(splits) < len(schema.SPLITS):
         counts = {name: (info.read, info.failed) for name, info in manifest.splits.items()}
-        raise RuntimeError(f"no split holds a record; (read, failed) inputs per split: {counts}")
+        empty = [s for s in schema.SPLITS if s not in splits]
+        raise RuntimeError(
+            f"no {' and no '.join(empty)} record was written; (read, failed) inputs per split: {counts}"
+        )
     examples.split_names = artifact_utils.encode_split_names(splits)
     examples_utils.set_file_format(examples, TFRECORD_FILE_FORMAT)
     examples_utils.set_payload_format(examples, example_gen_pb2.PayloadFormat.FORMAT_TF_EXAMPLE)

@@ -13,6 +13,9 @@ INPUT_PARAMETERS = {"train_archive": str, "val_archive": str, "train_dir": str, 
 LAYOUT_PARAMETERS = {"train_shards": int, "val_shards": int}
 SHARDING_PARAMETERS = {**INPUT_PARAMETERS, **LAYOUT_PARAMETERS}
 
+# Why the sharding step of a pipeline needs an input for each split (the sharding command alone may shard one).
+BOTH_SPLITS = "the pipeline trains on the training split and gates on the validation split"
+
 TRAIN_EPOCHS_KEY = "train_epochs"
 TARGET_TOP1_KEY = "target_top1"
 RUN_PARAMETERS = {TRAIN_EPOCHS_KEY: int, TARGET_TOP1_KEY: float}

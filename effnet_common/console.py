@@ -18,22 +18,35 @@ instead. How:
   checked; ``Session.keep_log(path)`` moves it to its place once the preflight passed (a local path is
   written from then on; a remote one, ``gs://...``, is uploaded when the session closes). A session that ends
   before ``keep_log`` (a preflight error) leaves no file behind.
+- Ctrl-C: in a command's own process the session arms ``effnet_common.stopping``, which ends the command in one
+  ``stopped by the user: ...`` line on the terminal (what was kept, what to run), completes the log file and
+  exits with ``STOPPED_EXIT`` (130), wherever the program was.
 
 Nothing here imports TensorFlow: Beam workers import ``beam_preprocess``.
 """
 
 from __future__ import annotations
 
+import argparse
 import contextlib
+import difflib
 import logging
 import os
+import shlex
 import shutil
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterator
 
+from effnet_common import stopping
+
 CONSOLE_LOGGER = "console"
+# Exit statuses every command shares: a bad input or setting, a missed target, Ctrl-C.
+USAGE_EXIT = 2
+MISSED_TARGET_EXIT = 3
+STOPPED_EXIT = stopping.STOPPED_EXIT
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
 _console = logging.getLogger(CONSOLE_LOGGER)
@@ -47,6 +60,39 @@ class UsageError(Exception):
         where = " ".join(str(part) for part in (flag, value) if str(part))
         super().__init__(f"{where}: {problem}" if where else problem)
         self.flag = flag
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse's parser whose refusals are one ``error:`` line and exit status 2 (argparse prints its whole
+    usage first): an unknown option is named with the options spelt like it (``--num_hosts``: did you mean
+    ``--num-hosts``?), and ``--help`` still lists them all. Its subcommands' parsers are of this class too."""
+
+    # Options another parser takes after this one (Beam's, for beam_preprocess): spellings to suggest too.
+    more_options: tuple[str, ...] = ()
+
+    def error(self, message: str):
+        unknown = message.partition("unrecognized arguments: ")[2]
+        if unknown:
+            message += did_you_mean(unknown.split(), [*self.option_strings(), *self.more_options])
+        sys.stderr.write(f"error: {message}; see {self.prog} --help\n")
+        sys.exit(USAGE_EXIT)
+
+    def option_strings(self) -> list[str]:
+        return [option for action in self._actions for option in action.option_strings]
+
+
+def did_you_mean(unknown: list[str], known: list[str]) -> str:
+    """`` (did you mean --a?)`` for the unknown options spelt like a known one (``_`` for ``-``, a typo), or ''."""
+    options = [option.partition("=")[0] for option in unknown if option.startswith("--")]
+    guesses = {}
+    for name in options:
+        close = difflib.get_close_matches(name.replace("_", "-"), known, n=1, cutoff=0.75)
+        if close:
+            guesses[name] = close[0]
+    if len(options) == 1 and guesses:
+        return f" (did you mean {guesses[options[0]]}?)"
+    said = ", ".join(f"{guess} for {name}" for name, guess in guesses.items())
+    return f" (did you mean {said}?)" if said else ""
 
 
 def say(message: str, *args: object) -> None:
@@ -68,6 +114,11 @@ def fail(error: BaseException | str, status: int = 2) -> int:
         logging.getLogger(__name__).info("the run stops on this error", exc_info=error)
     _console.error("%s", one_line(error))
     return status
+
+
+def plural(count: int, noun: str, nouns: str = "") -> str:
+    """'1 host', '2 hosts' (``nouns`` for an irregular plural: '1 replica'... are regular)."""
+    return f"{count:,} {noun if count == 1 else nouns or noun + 's'}"
 
 
 def duration(seconds: float) -> str:
@@ -134,6 +185,7 @@ class Session:
         self._stream = None
         self._upload: Callable[[str, str], None] | None = None
         self._terminal_fd: int | None = None
+        self._terminal = sys.stderr  # where a stop's line goes
         self._handlers: list[tuple[logging.Logger, logging.Handler]] = []
         self._levels: list[tuple[logging.Logger, int]] = []
         self._restore: list[Callable[[], None]] = []
@@ -141,6 +193,7 @@ class Session:
     # -- set-up and tear-down
 
     def _open(self) -> None:
+        program = _is_program()
         self._add(_console, _ConsoleHandler(logging.INFO))
         self._set_level(_console, logging.INFO)
         root = logging.getLogger()
@@ -158,16 +211,27 @@ class Session:
         self._set_level(root, logging.INFO)
         self._absl_info()
         logging.captureWarnings(True)
+        if program:
+            stopping.arm(self._quiet, self._report_stop, lambda: self._finish_log(close=False))
+            self._replace(threading, "excepthook", stopping.log_thread_exception)
+
+    def _quiet(self) -> None:
+        """A stop has begun: what the program's threads print on ``sys.stderr`` (a failing thread, a logging
+        error) goes to descriptor 2, the log file, instead of the terminal (unless --verbose shows it all)."""
+        logging.raiseExceptions = False
+        self._terminal = sys.stderr
+        if self._terminal_fd is not None:
+            sys.stderr = open(2, "w", encoding="utf-8", errors="backslashreplace", buffering=1, closefd=False)
+
+    def _report_stop(self, line: str) -> None:
+        """The stop's line on the terminal."""
+        self._terminal.write(line + "\n")
+        self._terminal.flush()
 
     def _redirect_fd2(self, fd: int) -> None:
         """Points descriptor 2 at ``fd`` and ``sys.stderr`` at the terminal (a real process only)."""
         if self._terminal_fd is None:
-            if sys.stderr is not sys.__stderr__ or sys.__stderr__ is None:
-                return
-            try:
-                if sys.__stderr__.fileno() != 2:
-                    return
-            except (AttributeError, OSError, ValueError):
+            if not _is_program():
                 return
             sys.stderr.flush()
             self._terminal_fd = os.dup(2)
@@ -177,6 +241,7 @@ class Session:
         os.dup2(fd, 2)
 
     def close(self) -> None:
+        stopping.disarm()
         logging.captureWarnings(False)
         for logger, handler in reversed(self._handlers):
             logger.removeHandler(handler)
@@ -186,9 +251,17 @@ class Session:
             restore()
         # Descriptor 2 stays on the log file (and sys.stderr on the terminal) until the process exits: what
         # TensorFlow prints while shutting down (gRPC, the multi-worker coordination service) belongs there.
+        self._finish_log()
+
+    def _finish_log(self, close: bool = True) -> None:
+        """The log file completed: kept where ``keep_log`` put it, uploaded to a remote place, or removed when it
+        was never kept (an early error, or a command that keeps none). A stop (``close=False``) flushes it
+        instead of closing it: the program's other threads may still write until the process exits."""
         if self._stream is not None:
-            self._stream.close()
-            self._stream = None
+            self._stream.flush()
+            if close:
+                self._stream.close()
+                self._stream = None
         if self._temp_path is None:
             return
         if self._upload is not None and self.log_path is not None:
@@ -218,6 +291,11 @@ class Session:
             logger.setLevel(level)
 
         self._restore.append(restore)
+
+    def _replace(self, owner: object, name: str, value: object) -> None:
+        previous = getattr(owner, name)
+        setattr(owner, name, value)
+        self._restore.append(lambda: setattr(owner, name, previous))
 
     def _add(self, logger: logging.Logger, handler: logging.Handler) -> None:
         logger.addHandler(handler)
@@ -254,6 +332,17 @@ class Session:
         say("full log: %s", path)
 
 
+def _is_program() -> bool:
+    """Whether this is a command's own process (its stderr the process's descriptor 2, on the main thread),
+    not a test calling a command's ``main`` under pytest's capture."""
+    if sys.stderr is not sys.__stderr__ or sys.__stderr__ is None or not stopping.can_arm():
+        return False
+    try:
+        return sys.__stderr__.fileno() == 2
+    except (AttributeError, OSError, ValueError):
+        return False
+
+
 def _local_path(path: str) -> str | None:
     """The local file a path names (no scheme, or file://), None for a remote one (gs://, ram://...)."""
     if path.startswith("file://"):
@@ -284,6 +373,16 @@ def session(verbose: bool = False) -> Iterator[Session]:
     finally:
         _current = None
         current.close()
+
+
+def program_command(name: str) -> str:
+    """How a person runs the console script ``name`` of this Python environment as printed: its bare name when
+    the shell finds this environment's, else its path (a virtualenv that is not activated)."""
+    here = os.path.join(os.path.dirname(sys.executable), name)
+    found = shutil.which(name)
+    if not os.path.exists(here) or (found and os.path.realpath(found) == os.path.realpath(here)):
+        return name
+    return shlex.quote(here)
 
 
 def log_name(program: str) -> str:

@@ -2,7 +2,7 @@
 
 A reader, or a run killed half-way, must never see half a file. On a local disk the file is written under
 ``path + TEMPORARY_SUFFIX`` and renamed over ``path`` (atomic), and the temporary file is removed if the write
-fails. On an object store the object appears whole when its single upload completes, and a rename would be a
+fails (or the command is stopped by Ctrl-C). On an object store the object appears whole when its single upload completes, and a rename would be a
 copy plus a delete, so the object is written once under its final name.
 
 Two backends use it: ``effnet_common.storage`` (Beam's ``FileSystems``, for the sharding stage) and
@@ -16,6 +16,8 @@ import contextlib
 import dataclasses
 from collections.abc import Callable, Iterator
 from typing import BinaryIO
+
+from effnet_common import stopping
 
 TEMPORARY_SUFFIX = ".inprogress"
 
@@ -44,11 +46,17 @@ def write(path: str, backend: Backend) -> Iterator[BinaryIO]:
             yield f
         return
     temporary = path + TEMPORARY_SUFFIX
-    try:
-        with backend.create(temporary) as f:
-            yield f
-        backend.rename(temporary, path)
-    except BaseException:
+
+    def remove_temporary() -> None:
         if backend.exists(temporary):
             backend.delete(temporary)
+
+    try:
+        # Ctrl-C ends a command without unwinding this block (``effnet_common.stopping``): it removes the file.
+        with stopping.cleanup(remove_temporary):
+            with backend.create(temporary) as f:
+                yield f
+            backend.rename(temporary, path)
+    except BaseException:
+        remove_temporary()
         raise

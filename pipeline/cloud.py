@@ -175,6 +175,12 @@ class CloudSettings:
             )
         if self.max_wait_hours is not None and self.max_wait_hours < 0:
             raise ValueError(f"--max-wait-hours {self.max_wait_hours} must be >= 0 (0 waits indefinitely)")
+        for flag, image in (("--image", self.image), ("--trainer-image", self.trainer_image)):
+            if "@" in image and not _DIGEST.search(image):
+                raise ValueError(
+                    f"{flag} {image}: {image.partition('@')[2]!r} is not an image digest (sha256: and 64 hex "
+                    "digits): give the one 'docker inspect' prints, or a tag"
+                )
         if self.checkpoint_root and not self.checkpoint_root.startswith("gs://"):
             raise ValueError(f"--checkpoint-root {self.checkpoint_root!r} must be a gs:// path")
         machine = self.machine  # an unknown accelerator fails here

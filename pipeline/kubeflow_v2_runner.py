@@ -33,6 +33,7 @@ import warnings
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 warnings.filterwarnings("ignore", category=FutureWarning)
 
+from effnet_common import console, stopping  # noqa: E402
 from pipeline import compiler, tune_flags  # noqa: E402
 from pipeline.accelerators import AcceleratorMismatch  # noqa: E402
 from pipeline.cloud import (  # noqa: E402
@@ -62,8 +63,9 @@ CLOUD_DEFAULTS = {field.name: field.default for field in dataclasses.fields(Clou
 
 def build_parser() -> argparse.ArgumentParser:
     from pipeline import accelerators
+    from trainer_module.presets import preset_names  # the pipeline presets' names, without loading TensorFlow
 
-    parser = argparse.ArgumentParser(
+    parser = console.ArgumentParser(
         prog="python -m pipeline.kubeflow_v2_runner",
         description=__doc__.split("\n\n")[0],
         epilog=__doc__.split("\n\n", 1)[1],
@@ -143,8 +145,16 @@ def build_parser() -> argparse.ArgumentParser:
         where.add_argument(
             f"--{step}-machine-type", default=workers.machine_type, help=f"{what} Dataflow workers"
         )
-        where.add_argument(f"--{step}-disk-gb", type=int, default=workers.disk_gb)
-        where.add_argument(f"--{step}-max-workers", type=int, default=workers.max_workers)
+        where.add_argument(
+            f"--{step}-disk-gb",
+            type=int,
+            default=workers.disk_gb,
+            help=f"{what} workers' disks (default %(default)s)",
+        )
+        where.add_argument(
+            f"--{step}-max-workers", type=int, default=workers.max_workers,
+            help=f"{what} most workers (default %(default)s)",
+        )  # fmt: skip
     where.add_argument("--no-cache", action="store_true", help="run every step, reusing none")
     where.add_argument(
         "--api-outage-hours", type=float, default=CLOUD_DEFAULTS["api_outage_hours"],
@@ -164,9 +174,22 @@ def build_parser() -> argparse.ArgumentParser:
         "google-cloud-aiplatform lists, 2.15 or newer (e.g. us-docker.pkg.dev/vertex-ai/prediction/tf2-cpu.2-15:latest)",
     )
     run = parser.add_argument_group("what it runs")
-    run.add_argument("--preset", default="b0-rmsprop-8x2048")
+    run.add_argument(
+        "--preset", default="b0-rmsprop-8x2048", metavar="PRESET",
+        help="what to train and how to shard (default %(default)s); one of: "
+        + ", ".join(sorted(preset_names())),
+    )  # fmt: skip
+    inputs = {
+        "train_archive": "gs://.../ILSVRC2012_img_train.tar",
+        "val_archive": "gs://.../ILSVRC2012_img_val.tar",
+        "train_dir": "gs://.../train/ (<wnid>/*.JPEG)",
+        "val_dir": "gs://.../val/",
+    }
     for key in compiler.INPUT_KEYS:
-        run.add_argument(f"--{key.replace('_', '-')}", default="")
+        run.add_argument(
+            f"--{key.replace('_', '-')}", default="",
+            help=f"{inputs[key]}: the default of --param {key} (a run needs a training and a validation input)",
+        )  # fmt: skip
     tune = tune_flags.add_tune_flags(
         parser,
         "tuning (a Tuner step: trials on the accelerator's machines, in parallel)",
@@ -175,7 +198,10 @@ def build_parser() -> argparse.ArgumentParser:
         max_trials=10,
     )
     tune.add_argument("--tune-parallel-trials", type=int, default=2, help="machines running trials at once")
-    run.add_argument("--set", dest="overrides", action="append", default=[], metavar="FIELD=VALUE")
+    run.add_argument(
+        "--set", dest="overrides", action="append", default=[], metavar="FIELD=VALUE",
+        help="trainer config override, e.g. --set optimizer.label_smoothing=0.1",
+    )  # fmt: skip
     run.add_argument(
         "--param", dest="params", action="append", default=[], metavar="NAME=VALUE",
         help="a runtime parameter: " + ", ".join(compiler.RUNTIME_PARAMETERS),
@@ -294,24 +320,29 @@ def submit(template, args) -> int:
     _check_destination(args, not template.is_job, template.path)
     params = template.parse(args.params)
     template.check_values(params)  # the steps' own rules, before anything is submitted
-    if args.kfp_host:
-        run = submission.submit_kfp(
-            template, params, args.kfp_host, not args.no_cache, args.kfp_namespace, args.kfp_token_file
-        )
-    else:
-        run = submission.submit_vertex(template, params, not args.no_cache)
+    where = f"Kubeflow Pipelines at {args.kfp_host}" if args.kfp_host else "Vertex AI Pipelines"
+    with stopping.describe(f"stopped while submitting: look for the run in {where} before submitting again"):
+        if args.kfp_host:
+            run = submission.submit_kfp(
+                template, params, args.kfp_host, not args.no_cache, args.kfp_namespace, args.kfp_token_file
+            )
+        else:
+            run = submission.submit_vertex(template, params, not args.no_cache)
     print(f"submitted {run.description}")
     print(f"follow it at {run.url}")
     if not args.wait:
         return 0
-    try:
-        state = run.follow(
-            on_change=lambda state: print(f"run state: {state}", flush=True),
-            patience=Patience.of_hours(args.api_outage_hours),
-        )
-    except submission.Unfollowed as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 1
+    with stopping.describe(
+        f"the run goes on without this command following it: follow or cancel it at {run.url}"
+    ):
+        try:
+            state = run.follow(
+                on_change=lambda state: print(f"run state: {state}", flush=True),
+                patience=Patience.of_hours(args.api_outage_hours),
+            )
+        except submission.Unfollowed as error:
+            print(f"error: {error}", file=sys.stderr)
+            return 1
     return 0 if submission.succeeded(state) else 1
 
 
@@ -369,7 +400,8 @@ def compile_run(args) -> int:
         )
     compiler.compile_pipeline(compiled, settings, args.output, push)
     machine = settings.machine
-    print(f"compiled {args.output}: {preset.name} on {machine.describe()} ({machine.replicas} replicas)")
+    replicas = console.plural(machine.replicas, "replica")
+    print(f"compiled {args.output}: {preset.name} on {machine.describe()} ({replicas})")
     if for_kubeflow:
         print(
             "note: Kubeflow Pipelines runs no TFX resolver node, so this PipelineSpec has no latest-blessed-model "
@@ -383,12 +415,15 @@ def compile_run(args) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    try:
-        return run(args)
-    except (AcceleratorMismatch, TypeError, ValueError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    # A session without a log file of its own: what TensorFlow, TFX and the Google clients print while
+    # compiling stays off the console (its account is this program's own lines); Ctrl-C stops it in one line.
+    with console.session(), stopping.describe("nothing was written or submitted"):
+        args = build_parser().parse_args(argv)
+        try:
+            return run(args)
+        except (AcceleratorMismatch, TypeError, ValueError) as e:
+            print(f"error: {e}", file=sys.stderr)
+            return console.USAGE_EXIT
 
 
 if __name__ == "__main__":

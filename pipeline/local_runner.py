@@ -1,13 +1,18 @@
 """python -m pipeline.local_runner: the whole pipeline on this machine with the TFX LocalDagRunner.
 
 Runs on the embedded default data (scikit-learn's real digits laid out as the ILSVRC2012 archives) unless
-archives or directories are given. Metadata goes to a SQLite store under the pipeline root, so a second run
-reuses the cached steps. Ends by printing the top-1 the Evaluator measured, whether the model was blessed, and
-where it was pushed; exits 0 when a model was pushed, 3 when the model missed the target (nothing pushed), 2
-with one ``error:`` line when a flag is wrong (checked before anything runs) or a step fails for a known reason.
+archives or directories are given: a training and a validation input, as the pipeline trains on one and gates on
+the other. Metadata goes to a SQLite store under the pipeline root, so a second run reuses the cached steps (an
+unchanged model is neither evaluated nor pushed again). Ends by printing the top-1 the Evaluator measured, whether
+the model was blessed (or which condition failed), and where it was pushed; exits 0 when a model was pushed, 3
+when the model missed the target (nothing pushed), 2 with one ``error:`` line when a flag is wrong (checked before
+anything runs) or a step fails for a known reason, 130 on Ctrl-C.
 
 The console shows a short account: each step as it starts and ends, one line per training evaluation, the
 verdict. The libraries' logs go to PIPELINE_ROOT/logs/local_runner-<time>.log (``--verbose``: live on stderr).
+Ctrl-C stops the run in one line: the step that was running leaves nothing behind, and the same command goes on
+from the steps that finished; the Trainer keeps its checkpoints in PIPELINE_ROOT/checkpoints/ (a directory per
+preset and settings), so a stopped training resumes where it stopped.
 """
 
 from __future__ import annotations
@@ -17,34 +22,47 @@ import json
 import logging
 import os
 import sys
-import time
 import warnings
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("PYTHONWARNINGS", "ignore::FutureWarning")
 warnings.filterwarnings("ignore", category=FutureWarning)
 
-from effnet_common import console, path_checks  # noqa: E402
+from effnet_common import console, path_checks, stopping  # noqa: E402
 from pipeline import tune_flags  # noqa: E402
 
-NOT_BLESSED_EXIT = 3
+NOT_BLESSED_EXIT = console.MISSED_TARGET_EXIT
 # A trial's schedule when tuning on this machine: a few epochs, so that the demo's search takes minutes.
 TUNE_MAX_EPOCHS = 6
 LOG_DIR = "logs"
 EMBEDDED_DIR = "embedded_data"
+# Under the pipeline root, per pipeline: the Trainer's checkpoints (by settings and data) and the Tuner's trials,
+# which outlive a stopped run so that the next one resumes them.
+CHECKPOINTS_DIR = "checkpoints"
+TUNING_DIR = "tuning"
 SETUP_FILE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "setup.py")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from pipeline import presets
+    from trainer_module.presets import preset_names  # the pipeline presets' names, without loading TensorFlow
 
-    parser = argparse.ArgumentParser(
+    names = sorted(preset_names())
+    parser = console.ArgumentParser(
         prog="python -m pipeline.local_runner", description=__doc__.split("\n\n")[0]
     )
     parser.add_argument(
-        "--pipeline-root", default="outputs/pipeline", help="artifacts, metadata and pushed models"
+        "--pipeline-root",
+        default="outputs/pipeline",
+        help="artifacts, metadata, checkpoints and pushed models",
     )
-    parser.add_argument("--preset", default="demo", choices=sorted(presets.PIPELINE_PRESETS))
+    parser.add_argument(
+        "--preset",
+        default="demo",
+        choices=names,
+        metavar="PRESET",
+        help="what to train and how to shard (default %(default)s: the embedded digits' tiny EfficientNet; smoke: "
+        "one epoch, target 0; or a row of the paper's Table 2); one of: " + ", ".join(names),
+    )
     parser.add_argument(
         "--target-top1",
         type=float,
@@ -52,12 +70,17 @@ def build_parser() -> argparse.ArgumentParser:
         help="override the preset's target top-1: the trainer stops once it is reached and the Evaluator blesses "
         "only a model that reaches it (the same as --param target_top1 on Vertex)",
     )
-    parser.add_argument("--train-archive", default="")
-    parser.add_argument("--val-archive", default="")
-    parser.add_argument("--train-dir", default="")
-    parser.add_argument("--val-dir", default="")
+    inputs = parser.add_argument_group(
+        "inputs (default: the embedded digits; otherwise a training and a validation input)"
+    )
+    inputs.add_argument(
+        "--train-archive", default="", help="ILSVRC2012_img_train.tar (one <wnid>.tar per synset)"
+    )
+    inputs.add_argument("--val-archive", default="", help="ILSVRC2012_img_val.tar (flat, official labels)")
+    inputs.add_argument("--train-dir", default="", help="extracted training set: DIR/<wnid>/*.JPEG")
+    inputs.add_argument("--val-dir", default="", help="validation: DIR/<wnid>/*.JPEG or flat official names")
     parser.add_argument(
-        "--max-failures", type=int, default=0, help="unusable inputs tolerated while sharding"
+        "--max-failures", type=int, default=0, help="unusable inputs tolerated while sharding (default 0)"
     )
     parser.add_argument(
         "--set",
@@ -65,16 +88,19 @@ def build_parser() -> argparse.ArgumentParser:
         action="append",
         default=[],
         metavar="FIELD=VALUE",
-        help="trainer config override",
+        help="trainer config override, e.g. --set loop.train_epochs=10",
     )
     parser.add_argument(
-        "--beam-workers", type=int, default=2, help="DirectRunner worker threads for sharding"
+        "--beam-workers",
+        type=int,
+        default=2,
+        help="DirectRunner worker threads of the sharding and evaluation steps (default %(default)s)",
     )
     tune_flags.add_tune_flags(
         parser,
         "tuning (a Tuner step before the Trainer, which trains with its best values)",
         max_epochs=TUNE_MAX_EPOCHS,
-        max_epochs_help="the schedule of every trial, in epochs",
+        max_epochs_help="the schedule of every trial, in epochs (default %(default)s)",
         max_trials=6,
     )
     parser.add_argument(
@@ -100,68 +126,6 @@ def write_embedded(root: str) -> None:
         sample_data.write_digits_archives(root)
 
 
-class StepLines(logging.Handler):
-    """The console's account of the pipeline's steps, from the records TFX's launcher logs in this process.
-
-    The LocalDagRunner runs each component in turn and logs (through absl) when a component starts and
-    finishes, whether its cached outputs were reused, and when its execution failed; each step gets a line
-    as it starts and one as it ends, with its time.
-    """
-
-    RUNNING = "Component %s is running."
-    NEW_EXECUTION = "Going to run a new execution %d"
-    CACHED = "A cached execution %d is used."
-    FAILED = "Execution %d failed."
-    FINISHED = "Component %s is finished."
-
-    def __init__(self, num_steps: int):
-        super().__init__(logging.INFO)
-        self._total = num_steps
-        self._index = 0
-        self._node = ""
-        self._started = 0.0
-        self._cached = False
-
-    def emit(self, record: logging.LogRecord) -> None:
-        if not isinstance(record.msg, str) or record.msg not in self._EVENTS:
-            return
-        try:
-            self._EVENTS[record.msg](self, record.args or ())
-        except Exception:  # a console line must never break the run
-            self.handleError(record)
-
-    def _prefix(self) -> str:
-        return f"[{self._index}/{self._total}] {self._node}"
-
-    def _running(self, args) -> None:
-        self._index += 1
-        self._node, self._started, self._cached = str(args[0]), time.time(), False
-
-    def _new_execution(self, args) -> None:
-        console.say("%s: running", self._prefix())
-
-    def _cached_execution(self, args) -> None:
-        self._cached = True
-
-    def _failed(self, args) -> None:
-        console.say("%s: FAILED after %s", self._prefix(), console.duration(time.time() - self._started))
-
-    def _finished(self, args) -> None:
-        took = console.duration(time.time() - self._started)
-        if self._cached:
-            console.say("%s: CACHED, outputs of an earlier run reused (%s)", self._prefix(), took)
-        else:
-            console.say("%s: done in %s", self._prefix(), took)
-
-    _EVENTS = {
-        RUNNING: _running,
-        NEW_EXECUTION: _new_execution,
-        CACHED: _cached_execution,
-        FAILED: _failed,
-        FINISHED: _finished,
-    }
-
-
 def known_errors() -> tuple[type[BaseException], ...]:
     """Failures a person fixes from one line (the log file holds the rest): bad inputs and budgets."""
     from beam_preprocess.run import FailureBudgetExceeded, OutputExistsError
@@ -185,8 +149,8 @@ def main(argv: list[str] | None = None) -> int:
 
 def preflight(args, preset):
     """Everything checked before any work: the run (settings, target, inputs: ``PipelinePreset.resolve``, as
-    the cloud runner resolves it), the inputs' files, the pipeline root (created last, so that a failed check
-    leaves nothing behind). Returns the resolved pipeline run.
+    the cloud runner resolves it, both splits given), the inputs' files, the pipeline root (created last, so
+    that a failed check leaves nothing behind). Returns the resolved pipeline run.
 
     Raises:
       console.UsageError: naming the flag and the problem.
@@ -214,8 +178,11 @@ def preflight(args, preset):
             parse_overrides(args.overrides), target_top1=target, inputs=inputs, max_failures=args.max_failures
         )
     except (TypeError, ValueError) as e:
+        from beam_preprocess.config import with_flag_names
+
         flag = "--target-top1" if "target_top1" in str(e) and args.target_top1 is not None else ""
-        raise console.UsageError(flag, "", console.one_line(e)) from None  # the message names the setting
+        # The message names the setting (an input as the flag that gives it).
+        raise console.UsageError(flag, "", with_flag_names(console.one_line(e))) from None
     tuning = tune_flags.tuning_settings(args)
     if tuning is not None:
         from trainer_module import tuning as tuning_module
@@ -243,7 +210,8 @@ def run(args, session: console.Session) -> int:
     session.keep_log(os.path.join(root, LOG_DIR, console.log_name("local_runner")))
     from tfx import v1 as tfx
 
-    from pipeline import outcome, pipeline_def
+    from pipeline import local_steps, outcome, pipeline_def
+    from trainer_module import tfx_trainer
 
     if not (args.train_archive or args.val_archive or args.train_dir or args.val_dir):
         write_embedded(os.path.join(root, EMBEDDED_DIR))
@@ -253,16 +221,19 @@ def run(args, session: console.Session) -> int:
     name = preset.pipeline_name
     console.say("pipeline %s: preset %s, target top-1 %.4f, root %s", name, preset.name, target, root)
     serving_dir = os.path.join(root, "serving_model", name)  # each pipeline (preset) pushes apart
+    checkpoints = os.path.join(root, CHECKPOINTS_DIR, name)
     metadata_path = os.path.join(root, "metadata.sqlite")
     beam_args = [f"--direct_num_workers={args.beam_workers}", "--direct_running_mode=multi_threading"]
     if os.path.exists(SETUP_FILE):
         # Without a setup file, TFX's Beam executor packages TFX itself (a 50 MB sdist) on every run.
         beam_args.append(f"--setup_file={SETUP_FILE}")
     search = tune_flags.tuning_settings(args)
+    tuning_dir = os.path.join(root, TUNING_DIR, name)
+    artifacts = os.path.join(root, "artifacts")
     pipeline = pipeline_def.create_pipeline(
         pipeline_def.PipelineSettings(
             name=name,
-            root=os.path.join(root, "artifacts"),
+            root=artifacts,
             sharding=resolved.sharding,
             trainer_config=resolved.trainer_config,
             serving_model_dir=serving_dir,
@@ -270,17 +241,23 @@ def run(args, session: console.Session) -> int:
                 metadata_path
             ),
             beam_pipeline_args=tuple(beam_args),
-            tuning=pipeline_def.TuningStep(search) if search is not None else None,
+            # A stopped training resumes from its checkpoints, kept by settings and data outside the run.
+            trainer=pipeline_def.TrainerStep(custom_config={tfx_trainer.CHECKPOINT_ROOT_KEY: checkpoints}),
+            tuning=pipeline_def.TuningStep({**search, "directory": tuning_dir})
+            if search is not None
+            else None,
+            baseline_other_than_candidate=True,
         )
     )
-    steps = StepLines(len(pipeline.components))
+    steps = local_steps.StepLines(len(pipeline.components), artifacts, checkpoints, tuning_dir, serving_dir)
     logging.getLogger().addHandler(steps)
     try:
-        tfx.orchestration.LocalDagRunner().run(pipeline)
+        with stopping.describe(steps.stop_description), stopping.cleanup(steps.remove_unfinished):
+            tfx.orchestration.LocalDagRunner().run(pipeline)
     finally:
         logging.getLogger().removeHandler(steps)
     result = outcome.read_outcome(metadata_path, name, target)
-    for line in result.report().splitlines():
+    for line in result.report(pushed_before=local_steps.PUSHER in steps.cached).splitlines():
         console.say("%s", line)
     if result.model_run_uri:
         from trainer_module import report
@@ -288,7 +265,11 @@ def run(args, session: console.Session) -> int:
         console.say(
             "run report: %s", report.write_report(result.model_run_uri, pipeline=result.report_lines())
         )
-        console.say("TensorBoard: tensorboard --logdir %s", os.path.join(result.model_run_uri, "tensorboard"))
+        console.say(
+            "TensorBoard: %s --logdir %s",
+            console.program_command("tensorboard"),
+            os.path.join(result.model_run_uri, "tensorboard"),
+        )
     print(json.dumps(result.as_dict()))
     return 0 if result.pushed else NOT_BLESSED_EXIT
 

@@ -23,8 +23,10 @@ class Outcome:
     tuned: dict = dataclasses.field(
         default_factory=dict
     )  # settings a Tuner step chose (config.json's "tuned")
+    refusals: tuple[str, ...] = ()  # why the Evaluator did not bless: each condition that failed
 
-    def report(self) -> str:
+    def report(self, pushed_before: bool = False) -> str:
+        """The verdict's lines; ``pushed_before``: the push is an earlier run's (the Pusher was cached)."""
         top1 = "unknown" if self.top1 is None else f"{self.top1:.4f}"
         lines = []
         if self.tuned:
@@ -36,8 +38,12 @@ class Outcome:
         if self.blessed:
             lines.append("model BLESSED by the Evaluator")
         else:
-            lines.append("model NOT blessed: top-1 below the target (or worse than the last blessed model)")
-        if self.pushed:
+            lines.append(f"model NOT blessed: {'; '.join(self.refusals) or 'the Evaluator did not bless it'}")
+        if self.pushed and pushed_before:
+            lines.append(
+                f"already pushed to {self.pushed_destination} (the same model; nothing pushed again)"
+            )
+        elif self.pushed:
             lines.append(f"pushed to {self.pushed_destination}")
         else:
             lines.append("nothing pushed")
@@ -92,6 +98,32 @@ def _metrics(evaluation_uri: str) -> dict[str, float]:
     return values
 
 
+def refusals(validation) -> tuple[str, ...]:
+    """Each blessing condition a TFMA ``ValidationResult`` says failed, in words: the top-1 below the target (a
+    value threshold), or worse than the last blessed model's (a change threshold against the baseline, whose
+    metric value is the difference)."""
+    reasons = []
+    for per_slice in validation.metric_validations_per_slice:
+        for failure in per_slice.failures:
+            if failure.metric_key.name != pipeline_def.TOP1:
+                reasons.append(failure.message or f"{failure.metric_key.name} failed its threshold")
+                continue
+            value = failure.metric_value.double_value.value
+            threshold = failure.metric_threshold
+            if failure.metric_key.is_diff:
+                reasons.append(f"its top-1 is {-value:.4f} below the last blessed model's")
+            else:
+                bound = threshold.value_threshold.lower_bound.value
+                reasons.append(f"top-1 {value:.4f} is below the target {bound:.4f}")
+    return tuple(reasons)
+
+
+def _refusals(evaluation_uri: str) -> tuple[str, ...]:
+    import tensorflow_model_analysis as tfma
+
+    return refusals(tfma.load_validation_result(evaluation_uri))
+
+
 def read_outcome(metadata_path: str, pipeline_name: str, target_top1: float) -> Outcome:
     """The latest Evaluator and Pusher outputs of ``pipeline_name`` in the SQLite store at ``metadata_path``."""
     store = _store(metadata_path)
@@ -118,6 +150,7 @@ def read_outcome(metadata_path: str, pipeline_name: str, target_top1: float) -> 
         model_uri=model.uri if model else None,
         model_run_uri=model_run.uri if model_run else None,
         tuned=_tuned(model_run.uri) if model_run else {},
+        refusals=_refusals(evaluation.uri) if evaluation and _int_property(blessing, "blessed") != 1 else (),
     )
 
 

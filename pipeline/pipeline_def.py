@@ -13,7 +13,7 @@ import tensorflow_model_analysis as tfma
 from tfx import v1 as tfx
 
 from beam_preprocess.config import ShardingConfig
-from components import parameters, runtime_gate
+from components import latest_blessed, parameters, runtime_gate
 from components.imagenet_shards import ImageNetShardGen
 from effnet_common import schema
 from trainer_module import export, tfx_trainer
@@ -120,6 +120,9 @@ class PipelineSettings:
       compare_with_latest_blessed: look up the latest blessed model (a TFX resolver node) as the Evaluator's
         baseline, so a model worse than it is not blessed. Open-source Kubeflow Pipelines runs no resolver
         node: without one the gate is the target top-1 alone.
+      baseline_other_than_candidate: the baseline is the latest blessed model other than the Trainer's (the
+        local runner: a rerun with nothing changed reuses its Evaluator and Pusher instead of comparing the
+        model with itself and pushing it again; ``components.latest_blessed``).
     """
 
     name: str
@@ -136,6 +139,7 @@ class PipelineSettings:
     tuning: TuningStep | None = None
     extra_pusher: object = None
     compare_with_latest_blessed: bool = True
+    baseline_other_than_candidate: bool = False
 
 
 def create_pipeline(settings: PipelineSettings) -> tfx.dsl.Pipeline:
@@ -191,7 +195,9 @@ def create_pipeline(settings: PipelineSettings) -> tfx.dsl.Pipeline:
         hyperparameters=tuners[0].outputs["best_hyperparameters"] if tuners else None,
     ).with_id("Trainer")
     baseline = []
-    if settings.compare_with_latest_blessed:
+    if settings.compare_with_latest_blessed and settings.baseline_other_than_candidate:
+        baseline.append(latest_blessed.resolver(trainer.outputs["model"]))
+    elif settings.compare_with_latest_blessed:
         baseline.append(
             tfx.dsl.Resolver(
                 strategy_class=tfx.dsl.experimental.LatestBlessedModelStrategy,

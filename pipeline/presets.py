@@ -12,7 +12,9 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 
-from beam_preprocess.config import ShardingConfig
+from beam_preprocess.config import ShardingConfig, splits_without_input
+from components import parameters
+from effnet_common import schema
 from effnet_common.registry import Registry
 from trainer_module import presets as trainer_presets
 from trainer_module import resolve
@@ -106,6 +108,7 @@ class PipelinePreset:
             machine.check(self.name, run.config)
         if inputs is None:  # the trainer's run alone (a plan of it)
             return PipelineRun(self, run, None)
+        check_both_splits(inputs)
         # The shards are laid out for the hosts that read them: the machine's, else this preset's.
         hosts = run.config.plan.hosts if machine is not None else self.num_hosts
         shape = {"num_hosts": hosts, "train_shards": self.train_shards, "val_shards": self.val_shards}
@@ -116,6 +119,28 @@ class PipelinePreset:
             **{key: value for key, value in inputs.items() if value},
         )
         return PipelineRun(self, run, sharding)
+
+
+# Each split as a sentence names it, and the flags that give it its input, in both runners.
+SPLIT_INPUT_FLAGS = {
+    schema.TRAIN: ("training", "--train-archive or --train-dir"),
+    schema.VALIDATION: ("validation", "--val-archive or --val-dir"),
+}
+
+
+def check_both_splits(inputs: Mapping[str, str]) -> None:
+    """The pipeline trains on the training split and gates on the validation split: a run given one of them
+    would pay for the sharding and fail at the Trainer.
+
+    Raises:
+      ValueError: one line naming the split without an input and the flags that give it.
+    """
+    missing = [SPLIT_INPUT_FLAGS[split] for split in splits_without_input(inputs)]
+    if missing:
+        raise ValueError(
+            f"no {' and no '.join(name for name, _ in missing)} input: {parameters.BOTH_SPLITS}; give "
+            f"{' and '.join(flags for _, flags in missing)}"
+        )
 
 
 def _paper(name: str) -> PipelinePreset:

@@ -19,10 +19,17 @@ def add_tune_flags(
     tune.add_argument(
         "--tune", action="store_true", help="search hyperparameters before training (TFX Tuner + KerasTuner)"
     )
-    tune.add_argument("--tune-search", default="hyperband", help=f"one of {', '.join(SEARCHES.names())}")
+    tune.add_argument(
+        "--tune-search",
+        default="hyperband",
+        help=f"one of {', '.join(SEARCHES.names())} (default %(default)s)",
+    )
     tune.add_argument("--tune-max-epochs", type=int, default=max_epochs, help=max_epochs_help)
     tune.add_argument(
-        "--tune-max-trials", type=int, default=max_trials, help="trials of a bayesian or random search"
+        "--tune-max-trials",
+        type=int,
+        default=max_trials,
+        help="trials of a bayesian or random search (default %(default)s; Hyperband's follow from its epochs)",
     )
     return tune
 

@@ -3,9 +3,11 @@
 import hashlib
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
+import time
 
 import apache_beam as beam
 import pytest
@@ -231,12 +233,12 @@ def test_rerun_writes_byte_identical_shards(quirky_archives, quirky_run, tmp_pat
     assert first == second and len(first) == 10
 
 
-def test_failure_budget_exceeded_exits_non_zero_naming_the_inputs(quirky_archives, tmp_path, capsys):
+def test_failure_budget_exceeded_exits_2_naming_the_inputs(quirky_archives, tmp_path, capsys):
     code = _run_cli(
         ["--train-archive", quirky_archives.train_archive, "--output-dir", tmp_path, "--max-failures", 2]
     )
     err = capsys.readouterr().err
-    assert code == 1
+    assert code == 2  # unusable inputs are bad input, as in every command
     # One line on the console; the inputs that failed are listed in the log file beside the output.
     assert err.count("\n") == 1 and "more than --max-failures=2" in err
     log = (tmp_path.parent / f"{tmp_path.name}.beam_preprocess.log").read_text()
@@ -261,9 +263,13 @@ def test_existing_output_is_not_mixed_without_overwrite(clean_archives, tmp_path
 @pytest.mark.parametrize(
     "args,message",
     [
-        (["--num-hosts", "4", "--train-shards", "6"], "train_shards=6 must be a multiple of num_hosts=4"),
-        (["--shard-mb", "0"], "shard_mb must be positive"),
-        (["--train-dir", "x"], "give train_archive or train_dir, not both"),
+        # Named as the flags that set them.
+        (
+            ["--num-hosts", "4", "--train-shards", "6"],
+            "error: --train-shards=6 must be a multiple of --num-hosts=4",
+        ),
+        (["--shard-mb", "0"], "error: --shard-mb must be positive"),
+        (["--train-dir", "x"], "error: give --train-archive or --train-dir, not both"),
     ],
 )
 def test_bad_options_get_a_clear_error(clean_archives, tmp_path, capsys, args, message):
@@ -382,3 +388,49 @@ def test_an_archive_changed_between_checking_and_writing_fails_in_one_line(
     assert changed.startswith(f"error: {archive} changed while the run was going: the {member.size} bytes at")
     assert leftovers.startswith("error: beam_preprocess did not finish: its spill files are left under")
     assert not (out / "manifest.json").exists()
+
+
+def _group_processes(group: int) -> list[str]:
+    """The command lines of the live processes in process group ``group``."""
+    found = []
+    for entry in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rpartition(")")[2].split()
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                command = f.read().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if entry.isdigit() and fields[0] != "Z" and int(fields[2]) == group:
+            found.append(command)
+    return found
+
+
+def test_ctrl_c_while_multi_process_workers_shard_removes_everything_and_stops_them(clean_archives, tmp_path):
+    """SIGINT to the command's process group (a terminal's Ctrl-C) while its worker processes spill: one line,
+    exit 130, no worker left, no spill file or shard left, so the same command then runs without --overwrite."""
+    out = tmp_path / "shards"
+    argv = [sys.executable, "-m", "beam_preprocess", "--train-archive", clean_archives.train_archive]
+    argv += ["--val-archive", clean_archives.val_archive, "--output-dir", str(out), "--check-threads", "1"]
+    argv += ["--direct_num_workers", "2", "--direct_running_mode", "multi_processing"]
+    process = subprocess.Popen(
+        argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+    )
+    try:
+        assert process.stdout.readline().startswith("full log: ")
+        while not (out / ".beam_preprocess-tmp").exists() and process.poll() is None:
+            time.sleep(0.01)
+        assert process.poll() is None, "the run ended before its workers spilled anything"
+        os.killpg(process.pid, signal.SIGINT)
+        out_text, err = process.communicate(timeout=60)
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+    assert process.returncode == 130, err
+    assert err == (
+        f"stopped by the user: the partial shards and spill files under {out} were removed (the log "
+        f"{out}.beam_preprocess.log is kept); run the same command again\n"
+    )
+    assert "Traceback" not in out_text and not [p for p in out.rglob("*") if p.is_file()]
+    assert _group_processes(process.pid) == []
+    assert subprocess.run(argv, capture_output=True, timeout=600).returncode == 0

@@ -5,6 +5,7 @@ failure budget, the component compiled for Kubeflow, and one LocalDagRunner run 
 import io
 import json
 import os
+import re
 
 import apache_beam as beam
 import numpy as np
@@ -28,7 +29,7 @@ from beam_preprocess.run import FailureBudgetExceeded
 from components import imagenet_shards
 from components.imagenet_shards import ImageNetShardGen
 from effnet_common import schema
-from effnet_common.manifest import LabelConvention, Manifest, SplitManifest
+from effnet_common.manifest import LabelConvention, Manifest, Shard, SplitManifest
 from trainer_module import input_pipeline
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -217,15 +218,47 @@ def test_failure_budget(quirky_archives, tmp_path, budget_covers_failures):
     assert not missing, f"failures not named in the error: {missing}\n{message}"
 
 
-def test_artifact_without_records_is_refused():
+@pytest.mark.parametrize("written", [0, 5])
+def test_artifact_without_records_in_both_splits_is_refused(written):
+    """The pipeline trains on one split and gates on the other: an artifact missing one (its images all failed
+    within the budget) would be reused by every later run, each failing at its Trainer."""
     examples = tfx.types.standard_artifacts.Examples()
-    only_failures = SplitManifest("train", 2, 0, 2, 0, "Split-train", "Split-train/train-*-of-*", shards=())
-    manifest = Manifest(
-        {"train": only_failures}, LabelConvention(schema.LABEL_CONVENTION), schema.FEATURE_KEYS
+    shards = (Shard("Split-train/train-00000-of-00001", written, 100),) if written else ()
+    train = SplitManifest(
+        "train",
+        5,
+        written,
+        5 - written,
+        100 if written else 0,
+        "Split-train",
+        "Split-train/train-*-of-*",
+        shards,
     )
-    with pytest.raises(RuntimeError, match=r"no split holds a record; .* \{'train': \(2, 2\)\}"):
+    only_failures = SplitManifest(
+        "validation", 2, 0, 2, 0, "Split-validation", "Split-validation/validation-*-of-*", shards=()
+    )
+    manifest = Manifest(
+        {"train": train, "validation": only_failures},
+        LabelConvention(schema.LABEL_CONVENTION),
+        schema.FEATURE_KEYS,
+    )
+    missing = "train and no validation" if not written else "validation"
+    with pytest.raises(RuntimeError, match=rf"no {missing} record was written; .* 'validation': \(2, 2\)\}}"):
         imagenet_shards.describe_artifact(examples, manifest)
     assert not examples.has_custom_property("file_format")
+
+
+@pytest.mark.parametrize(
+    "overrides, missing",
+    [
+        ({"val_archive": ""}, "no validation input (val_archive or val_dir)"),
+        ({"train_archive": ""}, "no train input (train_archive or train_dir)"),
+    ],
+)
+def test_the_sharding_step_refuses_a_run_without_both_splits(clean_archives, overrides, missing):
+    given = _config(clean_archives)
+    with pytest.raises(ValueError, match=re.escape(missing) + ": the pipeline trains on the training split"):
+        imagenet_shards.artifact_config(given.to_json(), "gs://bucket/examples/7", overrides)
 
 
 # --------------------------------------------------------------------------------------------------

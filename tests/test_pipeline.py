@@ -4,8 +4,10 @@ import json
 import os
 import pathlib
 import re
+import signal
 import subprocess
 import sys
+import time
 
 import pytest
 from ml_metadata.metadata_store import metadata_store
@@ -115,7 +117,8 @@ def test_unreachable_target_stops_nothing_early_blesses_nothing_and_pushes_nothi
     result = _run_cli("--pipeline-root", root, *SHORT, "--target-top1", "0.999", "--verbose")
     out = result.stdout
     assert result.returncode == local_runner.NOT_BLESSED_EXIT, result.stderr[-3000:]
-    assert "NOT blessed" in out and "nothing pushed" in out
+    assert re.search(r"^model NOT blessed: top-1 0\.\d{4} is below the target 0\.9990$", out, re.M), out
+    assert "nothing pushed" in out
     outcome = json.loads(out.strip().splitlines()[-1])
     assert outcome["model_run_uri"] and result_report_path(out) == f"{outcome['model_run_uri']}/report.html"
     assert outcome["blessed"] is False and outcome["pushed"] is False and 0.0 < outcome["top1"] < 0.999
@@ -171,6 +174,8 @@ def test_tuning_step_chooses_the_values_the_trainer_trains_with(tmp_path):
     assert result.returncode == 0, result.stderr[-3000:]
     out = result.stdout
     assert re.search(r"^\[\d/\d\] Tuner: done in ", out, re.M) and "Search space summary" not in out
+    # A line per trial, as the standalone search prints them.
+    assert len(re.findall(r"^trial \S+ completed .*top-1 0\.\d{4} at epoch 1 ", out, re.M)) == 2, out
     store = _store(tmp_path)
     (hyperparameters,) = store.get_artifacts_by_type("HyperParameters")
     with open(pathlib.Path(hyperparameters.uri) / "best_hyperparameters.txt") as f:
@@ -185,3 +190,196 @@ def test_tuning_step_chooses_the_values_the_trainer_trains_with(tmp_path):
     assert saved["config"]["schedule"]["lr_per_256"] == best["schedule.lr_per_256"]
     (line,) = [line for line in out.splitlines() if line.startswith("trained with the Tuner's values: ")]
     assert "lr_per_256=" in line
+
+
+def _leftovers(root: pathlib.Path) -> list[str]:
+    """What a stopped run would leave half-done under the pipeline root: temporary or half-written files, a
+    step's temporary or working directory with something in it, output directories no finished execution owns.
+    (TFX leaves a finished execution's ``executor_execution/<id>`` directory empty.)"""
+    found = [str(p) for p in root.rglob("*") if re.search(r"tmp|temp|\.inprogress", p.name)]
+    for system in root.glob("artifacts/*/.system"):
+        found += [str(p) for p in system.glob("executor_execution/*/*")]
+        found += [str(p) for p in system.glob("stateful_working_dir/*")]
+    store = _store(root)
+    owned = {pathlib.Path(a.uri) for a in store.get_artifacts()}
+    for output in root.glob("artifacts/*/[!.]*/*"):
+        if output not in owned:
+            found.append(str(output))
+    return found
+
+
+@pytest.mark.slow
+def test_ctrl_c_during_training_stops_in_one_line_and_the_next_run_resumes_then_reuses_everything(tmp_path):
+    """SIGINT to the demo's process group while it trains, as a terminal's Ctrl-C sends it: no traceback, a
+    few lines, nothing temporary left under the root, the checkpoint kept; the next run resumes the training
+    from it and pushes; a run after that reuses every step and pushes no second version."""
+    root = tmp_path / "root"
+    args = ["--pipeline-root", root, "--preset", "demo", "--set", "loop.train_epochs=2"]
+    args += [
+        "--set",
+        "loop.eval_every_epochs=1",
+        "--set",
+        "schedule.warmup_epochs=0.5",
+        "--target-top1",
+        "0.1",
+    ]
+    command = [sys.executable, "-m", "pipeline.local_runner", *map(str, args)]
+    process = subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO, start_new_session=True
+    )
+    try:
+        before = []
+        for line in process.stdout:
+            before.append(line)
+            if line.startswith("epoch "):
+                break
+        assert process.poll() is None, "".join(before)
+        # The first evaluation's checkpoint (written just after its line).
+        states = root / "checkpoints" / "effnet-demo"
+        while not list(states.glob("*/checkpoint")) and process.poll() is None:
+            time.sleep(0.05)
+        os.killpg(process.pid, signal.SIGINT)
+        after = [line for line in process.stdout.read().splitlines() if line.strip()]
+        status = process.wait(timeout=60)
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+    assert status == 130, "".join(before) + "\n".join(after)
+    assert len(after) <= 5 and not [line for line in after if "Traceback" in line], after
+    (stopped,) = [line for line in after if line.startswith("stopped by the user: ")]
+    assert (
+        "the Trainer stopped: its checkpoint of step" in stopped and "run the same command again" in stopped
+    )
+    step = int(re.search(r"checkpoint of step (\d+)", stopped).group(1))
+    assert not _leftovers(root), _leftovers(root)
+
+    resumed = _run_cli(*args)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert f"training: resumed at step {step} of " in resumed.stdout
+    assert re.search(r"^\[\d/\d\] ImageNetShardGen: CACHED", resumed.stdout, re.M)
+    assert len(os.listdir(root / SERVING)) == 1
+
+    again = _run_cli(*args)
+    assert again.returncode == 0, again.stderr[-3000:]
+    for component in ("ImageNetShardGen", "Trainer", "Evaluator", "Pusher"):
+        assert re.search(rf"^\[\d/\d\] {component}: CACHED", again.stdout, re.M), again.stdout
+    assert "already pushed to " in again.stdout and len(os.listdir(root / SERVING)) == 1
+    store = _store(root)
+    assert len(store.get_artifacts_by_type("PushedModel")) == 1
+
+
+def test_the_local_baseline_is_the_latest_blessed_model_other_than_the_candidate():
+    """A rerun's cached model is not compared with itself (its Evaluator and Pusher stay cached); a new model
+    is compared with the latest model blessed before it."""
+    from tfx.types import standard_artifacts
+
+    from components.latest_blessed import LatestBlessedOtherModelStrategy
+
+    def model(i):
+        artifact = standard_artifacts.Model()
+        artifact.id = i
+        return artifact
+
+    def blessing(model_id, blessed):
+        artifact = standard_artifacts.ModelBlessing()
+        artifact.id = 100 + model_id
+        artifact.set_int_custom_property("current_model_id", model_id)
+        artifact.set_int_custom_property("blessed", int(blessed))
+        return artifact
+
+    models, blessings = (
+        [model(1), model(2), model(3)],
+        [blessing(1, True), blessing(2, True), blessing(3, False)],
+    )
+    strategy = LatestBlessedOtherModelStrategy()
+
+    def baseline(candidate):
+        inputs = {"model": list(models), "model_blessing": list(blessings), "candidate": [candidate]}
+        return [m.id for m in strategy.resolve_artifacts(None, inputs)["model"]]
+
+    assert baseline(model(4)) == [2]  # a new model: the latest blessed one
+    assert baseline(model(2)) == [1]  # the latest blessed model itself, again: the one blessed before it
+    models, blessings = [model(1)], [blessing(1, True)]
+    assert (
+        baseline(model(1)) == []
+    )  # the only blessed model, again: no baseline, as when it was first evaluated
+
+
+def test_the_verdict_says_which_blessing_condition_failed():
+    from tensorflow_model_analysis.proto import validation_result_pb2
+
+    from pipeline import outcome
+
+    validation = validation_result_pb2.ValidationResult(validation_ok=False)
+    per_slice = validation.metric_validations_per_slice.add()
+    below = per_slice.failures.add()
+    below.metric_key.name = "sparse_categorical_accuracy"
+    below.metric_value.double_value.value = 0.9412
+    below.metric_threshold.value_threshold.lower_bound.value = 0.95
+    worse = per_slice.failures.add()
+    worse.metric_key.name = "sparse_categorical_accuracy"
+    worse.metric_key.is_diff = True
+    worse.metric_value.double_value.value = -0.0125
+    assert outcome.refusals(validation) == (
+        "top-1 0.9412 is below the target 0.9500",
+        "its top-1 is 0.0125 below the last blessed model's",
+    )
+    verdict = outcome.Outcome(
+        0.95, 0.9412, None, False, False, None, None, refusals=outcome.refusals(validation)
+    )
+    assert (
+        "model NOT blessed: top-1 0.9412 is below the target 0.9500; its top-1 is 0.0125 below"
+        in verdict.report()
+    )
+
+
+def _record(message, *args):
+    import logging
+
+    return logging.LogRecord("absl", logging.INFO, __file__, 0, message, args, None)
+
+
+def test_a_stopped_step_leaves_none_of_its_directories_and_the_stop_line_says_what_was_kept(tmp_path):
+    """What Ctrl-C in the middle of a step removes (its outputs, TFX's temporary and working directories for it,
+    a Pusher's half-copied version) and keeps (finished steps, earlier versions, the Trainer's checkpoints)."""
+    from pipeline import local_steps
+
+    artifacts, serving = tmp_path / "artifacts", tmp_path / "serving"
+    checkpoints = tmp_path / "checkpoints"
+    steps = local_steps.StepLines(3, str(artifacts), str(checkpoints), str(tmp_path / "tuning"), str(serving))
+    assert steps.stop_description() == "nothing ran yet; run the same command again"
+
+    def run_step(node, execution, outputs):
+        steps.emit(_record(steps.RUNNING, node))
+        steps.emit(_record(steps.NEW_EXECUTION, execution))
+        made = [artifacts / node / name / str(execution) for name in outputs]
+        made += [artifacts / node / ".system" / "executor_execution" / str(execution) / ".temp"]
+        made += [artifacts / node / ".system" / "stateful_working_dir" / f"uuid-{execution}"]
+        for directory in made:
+            directory.mkdir(parents=True)
+        return made
+
+    finished = run_step("ImageNetShardGen", 1, ["examples"])
+    assert "ImageNetShardGen did not finish" in steps.stop_description()
+    steps.emit(_record(steps.FINISHED, "ImageNetShardGen"))
+    assert steps.unfinished_directories() == [] and "the finished steps are kept" in steps.stop_description()
+
+    run_step("Trainer", 2, ["model", "model_run"])
+    assert steps.stop_description().startswith("the Trainer stopped: no checkpoint yet")
+    (checkpoints / "key").mkdir(parents=True)
+    (checkpoints / "key" / "checkpoint").write_text('model_checkpoint_path: "ckpt-224"\n')
+    assert steps.stop_description() == (
+        f"the Trainer stopped: its checkpoint of step 224 is kept in {checkpoints}; run the same command again to "
+        "resume the training"
+    )
+    steps.emit(_record(steps.FINISHED, "Trainer"))
+
+    (serving / "1700000000").mkdir(parents=True)  # an earlier run's push
+    pusher = run_step("Pusher", 3, ["pushed_model"])
+    (serving / "1700000099").mkdir()  # this push, half-copied
+    steps.remove_unfinished()
+    assert not [path for path in pusher if path.exists()] and os.listdir(serving) == ["1700000000"]
+    assert all(path.exists() for path in finished[:1]) and (artifacts / "Trainer" / "model" / "2").exists()
+    assert "Pusher did not finish (its partial output was removed), the steps before it are cached" in (
+        steps.stop_description()
+    )

@@ -71,7 +71,7 @@ def _beam_case(case, tmp_path, blocker, out, archives):
         ),
         "bad override": (
             ["--train-archive", archives.train_archive, "--output-dir", out, "--shard-mb", "0"],
-            "error: shard_mb must be positive, got 0.0",
+            "error: --shard-mb must be positive, got 0.0",
         ),
     }[case]
 
@@ -126,10 +126,87 @@ def test_a_bad_flag_is_one_line_exit_2_and_creates_nothing(module, case, workspa
     assert sorted(os.listdir(tmp_path)) == before  # no output directory, no log file beside it
 
 
+def _refusal_case(case, tmp_path, archives):
+    """(module, arguments, the error line's start) of refusals each command makes before any work."""
+    train, val = ["--train-archive", archives.train_archive], ["--val-archive", archives.val_archive]
+    shard = ["--output-dir", tmp_path / "shards", *train, *val]
+    return {
+        # The pipeline trains on one split and gates on the other: one alone would shard, then fail to train.
+        "pipeline, training archive only": (
+            "pipeline.local_runner",
+            ["--pipeline-root", tmp_path / "root", *train],
+            "error: no validation input: the pipeline trains on the training split and gates on the validation "
+            "split; give --val-archive or --val-dir",
+        ),
+        "pipeline, validation archive only": (
+            "pipeline.local_runner",
+            ["--pipeline-root", tmp_path / "root", *val],
+            "error: no training input: ",
+        ),
+        "pipeline, misspelt option": (
+            "pipeline.local_runner",
+            ["--pipeline-root", tmp_path / "root", "--beam_workers", "1"],
+            "error: unrecognized arguments: --beam_workers 1 (did you mean --beam-workers?); see python -m "
+            "pipeline.local_runner --help",
+        ),
+        # Beam's parser drops what it does not know: each would have sharded, ignoring the option.
+        "sharding, --num_hosts": (
+            "beam_preprocess",
+            [*shard, "--num_hosts", "4"],
+            "error: unrecognized arguments: --num_hosts 4 (did you mean --num-hosts?)",
+        ),
+        "sharding, --shards-mb": (
+            "beam_preprocess",
+            [*shard, "--shards-mb", "1"],
+            "error: unrecognized arguments: --shards-mb 1 (did you mean --shard-mb?)",
+        ),
+        "sharding, --overwirte": (
+            "beam_preprocess",
+            [*shard, "--overwirte"],
+            "error: unrecognized arguments: --overwirte (did you mean --overwrite?)",
+        ),
+        "sample data, unwritable": (
+            "beam_preprocess.sample_data",
+            ["--out", "/proc/x"],
+            "error: --out /proc/x: cannot write here",
+        ),
+        "sample data, --num-images with the digits": (
+            "beam_preprocess.sample_data",
+            ["--out", tmp_path / "data", "--num-images", "50"],
+            "error: --num-images 50: goes with --kind photos: the digits are always scikit-learn's 1,797 in 10 "
+            "synsets",
+        ),
+    }[case]
+
+
+REFUSALS = (
+    "pipeline, training archive only",
+    "pipeline, validation archive only",
+    "pipeline, misspelt option",
+    "sharding, --num_hosts",
+    "sharding, --shards-mb",
+    "sharding, --overwirte",
+    "sample data, unwritable",
+    "sample data, --num-images with the digits",
+)
+
+
+@pytest.mark.parametrize(
+    "case", [pytest.param(c, marks=pytest.mark.slow) if c.startswith("pipeline") else c for c in REFUSALS]
+)
+def test_every_command_refuses_before_any_work_in_one_line(case, tmp_path, clean_archives):
+    module, args, expected = _refusal_case(case, tmp_path, clean_archives)
+    before = sorted(os.listdir(tmp_path))
+    result = _run(module, *args)
+    assert result.returncode == 2, result.stderr[-3000:]
+    assert _one_error_line(result).startswith(expected)
+    assert not result.stdout.strip() and sorted(os.listdir(tmp_path)) == before
+
+
 def test_sharding_over_its_failure_budget_is_one_line(quirky_archives, tmp_path):
     out = tmp_path / "shards"
     result = _run("beam_preprocess", "--train-archive", quirky_archives.train_archive, "--output-dir", out)
-    assert result.returncode == 1
+    assert result.returncode == 2  # unusable inputs are bad input, as in every command
     line = _one_error_line(result)
     assert "inputs could not be used (more than --max-failures=0)" in line
     # The first inputs that failed are named on that line, with their reasons; all are in the failed manifest.
@@ -157,3 +234,38 @@ def test_pipeline_step_failing_on_bad_inputs_is_one_line_not_a_traceback(quirky_
     assert "inputs could not be used (more than --max-failures=0)" in line
     assert "] ImageNetShardGen: running" in result.stdout and "] ImageNetShardGen: FAILED" in result.stdout
     assert "Traceback" in next((root / "logs").iterdir()).read_text()  # the details are in the log file
+
+
+def test_every_option_of_every_command_says_what_it_does():
+    """--help documents every option (the README lists those a person needs)."""
+    import argparse
+
+    from beam_preprocess import __main__ as beam_cli
+    from beam_preprocess import sample_data
+    from pipeline import kubeflow_v2_runner, local_runner
+    from trainer_module import __main__ as trainer_cli
+
+    def undocumented(name, parser):
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                for command, sub in action.choices.items():
+                    yield from undocumented(f"{name} {command}", sub)
+            elif action.option_strings and not action.help:
+                yield f"{name} {action.option_strings[0]}"
+
+    parsers = {
+        "beam_preprocess": beam_cli.build_parser(),
+        "sample_data": sample_data.build_parser(),
+        "local_runner": local_runner.build_parser(),
+        "kubeflow_v2_runner": kubeflow_v2_runner.build_parser(),
+        "trainer_module": trainer_cli.build_parser(),
+    }
+    assert [option for name, parser in parsers.items() for option in undocumented(name, parser)] == []
+    # The runners list the presets they take (named without loading TensorFlow: the pipeline's are the trainer's).
+    from pipeline import presets
+    from trainer_module.presets import preset_names
+
+    assert sorted(preset_names()) == sorted(presets.PIPELINE_PRESETS)
+    for runner in ("local_runner", "kubeflow_v2_runner"):
+        (preset,) = [a for a in parsers[runner]._actions if "--preset" in a.option_strings]
+        assert all(name in preset.help for name in presets.PIPELINE_PRESETS), runner

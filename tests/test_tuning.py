@@ -426,7 +426,13 @@ def test_hyperband_continues_trials_from_their_checkpoints_and_a_killed_search_r
         assert copied.read_bytes() == (trials / f"trial_{source}" / "run" / "checkpoints" / name).read_bytes()
 
     best = json.loads((tune_dir / "best_hyperparameters.json").read_text())
-    assert best == {**by_id[summary["best_trial"]]["values"], tuning.SCHEDULE_EPOCHS: 2}
+    searched_with = {"optimizer.name": "lars", "schedule.kind": "polynomial"}
+    assert resolve.searched_with(presets.get_preset("smoke")) == searched_with
+    assert best == {
+        **by_id[summary["best_trial"]]["values"],
+        tuning.SCHEDULE_EPOCHS: 2,
+        resolve.SEARCHED_WITH_KEY: searched_with,
+    }
     # Training with them: applied before --set, warmup scaled from the search's 2 epochs to the run's 4.
     argv = ["--preset", "smoke", "--plan", "--hyperparameters", str(tune_dir / "best_hyperparameters.json")]
     assert main([*argv, "--set", "loop.train_epochs=4", "--set", "optimizer.label_smoothing=0.05"]) == 0
@@ -501,6 +507,37 @@ def test_tune_refuses_a_directory_holding_another_search_and_training_a_bad_hype
     bad.write_text("[1, 2]")
     assert "must be a JSON object" in _refused(capsys, [*train_args, str(bad)])
     assert not model_dir.exists()
+
+
+@pytest.mark.parametrize("recorded", [True, False])
+def test_a_searchs_values_are_refused_on_a_run_of_another_optimizer_as_its_space_is(
+    tmp_path, capsys, recorded
+):
+    """A LARS search's peak LR and warmup are no RMSProp values: applied to an RMSProp preset they are refused
+    in one line, as ``--space`` refuses a LARS dimension there (a file written before searches recorded what
+    they searched with is refused by the LARS-only setting it holds); a LARS preset takes them."""
+    values = {
+        "schedule.lr_per_256": 0.8,
+        "schedule.warmup_epochs": 2.7,
+        "optimizer.weight_decay": 1e-4,
+        "optimizer.lars_eeta": 0.002,
+        tuning.SCHEDULE_EPOCHS: 30,
+    }
+    if recorded:
+        values[resolve.SEARCHED_WITH_KEY] = {"optimizer.name": "lars", "schedule.kind": "polynomial"}
+    path = tmp_path / "best_hyperparameters.json"
+    path.write_text(json.dumps(values))
+    line = _refused(capsys, ["--preset", "b0-rmsprop-8x2048", "--plan", "--hyperparameters", str(path)])
+    expected = (
+        "found by a search with optimizer.name='lars', and this run has 'rmsprop'"
+        if recorded
+        else "found by a search of another optimizer or schedule: optimizer.lars_eeta: read only with "
+        "optimizer.name='lars', and this config has 'rmsprop'"
+    )
+    assert line.startswith(f"error: --hyperparameters {path}: {expected}"), line
+    assert main(["--preset", "b5-lars-1024x65536", "--plan", "--hyperparameters", str(path)]) == 0
+    planned = json.loads(capsys.readouterr().out)["config"]
+    assert planned["optimizer"]["lars_eeta"] == 0.002 and planned["schedule"]["lr_per_256"] == 0.8
 
 
 # ---------------------------------------------------------------------------------------------- TFX

@@ -171,6 +171,14 @@ def test_preset_is_checked_against_the_accelerator():
         (["--param", "train_shards=1000", "--accelerator", "gpu-a100x8", "--machines", "16", "--set",
           "data.num_cores=128"], "train_shards=1000 must be a multiple of num_hosts=16"),
         (["--vertex-endpoint", "effnet"], "error: --vertex-endpoint needs --serving-image"),
+        # The pipeline trains on one split and gates on the other: one alone would pay for Dataflow, then fail.
+        (["--val-archive", ""], "error: no validation input: the pipeline trains on the training split and gates "
+         "on the validation split; give --val-archive or --val-dir"),
+        (["--param", "train_archive="], "error: no training input: "),
+        # The README's placeholder: a digest that is none (a tag's warning would tell to give what was given).
+        (["--image", "REGION-docker.pkg.dev/PROJECT/effnet/pipeline@sha256:DIGEST"],
+         "error: --image REGION-docker.pkg.dev/PROJECT/effnet/pipeline@sha256:DIGEST: 'sha256:DIGEST' is not an "
+         "image digest (sha256: and 64 hex digits)"),
     ],
 )  # fmt: skip
 def test_bad_requests_exit_2_with_one_line_and_write_nothing(extra, message, tmp_path, capsys):
@@ -711,6 +719,8 @@ def test_wait_exits_1_when_the_run_fails(template_file, capsys, vertex_pipelines
         (["--param", "target_top1=1.5"], "do not fit the compiled preset: loop.target_top1=1.5 is outside"),
         (["--param", "train_shards=-1"], "runtime parameters train_archive="),
         (["--param", "train_dir=gs://b/train"], "runtime parameters train_archive=gs://my-bucket/ILSVRC2012_img_train"),
+        (["--param", "val_archive="], "no validation input (val_archive or val_dir): the pipeline trains on the "
+         "training split"),
         (["--wait"], "--wait follows a submitted run: add --submit"),
     ],
 )  # fmt: skip

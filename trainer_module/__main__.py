@@ -20,6 +20,9 @@ MODEL_DIR/metrics.json (final and peak top-1, evaluation history, time to accura
 MODEL_DIR/run_log.jsonl, MODEL_DIR/config.json, TensorBoard summaries (MODEL_DIR/tensorboard) and checkpoints.
 Re-running with the same MODEL_DIR resumes from the last checkpoint. The console shows one line per
 evaluation; the libraries' logs go to MODEL_DIR/logs/trainer-<time>.log (--verbose: live on stderr).
+
+Exit status: 0 done, 2 a bad flag, setting or input, 130 Ctrl-C (a run keeps its last checkpoint and the same
+command resumes it; a search keeps its finished trials and the same command goes on).
 """
 
 from __future__ import annotations
@@ -34,7 +37,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 warnings.filterwarnings("ignore", category=FutureWarning)
 
 # TensorFlow (imported by the presets) prints on import: it is imported inside the console session.
-from effnet_common import console  # noqa: E402
+from effnet_common import console, stopping  # noqa: E402
 
 LOG_DIR = "logs"
 
@@ -48,7 +51,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     epilog = __doc__.split("\n\n", 2)[2] + "\npresets: " + ", ".join(presets.preset_names())
     formatter = argparse.RawDescriptionHelpFormatter
-    parser = argparse.ArgumentParser(
+    parser = console.ArgumentParser(
         prog="python -m trainer_module",
         description=__doc__.split("\n\n")[0],
         epilog=epilog,
@@ -148,10 +151,10 @@ def report_main(args) -> int:
     from trainer_module import report
 
     try:
-        print(report.write_report(args.model_dir))
+        with stopping.describe("the report was not redrawn (its earlier files are as they were)"):
+            print(report.write_report(args.model_dir))
     except ValueError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+        return console.fail(e)
     return 0
 
 
@@ -323,7 +326,10 @@ def add_tune_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="tune the --space dimensions only, not the default space beside them",
     )
-    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="FIELD=VALUE")
+    parser.add_argument(
+        "--set", dest="overrides", action="append", default=[], metavar="FIELD=VALUE",
+        help="override a config field of the run the trials start from, e.g. --set data.global_batch_size=128",
+    )  # fmt: skip
     parser.add_argument("--cpu-devices", type=int, default=0, help="logical CPU devices of each trial")
     parser.add_argument("--verbose", action="store_true", help="show the libraries' logs live")
 
@@ -376,10 +382,15 @@ def tune_main(args, session) -> int:
     from trainer_module import files, tuning
 
     session.keep_log(files.join(args.tune_dir, LOG_DIR, console.log_name("tune")), _upload)
-    tuner = tuning.build_tuner(search, args.tune_dir, report=lambda s: console.say(tuning.trial_line(s)))
+    tuner = tuning.build_tuner(search, args.tune_dir)
     console.say(tuning.planned_budget_line(search))
+    stopped = (
+        f"the finished trials are kept in {args.tune_dir} and the running one keeps its checkpoints; run the same "
+        "command again to go on with the search"
+    )
     try:
-        tuner.search()
+        with stopping.describe(stopped):
+            tuner.search()
     except RuntimeError as e:  # KerasTuner ends a search after consecutive failed trials
         return console.fail(e, status=1)
     best = tuning.write_summaries(tuner)
@@ -409,8 +420,20 @@ def train_main(args, session) -> int:
         files.join(args.model_dir, LOG_DIR, console.log_name("trainer" + _task_suffix())), _upload
     )
     devices = runs.use_logical_cpus(args.cpu_devices) if args.cpu_devices else None
+    paths = train.RunPaths(args.model_dir)
+
+    def stopped() -> str:
+        step = train.last_checkpoint_step(paths.checkpoint_dir)
+        if step is None:
+            return "no checkpoint yet (the first comes with the first evaluation); run the same command again"
+        return (
+            f"the checkpoint of step {step} is kept in {paths.checkpoint_dir}; run the same command again to "
+            "resume from it"
+        )
+
     try:
-        result = runs.run(run, args.train_files, args.eval_files, train.RunPaths(args.model_dir), devices)
+        with stopping.describe(stopped):
+            result = runs.run(run, args.train_files, args.eval_files, paths, devices)
     except (input_pipeline.LabelError, train.NonFiniteLossError, ValueError) as e:
         return console.fail(e)
     peak = "none" if result.peak_top1 is None else f"{result.peak_top1:.4f} at step {result.peak_step}"
@@ -429,11 +452,13 @@ def train_main(args, session) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    if argv[:1] == ["report"]:  # no console session: it prints the report's path and nothing else
-        return report_main(parse_args(argv))
     with console.session(verbose=console.wants_verbose(argv)) as session:
         args = parse_args(argv)
-        return {"train": train_main, "tune": tune_main}[args.command](args, session)
+        # report keeps no log file: it prints the report's path and nothing else (what the libraries print while
+        # drawing goes to the session's temporary log, removed at the end).
+        return {"train": train_main, "tune": tune_main, "report": lambda args, _: report_main(args)}[
+            args.command
+        ](args, session)
 
 
 if __name__ == "__main__":

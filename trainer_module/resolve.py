@@ -29,6 +29,62 @@ SCHEDULE_EPOCHS = "tuning/schedule_epochs"
 EPOCH_KEYS = ("schedule.warmup_epochs", "schedule.decay_epochs")
 # Keys of a search's bookkeeping, not settings: KerasTuner's ``tuner/...`` and ours.
 _BOOKKEEPING = ("tuner/", "tuning/")
+# The settings that decide what a search's values mean (a peak LR per 256 found for LARS is no RMSProp LR, a
+# warmup found for one schedule no warmup for another), recorded beside the values it found.
+SEARCHED_WITH = ("optimizer.name", "schedule.kind")
+SEARCHED_WITH_KEY = "tuning/searched_with"
+# Settings only some configs read, and the setting that decides it.
+READ_ONLY_WITH = {
+    "optimizer.lars_eeta": ("optimizer.name", "lars"),
+    "optimizer.lars_epsilon": ("optimizer.name", "lars"),
+    "optimizer.lars_nesterov": ("optimizer.name", "lars"),
+    "optimizer.rmsprop_rho": ("optimizer.name", "rmsprop"),
+    "optimizer.rmsprop_epsilon": ("optimizer.name", "rmsprop"),
+    "schedule.end_lr": ("schedule.kind", "polynomial"),
+    "schedule.polynomial_power": ("schedule.kind", "polynomial"),
+    "schedule.decay_epochs": ("schedule.kind", "exponential"),
+    "schedule.decay_rate": ("schedule.kind", "exponential"),
+}
+
+
+def unread_setting(config: TrainerConfig, key: str) -> str | None:
+    """Why ``config`` does not read setting ``key`` (one line naming both), or None when it does."""
+    if key not in READ_ONLY_WITH:
+        return None
+    switch, needed = READ_ONLY_WITH[key]
+    actual = setting(config, switch)
+    return (
+        None
+        if actual == needed
+        else f"{key}: read only with {switch}={needed!r}, and this config has {actual!r}"
+    )
+
+
+def searched_with(config: TrainerConfig) -> dict[str, object]:
+    """What a search's values mean with: ``SEARCHED_WITH`` of the config it searched (its record's entry)."""
+    return {key: setting(config, key) for key in SEARCHED_WITH}
+
+
+def check_search_applies(values: Mapping, config: TrainerConfig) -> None:
+    """A search's values (``best_hyperparameters.json``) apply to ``config`` only with the optimizer and schedule
+    they were found with: refused otherwise, as a search of this config would refuse those dimensions.
+
+    Raises:
+      ValueError: one line naming the setting that differs (or, for values recorded before searches recorded
+        it, a setting this config does not read).
+    """
+    if isinstance(values, Mapping) and isinstance(values.get("values"), Mapping):
+        values = values["values"]
+    for key, value in (values.get(SEARCHED_WITH_KEY) or {}).items():
+        if setting(config, key) != value:
+            raise ValueError(
+                f"found by a search with {key}={value!r}, and this run has {setting(config, key)!r}: its values "
+                "(the peak LR, warmup, ...) mean something else there; search with this run's settings"
+            )
+    for key in search_values(values):
+        unread = unread_setting(config, key)
+        if unread:
+            raise ValueError(f"found by a search of another optimizer or schedule: {unread}")
 
 
 class _Unset:
@@ -195,4 +251,7 @@ def resolve_run(
         if said != value:
             logger.info("%s=%d from the shards (the config said %d)", key, value, said)
             changes[key] = value
-    return ResolvedRun(replace(base, changes) if changes else base, tuned)
+    config = replace(base, changes) if changes else base
+    if hyperparameters is not None:
+        check_search_applies(hyperparameters, config)
+    return ResolvedRun(config, tuned)

@@ -27,6 +27,7 @@ import keras
 import tensorflow as tf
 from tensorflow.python.framework import config as tf_framework_config
 
+from effnet_common import stopping
 from trainer_module import files, input_pipeline, optimizers, schedules
 from trainer_module.averaging import WeightAverage, averaged_variables
 from trainer_module.batchnorm import GroupedBatchNormalization
@@ -494,8 +495,22 @@ def _train_loop(config, trainer, inputs, recorder, manager, profiler, step, loop
         recorder.evaluation(step, float(trainer.elapsed.numpy()), result)
         # The history goes first: if the run dies between the two, the resumed run redoes this evaluation.
         recorder.flush()
-        manager.save(checkpoint_number=step)
+        _save(manager, step)
     return step
+
+
+def last_checkpoint_step(checkpoint_dir: str) -> int | None:
+    """The step of the latest checkpoint in ``checkpoint_dir`` (saved as ``ckpt-<step>``), or None."""
+    latest = tf.train.latest_checkpoint(checkpoint_dir)
+    return int(latest.rpartition("-")[2]) if latest else None
+
+
+def _save(manager: tf.train.CheckpointManager, step: int) -> None:
+    """Checkpoints ``step``. TensorFlow writes a checkpoint's parts under ``<prefix>_temp`` and merges them into
+    place; Ctrl-C in between (``effnet_common.stopping``) removes that directory, as a clean exit would."""
+    parts = files.join(manager.directory, f"ckpt-{step}_temp")
+    with stopping.cleanup(lambda: files.remove_tree(parts)):
+        manager.save(checkpoint_number=step)
 
 
 def _labels_checked(config: TrainerConfig, loop_fn, *args):

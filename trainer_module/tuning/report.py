@@ -12,7 +12,7 @@ from keras_tuner.engine.trial import TrialStatus
 
 from effnet_common import console
 from trainer_module import files
-from trainer_module.resolve import SCHEDULE_EPOCHS, search_values
+from trainer_module.resolve import SCHEDULE_EPOCHS, SEARCHED_WITH_KEY, search_values, searched_with
 from trainer_module.tuning.search import OBJECTIVE, Search
 from trainer_module.tuning.trials import RUN_DIR, read_evaluations, read_record
 
@@ -66,7 +66,11 @@ def write_summaries(tuner) -> dict | None:
     if not best:
         return None
     values = best[0].hyperparameters.values
-    best_values = {**search_values(values), SCHEDULE_EPOCHS: values[SCHEDULE_EPOCHS]}
+    best_values = {
+        **search_values(values),
+        SCHEDULE_EPOCHS: values[SCHEDULE_EPOCHS],
+        SEARCHED_WITH_KEY: searched_with(search.config),
+    }
     files.write_json(files.join(tuner.directory, BEST_HYPERPARAMETERS_FILE), best_values)
     return next(t for t in trials if t["trial_id"] == best[0].trial_id)
 
@@ -93,10 +97,15 @@ def trial_line(summary: dict) -> str:
 def planned_budget_line(search: Search) -> str:
     """The search before it starts: its algorithm, schedule, space, and the trials and epochs it plans."""
     trials, epochs = search.planned_trials_and_epochs()
-    how = f"factor {search.factor}" if search.search == "hyperband" else f"{search.max_trials} trials"
+    how = (
+        f"factor {search.factor}"
+        if search.search == "hyperband"
+        else console.plural(search.max_trials, "trial")
+    )
     return (
-        f"{search.search} search ({how}) of schedules of {search.max_epochs} epochs over "
-        f"{len(search.space)} settings: about {trials} trials, {epochs} epochs of training"
+        f"{search.search} search ({how}) of schedules of {console.plural(search.max_epochs, 'epoch')} over "
+        f"{console.plural(len(search.space), 'setting')}: about {console.plural(trials, 'trial')}, "
+        f"{console.plural(epochs, 'epoch')} of training"
     )
 
 

@@ -18,24 +18,13 @@ import typing
 import keras_tuner
 
 from effnet_common import console
-from trainer_module.config import TrainerConfig, parse_setting, scaled_learning_rate, setting, setting_field
+from trainer_module.config import TrainerConfig, parse_setting, scaled_learning_rate, setting_field
+from trainer_module.resolve import unread_setting
 
 KINDS = ("log", "linear", "int", "choice")
 # Set by the search for every trial, never tuned: a trial runs the search's schedule, evaluates every epoch
 # (the oracle gets top-1 by epoch) and runs to its stop (a target would end it before Hyperband's epochs).
 SEARCH_OWNED = ("loop.train_epochs", "loop.stop_at_epoch", "loop.eval_every_epochs", "loop.target_top1")
-# Settings only some configs read: tuning one elsewhere would spend trials on a value nothing uses.
-READ_ONLY_WITH = {
-    "optimizer.lars_eeta": ("optimizer.name", "lars"),
-    "optimizer.lars_epsilon": ("optimizer.name", "lars"),
-    "optimizer.lars_nesterov": ("optimizer.name", "lars"),
-    "optimizer.rmsprop_rho": ("optimizer.name", "rmsprop"),
-    "optimizer.rmsprop_epsilon": ("optimizer.name", "rmsprop"),
-    "schedule.end_lr": ("schedule.kind", "polynomial"),
-    "schedule.polynomial_power": ("schedule.kind", "polynomial"),
-    "schedule.decay_epochs": ("schedule.kind", "exponential"),
-    "schedule.decay_rate": ("schedule.kind", "exponential"),
-}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -102,11 +91,10 @@ class Dimension:
         annotation = _annotation(key)
         if self.kind not in KINDS:
             raise ValueError(f"{key}: kind {self.kind!r} is not one of {', '.join(KINDS)}")
-        if key in READ_ONLY_WITH:
-            switch, needed = READ_ONLY_WITH[key]
-            actual = setting(config, switch)
-            if actual != needed:
-                raise ValueError(f"{key}: read only with {switch}={needed!r}, and this config has {actual!r}")
+        # Tuning a setting this config does not read would spend trials on a value nothing uses.
+        unread = unread_setting(config, key)
+        if unread:
+            raise ValueError(unread)
         if self.kind == "choice":
             return dataclasses.replace(self, choices=self._typed_choices(config))
         allowed = typing.get_args(annotation) or (annotation,)

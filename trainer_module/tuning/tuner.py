@@ -17,7 +17,7 @@ import logging
 import keras_tuner
 
 from effnet_common import console
-from trainer_module.tuning.report import trial_summary, write_summaries
+from trainer_module.tuning.report import trial_line, trial_summary, write_summaries
 from trainer_module.tuning.search import OBJECTIVE, SEARCHES, Search, claim_directory
 from trainer_module.tuning.trials import start_from, train_trial
 
@@ -31,7 +31,7 @@ class TrainerTuner(keras_tuner.Tuner):
       search: the checked search.
       oracle: the oracle ``SEARCHES`` built for it.
       directory: the search's directory (local or URL): ``trials/trial_<id>/`` per trial, the summaries.
-      report: called with each finished trial's summary (the CLI prints one line).
+      report: called with each finished trial's summary (``say_trial``: one line of the console's account).
     """
 
     def __init__(self, search: Search, oracle, directory: str, report=None):
@@ -101,9 +101,15 @@ class TrainerTuner(keras_tuner.Tuner):
             self.report(summary)
 
 
-def build_tuner(search: Search, directory: str, report=None) -> TrainerTuner:
+def say_trial(summary: dict) -> None:
+    """A finished trial's line on the console (the CLI's and the pipeline's Tuner step's account; a record of
+    the log elsewhere, as on Vertex)."""
+    console.say("%s", trial_line(summary))
+
+
+def build_tuner(search: Search, directory: str, report=say_trial) -> TrainerTuner:
     """The tuner of a checked search in ``directory``: a new search, or the one the directory holds (its
-    finished trials kept, a killed one resumed).
+    finished trials kept, a killed one resumed); ``report`` is called with each finished trial's summary.
 
     Raises:
       ValueError: the directory holds a different search.

@@ -1,0 +1,265 @@
+"""Ctrl-C: a command stops in one line, within about a second, leaving nothing temporary behind.
+
+A person's Ctrl-C (SIGINT to the terminal's process group, or to the command alone) ends every command the same
+way, wherever it is: its child processes are stopped (Beam's worker processes, a search's trial processes), the
+clean-ups the running code registered are run (``cleanup``: a half-written file, spill files, the output of a
+pipeline step that did not finish), one line says what was kept and what to run next (``describe``), the log file
+is completed, and the process exits with ``STOPPED_EXIT`` (130, the shell's status for SIGINT).
+
+Why not Python's ``KeyboardInterrupt``: Python runs a signal's handler in the main thread between two bytecodes,
+so a main thread inside a long native call (a TensorFlow call that trains a whole evaluation interval, a Beam
+bundle) notices Ctrl-C only when that call returns, seconds or minutes later; and the exception then unwinds
+through libraries that print it, wrap it or wait for their threads. Here the signal is noticed at once by a
+thread of its own: the interpreter's C-level handler writes the signal's number to a pipe
+(``signal.set_wakeup_fd``) that the thread reads. That thread stops the command and ends the process with
+``os._exit``, without waiting for Beam's or TensorFlow's threads: it leaves what a SIGKILL would leave
+consistent (checkpoints, the metadata store, files written whole) consistent, and removes what only a clean
+exit would have removed (TensorFlow's generated autograph sources).
+
+``arm`` is called by ``effnet_common.console.session`` in a command's own process (never in a test's process,
+where a stop would end the test run). While another handler owns SIGINT (a Dataflow job being followed, which
+cancels its job on Ctrl-C: ``components.dataflow_jobs``), that handler acts and this module stands aside.
+
+Nothing here imports TensorFlow or Beam: Beam's worker processes import it (through ``effnet_common.whole``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import logging
+import os
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+
+STOPPED_EXIT = 130
+# How long child processes get to stop on their own SIGINT before they are killed.
+CHILD_GRACE_SECONDS = 1.0
+# The line's start: what the person did, then what was kept and what to run.
+STOPPED = "stopped by the user"
+
+logger = logging.getLogger(__name__)
+
+_lock = threading.Lock()
+_order = itertools.count()
+_cleanups: dict[int, Callable[[], None]] = {}
+_descriptions: dict[int, Callable[[], str]] = {}
+_armed: _Armed | None = None
+
+
+@contextlib.contextmanager
+def cleanup(remove: Callable[[], None]) -> Iterator[None]:
+    """Runs ``remove`` if the command is stopped inside the block (latest first); nothing otherwise.
+
+    ``remove`` runs on the stopping thread while the rest of the program may still be running: it deletes what
+    the block would leave half-done (and must not fail when it is not there).
+    """
+    key = next(_order)
+    with _lock:
+        _cleanups[key] = remove
+    try:
+        yield
+    finally:
+        with _lock:
+            _cleanups.pop(key, None)
+
+
+@contextlib.contextmanager
+def describe(what: str | Callable[[], str]) -> Iterator[None]:
+    """Inside the block, a stop's line says ``what`` (or what ``what()`` returns at the stop) after
+    ``stopped by the user: ``: what was kept and what to run. The innermost block's description wins."""
+    text = what if callable(what) else (lambda: what)
+    key = next(_order)
+    with _lock:
+        _descriptions[key] = text
+    try:
+        yield
+    finally:
+        with _lock:
+            _descriptions.pop(key, None)
+
+
+def stop_line() -> str:
+    """The line a stop prints now: ``stopped by the user: <the innermost description>``."""
+    with _lock:
+        describers = [_descriptions[key] for key in sorted(_descriptions, reverse=True)]
+    for describer in describers:
+        try:
+            return f"{STOPPED}: {describer()}"
+        except Exception:  # noqa: BLE001 - a description that fails to compute gives way to the one around it
+            logger.warning("describing the stop failed", exc_info=True)
+    return f"{STOPPED}: run the same command again"
+
+
+def run_cleanups() -> None:
+    """Every registered clean-up, latest first; one that fails is logged and the others still run."""
+    with _lock:
+        removals = [_cleanups[key] for key in sorted(_cleanups, reverse=True)]
+    for remove in removals:
+        try:
+            remove()
+        except Exception:  # noqa: BLE001 - the others must still run
+            logger.warning("a clean-up after Ctrl-C failed", exc_info=True)
+
+
+# -- child processes (Linux: /proc; elsewhere none are known and none are stopped)
+
+
+def _process_state(pid: int) -> tuple[int, str] | None:
+    """(parent pid, state letter) of ``pid``, or None when it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as f:
+            fields = f.read().rpartition(")")[2].split()
+    except OSError:
+        return None
+    return int(fields[1]), fields[0]
+
+
+def child_processes(pid: int | None = None) -> list[int]:
+    """The live (not zombie) child processes of ``pid`` (this process by default)."""
+    pid = os.getpid() if pid is None else pid
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return []
+    children = []
+    for entry in entries:
+        if entry.isdigit():
+            state = _process_state(int(entry))
+            if state is not None and state[0] == pid and state[1] != "Z":
+                children.append(int(entry))
+    return children
+
+
+def stop_children(grace: float = CHILD_GRACE_SECONDS) -> None:
+    """SIGINT to every child process (a command of this project stops as this one does; Beam's workers end), then
+    SIGKILL to those still running after ``grace`` seconds."""
+    children = child_processes()
+    for pid in children:
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGINT)
+    deadline = time.monotonic() + grace
+    while children and time.monotonic() < deadline:
+        time.sleep(0.05)
+        children = [pid for pid in children if (_process_state(pid) or (0, "Z"))[1] != "Z"]
+    for pid in children:
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
+
+
+def remove_generated_sources() -> None:
+    """TensorFlow's autograph sources of this process (temporary files it removes at a normal exit)."""
+    for name, module in list(sys.modules.items()):
+        path = getattr(module, "__file__", None) or ""
+        if name.startswith("__autograph_generated_file") and path:
+            with contextlib.suppress(OSError):
+                os.remove(path)
+
+
+# -- arming
+
+
+class _Armed:
+    """The stopping thread of one command, and how it prints and finishes."""
+
+    def __init__(self, quiet: Callable[[], None], report: Callable[[str], None], finish: Callable[[], None]):
+        self.quiet, self.report, self.finish = quiet, report, finish
+        self.started = threading.Event()
+        self._once = (
+            threading.Lock()
+        )  # never waited for: the handler may run while the main thread holds a lock
+        self._read, self._write = os.pipe()
+        os.set_blocking(self._write, False)
+        self.previous_handler = signal.signal(signal.SIGINT, self._handler)
+        self.previous_fd = signal.set_wakeup_fd(self._write, warn_on_full_buffer=False)
+        self._thread = threading.Thread(target=self._watch, name="effnet-stop", daemon=True)
+        self._thread.start()
+
+    def _handler(self, signum, frame) -> None:
+        """Python's handler (main thread, when it gets to run): no KeyboardInterrupt anywhere; the stopping
+        thread is woken through the pipe (this also covers a library that replaced the wakeup descriptor)."""
+        self.trigger()
+
+    def _watch(self) -> None:
+        while True:
+            try:
+                data = os.read(self._read, 64)
+            except OSError:
+                return
+            if not data:
+                return
+            # Another handler owns SIGINT for now (a Dataflow job being cancelled): it acts, not this one.
+            if signal.SIGINT in data and signal.getsignal(signal.SIGINT) == self._handler:
+                self.trigger()
+
+    def trigger(self) -> None:
+        """Starts the stop once (a second Ctrl-C while stopping changes nothing)."""
+        if not self._once.acquire(blocking=False):
+            return
+        self.started.set()
+        threading.Thread(target=self._stop, name="effnet-stopping", daemon=True).start()
+
+    def _stop(self) -> None:
+        status = STOPPED_EXIT
+        try:
+            # From now on the program's threads, still running until the process exits, print nothing on the
+            # terminal.
+            self.quiet()
+            logger.info("SIGINT: stopping")
+            stop_children()
+            run_cleanups()
+            remove_generated_sources()
+            line = stop_line()
+            logger.info("%s", line)
+            self.report(line)
+            self.finish()
+        except BaseException:  # noqa: BLE001 - the process must end whatever happened
+            status = STOPPED_EXIT
+        finally:
+            with contextlib.suppress(Exception):
+                sys.stdout.flush()
+            os._exit(status)
+
+    def disarm(self) -> None:
+        if signal.getsignal(signal.SIGINT) == self._handler:
+            signal.signal(signal.SIGINT, self.previous_handler)
+        signal.set_wakeup_fd(self.previous_fd)
+        os.close(self._write)  # the stopping thread reads the end of the pipe and returns
+        self._thread.join(timeout=5)
+        os.close(self._read)
+
+
+def log_thread_exception(args) -> None:
+    """``threading.excepthook`` of a command: a thread's failure goes to the log file (a Beam thread whose worker
+    process the terminal's Ctrl-C ended fails before this process's stop has begun)."""
+    logger.error(
+        "thread %s failed: %s",
+        getattr(args.thread, "name", "?"),
+        args.exc_value,
+        exc_info=(args.exc_type, args.exc_value, args.exc_traceback),
+    )
+
+
+def can_arm() -> bool:
+    """Only the main thread can take a signal's handler."""
+    return threading.current_thread() is threading.main_thread()
+
+
+def arm(quiet: Callable[[], None], report: Callable[[str], None], finish: Callable[[], None]) -> None:
+    """From now on, Ctrl-C stops this process: ``quiet()`` first sends whatever the program's threads print to
+    the log, ``report(line)`` prints the stop's line, ``finish()`` completes the log; then the process exits
+    with ``STOPPED_EXIT``. Call from the main thread of a command's process."""
+    global _armed
+    if _armed is None and can_arm():
+        _armed = _Armed(quiet, report, finish)
+
+
+def disarm() -> None:
+    """Ctrl-C back to what it was before ``arm`` (unless a stop has begun: it ends the process)."""
+    global _armed
+    if _armed is not None and not _armed.started.is_set():
+        _armed.disarm()
+        _armed = None

@@ -1,0 +1,173 @@
+"""Ctrl-C: a command stops in one line, within about a second, wherever it is, leaving nothing temporary behind.
+
+The programs run as real processes in a process group of their own, and SIGINT goes to the group, as a
+terminal's Ctrl-C does. The pipeline's own stop (a training resumed by the next run) is in test_pipeline.py,
+sharding's in test_beam_pipeline.py.
+"""
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from effnet_common import console, stopping
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+# A command that registers a clean-up, starts a child process, holds a file half-written and then sits in a
+# native call that never returns to Python for many seconds (as a TensorFlow training call or a Beam bundle does).
+BUSY_COMMAND = """
+import hashlib, os, shutil, subprocess, sys
+from effnet_common import console, stopping, whole
+
+root = sys.argv[1]
+with console.session() as session:
+    session.keep_log(os.path.join(root, "run.log"))
+    partial = os.path.join(root, "partial")
+    os.makedirs(partial)
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    with open(os.path.join(root, "child.pid"), "w") as f:
+        f.write(str(child.pid))
+    backend = whole.Backend(
+        create=lambda path: open(path, "wb"), rename=os.replace, exists=os.path.exists, delete=os.remove
+    )
+    with stopping.describe(lambda: f"the partial directory was removed; run it again"):
+        with stopping.cleanup(lambda: shutil.rmtree(partial)), whole.write(os.path.join(root, "out.bin"), backend) as f:
+            f.write(b"half")
+            f.flush()
+            console.say("busy")
+            hashlib.pbkdf2_hmac("sha256", b"password", b"salt", 400_000_000)  # minutes in C, the GIL released
+    console.say("never reached")
+"""
+
+
+def _start(tmp_path, env=None):
+    return subprocess.Popen(
+        [sys.executable, "-c", BUSY_COMMAND, str(tmp_path)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=REPO,
+        start_new_session=True,  # its own process group, which the signal goes to as a terminal's does
+        env={**os.environ, **(env or {})},
+    )
+
+
+def _wait_for_line(process, expected: str, timeout: float = 120) -> list[str]:
+    lines = []
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        line = process.stdout.readline()
+        lines.append(line)
+        if line.strip() == expected:
+            return lines
+    raise AssertionError(f"no {expected!r} line: {lines}")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rpartition(")")[2].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def test_ctrl_c_in_a_long_native_call_stops_at_once_in_one_line(tmp_path):
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    process = _start(tmp_path, {"TMPDIR": str(tmp)})
+    try:
+        _wait_for_line(process, "busy")
+        os.killpg(process.pid, signal.SIGINT)
+        sent = time.monotonic()
+        status = process.wait(timeout=60)
+        took = time.monotonic() - sent
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+    out, err = process.stdout.read(), process.stderr.read()
+    assert status == console.STOPPED_EXIT, err
+    assert took < 5, took  # the C call would have gone on for minutes
+    assert err == "stopped by the user: the partial directory was removed; run it again\n"
+    assert "never reached" not in out and "Traceback" not in out + err
+    # Its clean-ups ran, the half-written file is gone, its child process was stopped, the log is complete.
+    assert sorted(os.listdir(tmp_path)) == ["child.pid", "run.log", "tmp"]
+    assert not _alive(int((tmp_path / "child.pid").read_text()))
+    assert "stopped by the user" in (tmp_path / "run.log").read_text()
+    assert not os.listdir(tmp)
+
+
+def test_the_stop_line_is_the_innermost_description_and_falls_back_on_failure():
+    with stopping.describe("outer"):
+        assert stopping.stop_line() == "stopped by the user: outer"
+        with stopping.describe(lambda: 1 / 0):  # a description that fails gives way
+            assert stopping.stop_line() == "stopped by the user: outer"
+        with stopping.describe(lambda: "inner"):
+            assert stopping.stop_line() == "stopped by the user: inner"
+    assert stopping.stop_line() == "stopped by the user: run the same command again"
+
+
+def test_clean_ups_run_latest_first_and_only_inside_their_block():
+    ran = []
+    with stopping.cleanup(lambda: ran.append("outer")), stopping.cleanup(lambda: ran.append("inner")):
+        with stopping.cleanup(lambda: ran.append("failing") or 1 / 0):
+            stopping.run_cleanups()
+    stopping.run_cleanups()  # nothing registered any more
+    assert ran == ["failing", "inner", "outer"]
+
+
+def test_a_session_under_a_test_leaves_ctrl_c_alone():
+    """A test calling a command's main in its own process must never be ended by a stop."""
+    before = signal.getsignal(signal.SIGINT)
+    with console.session():
+        assert signal.getsignal(signal.SIGINT) is before
+    assert signal.getsignal(signal.SIGINT) is before
+
+
+@pytest.mark.parametrize(
+    "argv, line",
+    [
+        (["--num_hosts", "4"], "error: unrecognized arguments: --num_hosts 4 (did you mean --num-hosts?)"),
+        (["--overwirte"], "error: unrecognized arguments: --overwirte (did you mean --overwrite?)"),
+        (
+            ["--num_hosts", "4", "--shards-mb", "1", "--zzz"],
+            "error: unrecognized arguments: --num_hosts 4 --shards-mb 1 --zzz (did you mean --num-hosts for "
+            "--num_hosts, --shard-mb for --shards-mb?)",
+        ),
+    ],
+)
+def test_a_misspelt_option_is_one_line_naming_the_option_it_resembles(capsys, argv, line):
+    parser = console.ArgumentParser(prog="prog")
+    for option in ("--num-hosts", "--shard-mb"):
+        parser.add_argument(option)
+    parser.add_argument("--overwrite", action="store_true")
+    with pytest.raises(SystemExit) as exited:
+        parser.parse_args(argv)
+    assert exited.value.code == console.USAGE_EXIT
+    assert capsys.readouterr().err == f"{line}; see prog --help\n"
+
+
+def test_plurals():
+    assert [console.plural(n, "host") for n in (0, 1, 2, 1000)] == [
+        "0 hosts",
+        "1 host",
+        "2 hosts",
+        "1,000 hosts",
+    ]
+
+
+def test_a_program_is_printed_as_it_runs(monkeypatch, tmp_path):
+    """The TensorBoard command a run prints runs as printed: bare when the shell finds this environment's,
+    else by the path of this environment's (a virtualenv that is not activated)."""
+    bin_dir = os.path.dirname(sys.executable)
+    if not os.path.exists(os.path.join(bin_dir, "tensorboard")):
+        pytest.skip("this environment has no tensorboard script")
+    monkeypatch.setenv("PATH", str(tmp_path))
+    assert console.program_command("tensorboard") == os.path.join(bin_dir, "tensorboard")
+    monkeypatch.setenv("PATH", bin_dir)
+    assert console.program_command("tensorboard") == "tensorboard"
+    assert re.fullmatch(r"\S+", console.program_command("no-such-program"))
