@@ -35,6 +35,24 @@ METRICS_FILE = "metrics.json"
 CONFIG_FILE = "config.json"
 
 
+# What each TensorBoard scalar holds (TensorBoard shows it beside the chart). The training curves' points are
+# means over the steps since the previous point.
+CURVE_DESCRIPTIONS = {
+    "loss": "The loss the gradient follows: cross-entropy against label-smoothed targets, plus the L2 term where "
+    "the loss carries one (train/regularisation). Label smoothing sets a floor under it, so it reads higher "
+    "than eval/loss; train/cross_entropy is the comparable one.",
+    "cross_entropy": "Plain cross-entropy (no label smoothing, no L2) of the training batches, in training mode: "
+    "comparable with eval/loss.",
+    "regularisation": "The L2 term of train/loss (absent when the optimizer decays the weights itself).",
+    "learning_rate": "The learning rate of the next step.",
+    "images_per_second": "Training images/s of the steps since the previous point, timed inside the compiled loop "
+    "(tracing, evaluations and checkpoints left out).",
+}
+EVAL_DESCRIPTIONS = {
+    "top1": "Top-1 accuracy on the validation set.",
+    "top5": "Top-5 accuracy on the validation set.",
+    "loss": "Plain cross-entropy (no label smoothing, no L2) of the validation set.",
+}
 # Run-log events that describe trained steps: a resumed run drops those after the step it restored.
 STEP_EVENTS = ("progress", "train", "eval", "profile")
 
@@ -308,10 +326,10 @@ class Recorder:
         self._window = _Window()
         self.event("train", epoch=step / self._steps_per_epoch, **point)
         with self._summary.as_default(step=step):
-            for key in ("loss", "cross_entropy", "regularisation", "learning_rate", "images_per_second"):
+            for key, description in CURVE_DESCRIPTIONS.items():
                 # No rate for a window none of whose steps was timed; no L2 curve for a loss without the term.
                 if point[key] is not None and (key != "regularisation" or point[key]):
-                    tf.summary.scalar(f"train/{key}", point[key])
+                    tf.summary.scalar(f"train/{key}", point[key], description=description)
 
     def profiled(self, directory: str, first_step: int, end_step: int) -> None:
         """A profiler trace of steps ``first_step`` to ``end_step`` - 1 was written to ``directory``."""
@@ -353,7 +371,7 @@ class Recorder:
         )
         with self._summary.as_default(step=step):
             for key in ("top1", "top5", "loss"):
-                tf.summary.scalar(f"eval/{key}", result[key])
+                tf.summary.scalar(f"eval/{key}", result[key], description=EVAL_DESCRIPTIONS[key])
         return entry
 
     def interrupted(self, error: BaseException) -> None:

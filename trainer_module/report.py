@@ -189,8 +189,8 @@ def run_state(record: RunRecord, now: float | None = None, host: str | None = No
             )
         return RunState(
             "stopped",
-            f"stopped without a word at {where} (killed, out of memory, or the machine restarted); "
-            + _resume_point(record),
+            f"stopped without a word, its log ending at {where} (killed, out of memory, or the machine "
+            f"restarted); {_resume_point(record)}",
             f"process {start['pid']} on this host, which wrote the log, has ended",
         )
     writes = [e["time"] for e in events[events.index(start) :] if e["event"] in ("start", "eval")]
@@ -211,8 +211,9 @@ def run_state(record: RunRecord, now: float | None = None, host: str | None = No
         )
     return RunState(
         "stopped",
-        f"presumably stopped at {where}: nothing written for {silence}, more than {SILENCE_FACTOR:g}x the "
-        f"longest gap between two evaluations ({console.duration(longest)}); " + _resume_point(record),
+        f"presumably stopped, its log ending at {where}: nothing written for {silence}, more than "
+        f"{SILENCE_FACTOR:g}x the longest gap between two evaluations ({console.duration(longest)}); "
+        + _resume_point(record),
         origin,
     )
 
@@ -300,7 +301,10 @@ def accuracy_plot(record: RunRecord) -> bytes:
         axis.set_ylabel("validation accuracy")
         axis.set_ylim(*limits)
         _accuracy_ticks(axis)
-        axis.set_xlim(left=0, right=max(xs, default=1) * 1.04 or 1)
+        # The epoch axis spans the budget, so a run that stopped early or still runs shows how far it got.
+        budget = record.config["loop"].get("stop_at_epoch") or record.config["loop"]["train_epochs"]
+        right = max([*xs, budget if key == "epoch" else 0.0], default=1.0)
+        axis.set_xlim(left=0, right=right * 1.04 or 1)
         axis.grid(alpha=0.3)
         axis.legend(loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=2, fontsize="small")
     figure.suptitle("Top-1 against training time (the paper's Figure 1) and against epochs")
@@ -387,7 +391,7 @@ def throughput_plot(record: RunRecord) -> bytes | None:
     if len(points) < MIN_RATE_POINTS:
         return None
     plt = _figure()
-    figure, axis = plt.subplots(figsize=(8, 3.6))
+    figure, axis = plt.subplots(figsize=(8, 4.2))
     steps, rates = zip(*points, strict=True)
     axis.plot(steps, rates, marker=".", linewidth=1, label="images/s")
     median = statistics.median(rates)
@@ -400,7 +404,7 @@ def throughput_plot(record: RunRecord) -> bytes | None:
     axis.set_ylabel("training images/s")
     axis.set_ylim(0, max(rates) * 1.12)
     axis.grid(alpha=0.3)
-    axis.legend(fontsize="small", loc="lower right")
+    axis.legend(fontsize="small", loc="upper center", bbox_to_anchor=(0.5, -0.18), ncol=3)
     figure.tight_layout()
     return _png(figure)
 
