@@ -91,6 +91,13 @@ class TrainingCall:
     def num_steps(self) -> int:
         return len(self.loss)
 
+    def steps_seconds(self) -> float | None:
+        """Seconds of the call's steps by the in-loop clock, scaled from the n - 1 timed intervals to n steps
+        (the call's tracing, compilation and its return to the host left out); None for a one-step call."""
+        if self.num_steps < 2:
+            return None
+        return float(self.time[-1] - self.time[0]) * self.num_steps / (self.num_steps - 1)
+
     @property
     def mean_loss(self) -> float:
         return float(np.mean(self.loss))
@@ -283,12 +290,14 @@ class Recorder:
         fall in it (every ``summary_every_steps`` steps: the run log's ``train`` records, TensorBoard's
         ``train/`` scalars)."""
         step, num_steps, seconds = call.end_step, call.num_steps, call.seconds
-        rate = num_steps * self._batch / seconds
         if self._first_call_seconds is None:
             self._first_call_seconds = seconds  # tracing and compilation: kept out of the throughput
+            # The rate and ETA shown for the first call come from its steps alone (the tracing would halve them).
+            seconds = call.steps_seconds() or seconds
         else:
             self._train_seconds += seconds
             self._trained_images += num_steps * self._batch
+        rate = num_steps * self._batch / seconds
         self._seconds_per_step, self._images_per_second = seconds / num_steps, rate
         self._step = step
         eta = console.duration((total_steps - step) * seconds / num_steps)
