@@ -3,7 +3,7 @@
 it was before either (one call per evaluation interval, its mean loss the only output).
 
 The three cases train the demo preset's model (the 'tiny' EfficientNet at 32 px, batch 64, LARS, a 1000-way
-head with label smoothing) on one CPU device, from one random in-memory batch repeated by ``tf.data`` (so the
+head with label smoothing, TensorFlow's deterministic ops as ``loop.deterministic`` asks) on one CPU device, from one random in-memory batch repeated by ``tf.data`` (so the
 input pipeline is not measured), each with a Trainer of its own:
 
 - ``before``: one call of the evaluation interval's steps (the demo's 225) of the loop as it was, a sum of the
@@ -139,7 +139,11 @@ def main(argv: list[str] | None = None) -> None:
         flush=True,
     )
     start = time.perf_counter()
-    with tempfile.TemporaryDirectory(prefix="summary-cadence-") as directory:
+    # As the demo trains: with deterministic ops (then the loop's clock is Python's, through py_function).
+    with (
+        train.op_determinism(config.loop.deterministic),
+        tempfile.TemporaryDirectory(prefix="summary-cadence-") as directory,
+    ):
         cases = [Case(label, config, directory) for label in ("before", "in-loop records", "cut calls")]
         for case in cases:
             clock = Clock()

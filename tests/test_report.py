@@ -149,6 +149,9 @@ def test_resume_drops_the_records_of_steps_trained_again_and_keeps_the_attempts(
     first.evaluation(10, 5.0, {"top1": 0.5, "top5": 0.9, "loss": 1.5, "examples": 100})
     first.flush()
     _train(first, [10], first_step=10)  # trained after the checkpoint of step 10, then Ctrl-C
+    first.event(
+        "profile", directory="trace", first_step=12, end_step=14
+    )  # its trace stays: so does its record
     first.interrupted(KeyboardInterrupt())
 
     log = read_run_log(str(tmp_path / "run_log.jsonl"))
@@ -162,7 +165,7 @@ def test_resume_drops_the_records_of_steps_trained_again_and_keeps_the_attempts(
     _train(second, [10], first_step=10)
     second.flush()
     log = read_run_log(str(tmp_path / "run_log.jsonl"))
-    assert _story(log, "eval") == ["start", "eval", "interrupted", "start"]
+    assert _story(log, "eval", "profile") == ["start", "eval", "profile", "interrupted", "start"]
     assert [e["step"] for e in log if e["event"] == "train"] == [5, 10, 15, 20]  # none twice
     assert [e["step"] for e in log if e["event"] == "progress"] == [10, 20]
 
@@ -384,6 +387,7 @@ def test_ctrl_c_is_written_to_the_run_log_and_the_report_says_so(digit_shards, t
         "loop.eval_every_epochs=1",
         "loop.steps_per_loop=5",
         "loop.summary_every_steps=5",
+        "loop.deterministic=true",  # the loop's clock is then Python's: TensorFlow refuses its timestamp op
     )
     (tmp_path / "tmp").mkdir()
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "TMPDIR": str(tmp_path / "tmp")}
@@ -415,4 +419,6 @@ def test_ctrl_c_is_written_to_the_run_log_and_the_report_says_so(digit_shards, t
     checkpoint = [e["step"] for e in log if e["event"] == "eval"][-1]
     assert f"its last checkpoint is step {checkpoint}: running the same command again resumes from it" in page
     # The log holds every training-curve point up to the last trained step, each once.
-    assert [e["step"] for e in log if e["event"] == "train"] == list(range(5, log[-1]["step"] + 1, 5))
+    points = [e for e in log if e["event"] == "train"]
+    assert [p["step"] for p in points] == list(range(5, log[-1]["step"] + 1, 5))
+    assert all(p["images_per_second"] > 0 for p in points)  # every 5-step window holds timed steps

@@ -53,8 +53,9 @@ EVAL_DESCRIPTIONS = {
     "top5": "Top-5 accuracy on the validation set.",
     "loss": "Plain cross-entropy (no label smoothing, no L2) of the validation set.",
 }
-# Run-log events that describe trained steps: a resumed run drops those after the step it restored.
-STEP_EVENTS = ("progress", "train", "eval", "profile")
+# Run-log events of trained steps: a resumed run drops those after the step it restored. (A profile's trace
+# stays where it was written, and so does its record.)
+STEP_EVENTS = ("progress", "train", "eval")
 
 
 def read_run_log(path: str) -> list[dict]:
@@ -71,8 +72,8 @@ class TrainingCall:
       seconds: wall-clock seconds of the call, tracing and compilation included on a process's first call.
       loss / regularisation / cross_entropy / learning_rate / time: one value per step of the call (what
         ``train.STEP_RECORDS`` names): the loss the gradient follows, its regularisation term, the plain
-        cross-entropy, the learning rate of the next step and the host's clock (``time.perf_counter``)
-        when the step's loss was known.
+        cross-entropy, the learning rate of the next step and the host's clock (seconds, only its
+        differences within the call meaningful) when the step's loss was known.
     """
 
     end_step: int

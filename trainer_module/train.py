@@ -250,7 +250,7 @@ class Trainer:
         Returns, per step (``STEP_RECORDS``), what the run's training curves are drawn from, so that a call of
         many steps still gives points at any cadence: the loss, its regularisation term and the plain
         cross-entropy over the global batch, the learning rate of the next step, and the host's clock
-        (``time.perf_counter``, seconds) once the step's loss is known.
+        (``_clock``, seconds) once the step's loss is known.
         """
         records = {key: tf.TensorArray(tf.float32, size=num_steps) for key in STEP_RECORDS if key != "time"}
         clock = tf.TensorArray(tf.float64, size=num_steps)
@@ -265,8 +265,7 @@ class Trainer:
             values["learning_rate"] = tf.cast(self.optimizer.learning_rate, tf.float32)
             records = {key: records[key].write(index, values[key]) for key in records}
             with tf.control_dependencies(list(values.values())):
-                # Python's clock: TensorFlow refuses its own timestamp op under op determinism.
-                clock = clock.write(index, tf.py_function(time.perf_counter, [], tf.float64))
+                clock = clock.write(index, _clock())
         return {**{key: array.stack() for key, array in records.items()}, "time": clock.stack()}
 
     def _eval_step(self, batch):
@@ -299,6 +298,15 @@ class Trainer:
             per_replica = self.strategy.run(self._eval_step, args=(next(iterator),))
             totals += self.strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None)
         return totals
+
+
+def _clock() -> tf.Tensor:
+    """Seconds on the clock of the host running the loop, as an op of the traced loop: TensorFlow's timestamp,
+    or, under op determinism (which refuses that op), Python's ``time.perf_counter`` through ``py_function``.
+    Only differences within one call are used; the timestamp op needs no Python where the loop runs."""
+    if tf_framework_config.is_op_determinism_enabled():
+        return tf.py_function(time.perf_counter, [], tf.float64)
+    return tf.timestamp()
 
 
 def measure_allreduce_seconds(trainer: Trainer, repeats: int = 5) -> float | None:
