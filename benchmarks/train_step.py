@@ -211,7 +211,7 @@ class OursRunner:
 
     def run(self, steps: int) -> Timing:
         clock = Clock()
-        loss = float(self.loop(self.iterator, tf.constant(steps)))
+        loss = float(np.mean(self.loop(self.iterator, tf.constant(steps))["loss"]))
         timing = clock.stop()
         if not np.isfinite(loss):
             raise RuntimeError(f"non-finite training loss {loss}")
@@ -230,8 +230,8 @@ def jit_train_loop(trainer: train.Trainer):
         total = tf.constant(0.0)
         for _ in tf.range(num_steps):
             per_replica = trainer.strategy.run(step, args=(next(iterator),))
-            total += trainer.strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None)
-        return total / tf.cast(num_steps, tf.float32)
+            total += trainer.strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica["loss"], axis=None)
+        return {"loss": total / tf.cast(num_steps, tf.float32)}
 
     return loop
 

@@ -444,6 +444,12 @@ class LoopConfig(_Section):
         ``profile_from_step`` with TensorFlow's profiler into the run's TensorBoard directory (its Profile tab,
         the tensorboard-plugin-profile package); 0 steps traces nothing. A step after the first (which traces
         and compiles the step) shows the steady state.
+      summary_every_steps: training steps between two points of the training curves: TensorBoard's
+        ``train/`` scalars and the run log's ``train`` records (the loss, the plain cross-entropy, the
+        regularisation term, the learning rate and images/s), each point the mean over the steps since the
+        previous one. The values are taken inside the compiled loop at every step, so a call of many steps
+        still yields a point every N steps, with no extra call and no change to what is trained; evaluations
+        are written at every evaluation whatever N is. The run log keeps every point (about 250 bytes each).
     """
 
     train_epochs: int = 350
@@ -458,6 +464,7 @@ class LoopConfig(_Section):
     cpu_threads: int = 0
     profile_from_step: int = 0
     profile_steps: int = 0
+    summary_every_steps: int = 10
 
     def _validate(self):
         if self.train_epochs < 1:
@@ -476,6 +483,8 @@ class LoopConfig(_Section):
         for name in ("profile_from_step", "profile_steps"):
             if getattr(self, name) < 0:
                 raise ValueError(f"loop.{name}={getattr(self, name)} must be >= 0")
+        if self.summary_every_steps < 1:
+            raise ValueError(f"loop.summary_every_steps={self.summary_every_steps} must be at least 1")
         stop = self.stop_at_epoch
         if stop is not None and not 1 <= stop <= self.train_epochs:
             raise ValueError(

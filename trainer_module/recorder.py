@@ -3,8 +3,13 @@ the evaluation history, throughput, ``config.json`` and ``metrics.json``; and th
 
 Every file goes through ``trainer_module.files`` (``tf.io.gfile``, written whole), so a model directory on
 ``gs://`` or ``ram://`` behaves like a local one. The run log (``run_log.jsonl``, one JSON object per event) and
-the history (``checkpoints/history.json``) are rewritten at every evaluation, just before the checkpoint, so a
-run killed at any point resumes with a log and a history that end at (or before) its restored step.
+the history (``checkpoints/history.json``) are rewritten at every evaluation, just before the checkpoint, and
+once more when the run ends by an exception (Ctrl-C included: an ``interrupted`` event); a resumed run drops the
+records of the steps it trains again, so its log and history never hold a step twice.
+
+The training curves come at a steady cadence, every ``loop.summary_every_steps`` steps, from the per-step
+values each compiled call returns (``TrainingCall``): the run log's ``train`` records and TensorBoard's
+``train/`` scalars. Evaluations are written at every evaluation.
 """
 
 from __future__ import annotations
@@ -12,8 +17,11 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import os
+import socket
 import time
 
+import numpy as np
 import tensorflow as tf
 
 from effnet_common import console
@@ -27,9 +35,111 @@ METRICS_FILE = "metrics.json"
 CONFIG_FILE = "config.json"
 
 
+# What each TensorBoard scalar holds (TensorBoard shows it beside the chart). The training curves' points are
+# means over the steps since the previous point.
+CURVE_DESCRIPTIONS = {
+    "loss": "The loss the gradient follows: cross-entropy against label-smoothed targets, plus the L2 term where "
+    "the loss carries one (train/regularisation). Label smoothing sets a floor under it, so it reads higher "
+    "than eval/loss; train/cross_entropy is the comparable one.",
+    "cross_entropy": "Plain cross-entropy (no label smoothing, no L2) of the training batches, in training mode: "
+    "comparable with eval/loss.",
+    "regularisation": "The L2 term of train/loss (absent when the optimizer decays the weights itself).",
+    "learning_rate": "The learning rate of the next step.",
+    "images_per_second": "Training images/s of the steps since the previous point, timed inside the compiled loop "
+    "(tracing, evaluations and checkpoints left out).",
+}
+EVAL_DESCRIPTIONS = {
+    "top1": "Top-1 accuracy on the validation set.",
+    "top5": "Top-5 accuracy on the validation set.",
+    "loss": "Plain cross-entropy (no label smoothing, no L2) of the validation set.",
+}
+# Run-log events of trained steps: a resumed run drops those after the step it restored. (A profile's trace
+# stays where it was written, and so does its record.)
+STEP_EVENTS = ("progress", "train", "eval")
+
+
 def read_run_log(path: str) -> list[dict]:
     """The events of a ``run_log.jsonl`` (local path or URL)."""
     return [json.loads(line) for line in files.read_text(path).splitlines() if line.strip()]
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainingCall:
+    """One compiled training call as the host sees it when it returned (``Trainer.train_loop``).
+
+    Attributes:
+      end_step: the step the call ended at (steps done before it + its length).
+      seconds: wall-clock seconds of the call, tracing and compilation included on a process's first call.
+      loss / regularisation / cross_entropy / learning_rate / time: one value per step of the call (what
+        ``train.STEP_RECORDS`` names): the loss the gradient follows, its regularisation term, the plain
+        cross-entropy, the learning rate of the next step and the host's clock (seconds, only its
+        differences within the call meaningful) when the step's loss was known.
+    """
+
+    end_step: int
+    seconds: float
+    loss: np.ndarray
+    regularisation: np.ndarray
+    cross_entropy: np.ndarray
+    learning_rate: np.ndarray
+    time: np.ndarray
+
+    @classmethod
+    def of(cls, end_step: int, seconds: float, records: dict) -> TrainingCall:
+        return cls(end_step, seconds, **{key: np.asarray(value) for key, value in records.items()})
+
+    @property
+    def num_steps(self) -> int:
+        return len(self.loss)
+
+    def steps_seconds(self) -> float | None:
+        """Seconds of the call's steps by the in-loop clock, scaled from the n - 1 timed intervals to n steps
+        (the call's tracing, compilation and its return to the host left out); None for a one-step call."""
+        if self.num_steps < 2:
+            return None
+        return float(self.time[-1] - self.time[0]) * self.num_steps / (self.num_steps - 1)
+
+    @property
+    def mean_loss(self) -> float:
+        return float(np.mean(self.loss))
+
+    def first_non_finite(self) -> tuple[int, float] | None:
+        """The first step whose loss is NaN or infinite, and that loss; None when every loss is finite."""
+        bad = np.flatnonzero(~np.isfinite(self.loss))
+        if not len(bad):
+            return None
+        return self.end_step - self.num_steps + int(bad[0]) + 1, float(self.loss[bad[0]])
+
+
+class _Window:
+    """The steps since the last point of the training curves: sums of their values and of the durations of
+    those whose previous step ended in the same call (the first step of a call waits for the host, and the
+    first of a process also for warm-up: neither counts towards images/s)."""
+
+    def __init__(self):
+        self.steps = 0
+        self.sums = {"loss": 0.0, "regularisation": 0.0, "cross_entropy": 0.0}
+        self.timed_steps = 0
+        self.seconds = 0.0
+
+    def add(self, call: TrainingCall, index: int) -> None:
+        self.steps += 1
+        for key in self.sums:
+            self.sums[key] += float(getattr(call, key)[index])
+        if index > 0:
+            self.timed_steps += 1
+            self.seconds += float(call.time[index] - call.time[index - 1])
+
+    def point(self, step: int, learning_rate: float, batch: int) -> dict:
+        values = {key: total / self.steps for key, total in self.sums.items()}
+        rate = self.timed_steps * batch / self.seconds if self.timed_steps and self.seconds > 0 else None
+        return {
+            "step": step,
+            "steps": self.steps,
+            **values,
+            "learning_rate": learning_rate,
+            "images_per_second": rate,
+        }
 
 
 @dataclasses.dataclass(frozen=True)
@@ -84,6 +194,7 @@ class Recorder:
       tensorboard_dir: summaries (written by the chief only).
       chief: whether this task writes the run's shared files.
       global_batch_size / steps_per_epoch: to turn steps into images and epochs.
+      summary_every_steps: the cadence of the training curves (``loop.summary_every_steps``).
     """
 
     def __init__(
@@ -95,6 +206,7 @@ class Recorder:
         chief: bool,
         global_batch_size: int,
         steps_per_epoch: float,
+        summary_every_steps: int,
     ):
         self._log_path = files.join(log_dir, RUN_LOG_FILE)
         self._model_dir = model_dir
@@ -102,6 +214,9 @@ class Recorder:
         self._chief = chief
         self._batch = global_batch_size
         self._steps_per_epoch = steps_per_epoch
+        self._cadence = summary_every_steps
+        self._window = _Window()
+        self._step = 0  # the last step this attempt trained (or restored)
         self._events: list[dict] = []
         self.history: list[dict] = []
         self._tensorboard_dir = tensorboard_dir
@@ -119,21 +234,29 @@ class Recorder:
     # -- resuming
 
     def resume(self, step: int) -> None:
-        """Takes back the log and the evaluations of earlier attempts, up to the restored ``step``."""
+        """Takes back the log and the evaluations of earlier attempts, up to the restored ``step``: the records of
+        later steps (trained again now) are dropped, the story of the attempts (starts, interruptions) kept."""
+        self._step = step
         if files.exists(self._log_path):
-            self._events = read_run_log(self._log_path)
+            self._events = [
+                e for e in read_run_log(self._log_path) if e["event"] not in STEP_EVENTS or e["step"] <= step
+            ]
         if files.exists(self._history_path):
             self.history = [h for h in files.read_json(self._history_path) if h["step"] <= step]
 
     # -- events
 
     def event(self, name: str, **fields) -> None:
-        """One event of the run log; logged as a line unless it is a progress or evaluation record (those have
-        lines of their own). The chief says on the console what the start of the run is."""
+        """One event of the run log; logged as a line unless it is a progress, training-curve or evaluation
+        record (those have lines of their own). The chief says on the console what the start of the run is; the
+        start names the process writing the log (host and pid), so that a report can tell whether it runs."""
+        if name == "start":
+            fields = {**fields, "host": socket.gethostname(), "pid": os.getpid()}
         self._events.append({"event": name, "time": time.time(), **fields})
-        if name not in ("progress", "eval"):
+        if name not in ("progress", "train", "eval"):
             logger.info("%s %s", name, json.dumps(fields, default=str))
         if name == "start":
+            self._step = int(fields.get("step", 0))
             self._total_steps = int(fields.get("total_steps", 0))
             self._stop_step = int(fields.get("stop_step", self._total_steps))
             if self._chief:
@@ -163,17 +286,24 @@ class Recorder:
                 saved["tuned"] = tuned
             files.write_json(files.join(self._model_dir, CONFIG_FILE), saved)
 
-    def training(self, step: int, total_steps: int, num_steps: int, loss: float, lr: float, seconds: float):
-        """One compiled training call of ``num_steps`` steps that ended at ``step``."""
-        rate = num_steps * self._batch / seconds
+    def training(self, call: TrainingCall, total_steps: int) -> None:
+        """One compiled training call: its progress record and line, and the points of the training curves that
+        fall in it (every ``summary_every_steps`` steps: the run log's ``train`` records, TensorBoard's
+        ``train/`` scalars)."""
+        step, num_steps, seconds = call.end_step, call.num_steps, call.seconds
         if self._first_call_seconds is None:
             self._first_call_seconds = seconds  # tracing and compilation: kept out of the throughput
+            # The rate and ETA shown for the first call come from its steps alone (the tracing would halve them).
+            seconds = call.steps_seconds() or seconds
         else:
             self._train_seconds += seconds
             self._trained_images += num_steps * self._batch
+        rate = num_steps * self._batch / seconds
         self._seconds_per_step, self._images_per_second = seconds / num_steps, rate
+        self._step = step
         eta = console.duration((total_steps - step) * seconds / num_steps)
         epoch = step / self._steps_per_epoch
+        loss, lr = call.mean_loss, float(call.learning_rate[-1])
         self.event(
             "progress",
             step=step,
@@ -194,10 +324,22 @@ class Recorder:
             rate,
             eta,
         )
+        first = step - num_steps
+        for index in range(num_steps):
+            self._window.add(call, index)
+            if (first + index + 1) % self._cadence == 0:
+                self._curve_point(first + index + 1, float(call.learning_rate[index]))
+
+    def _curve_point(self, step: int, learning_rate: float) -> None:
+        """A point of the training curves at ``step``: the means over the steps since the previous point."""
+        point = self._window.point(step, learning_rate, self._batch)
+        self._window = _Window()
+        self.event("train", epoch=step / self._steps_per_epoch, **point)
         with self._summary.as_default(step=step):
-            tf.summary.scalar("train/loss", loss)
-            tf.summary.scalar("train/learning_rate", lr)
-            tf.summary.scalar("train/images_per_second", rate)
+            for key, description in CURVE_DESCRIPTIONS.items():
+                # No rate for a window none of whose steps was timed; no L2 curve for a loss without the term.
+                if point[key] is not None and (key != "regularisation" or point[key]):
+                    tf.summary.scalar(f"train/{key}", point[key], description=description)
 
     def profiled(self, directory: str, first_step: int, end_step: int) -> None:
         """A profiler trace of steps ``first_step`` to ``end_step`` - 1 was written to ``directory``."""
@@ -239,8 +381,20 @@ class Recorder:
         )
         with self._summary.as_default(step=step):
             for key in ("top1", "top5", "loss"):
-                tf.summary.scalar(f"eval/{key}", result[key])
+                tf.summary.scalar(f"eval/{key}", result[key], description=EVAL_DESCRIPTIONS[key])
         return entry
+
+    def interrupted(self, error: BaseException) -> None:
+        """The run ended by ``error`` (Ctrl-C: ``KeyboardInterrupt``) before its end: said in the run log, which
+        is written with every record up to the last trained step, so that a report says so."""
+        reason = (
+            "stopped by the user (Ctrl-C)" if isinstance(error, KeyboardInterrupt) else type(error).__name__
+        )
+        detail = str(error).strip().splitlines()
+        if detail and not isinstance(error, KeyboardInterrupt):
+            reason += f": {detail[0]}"
+        self.event("interrupted", step=self._step, reason=reason)
+        self.flush()
 
     def peak_reached(self, target: float | None) -> bool:
         return target is not None and any(h["top1"] >= target for h in self.history)

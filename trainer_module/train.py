@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import math
 import time
 
 import keras
@@ -34,9 +33,11 @@ from trainer_module.batchnorm import GroupedBatchNormalization
 from trainer_module.config import TrainerConfig
 from trainer_module.models import efficientnet
 from trainer_module.profiling import StepProfiler
-from trainer_module.recorder import Recorder, RunResult
+from trainer_module.recorder import Recorder, RunResult, TrainingCall
 
 CHECKPOINT_DIR = "checkpoints"
+# What ``Trainer.train_loop`` returns for every step it ran (``recorder.TrainingCall`` holds them on the host).
+STEP_RECORDS = tuple(field.name for field in dataclasses.fields(TrainingCall))[2:]
 
 
 class NonFiniteLossError(RuntimeError):
@@ -205,7 +206,8 @@ class Trainer:
                 self._swap_averages()
 
     def _loss(self, labels, logits):
-        """Per-replica share of the global-batch mean loss (+ L2 when the optimizer does not decay)."""
+        """Per-replica shares of the global-batch mean loss (the smoothed cross-entropy + L2 when the optimizer
+        does not decay) and of its regularisation term (0 without one)."""
         config = self.config
         one_hot = tf.one_hot(labels, config.model.num_classes, dtype=tf.float32)
         per_example = keras.losses.categorical_crossentropy(
@@ -215,32 +217,57 @@ class Trainer:
             label_smoothing=config.optimizer.label_smoothing,
         )
         loss = tf.nn.compute_average_loss(per_example, global_batch_size=config.data.global_batch_size)
+        regularisation = tf.constant(0.0)
         l2_weight = config.plan.l2_loss_weight
         if l2_weight:
             l2 = tf.add_n([tf.nn.l2_loss(v) for v in self._l2_vars])
-            loss += l2_weight * l2 / self.strategy.num_replicas_in_sync
-        return loss
+            regularisation = l2_weight * l2 / self.strategy.num_replicas_in_sync
+            loss += regularisation
+        return loss, regularisation
 
     def _train_step(self, batch):
+        """One step on one replica; returns its shares of the loss, the regularisation and the plain
+        cross-entropy (no label smoothing: the quantity evaluation reports)."""
         images, labels = batch
         with tf.GradientTape() as tape:
             logits = self.model(images, training=True)
-            loss = self._loss(labels, logits)
+            loss, regularisation = self._loss(labels, logits)
         grads = tape.gradient(loss, self.model.trainable_variables)
         # Keras sums the per-replica gradients across replicas before the update.
         self.optimizer.apply_gradients(zip(grads, self.model.trainable_variables, strict=True))
-        return loss
+        # Outside the tape: the gradient is the one of ``loss`` alone, computed as before.
+        plain = keras.losses.sparse_categorical_crossentropy(
+            labels, tf.cast(logits, tf.float32), from_logits=True
+        )
+        cross_entropy = tf.nn.compute_average_loss(
+            plain, global_batch_size=self.config.data.global_batch_size
+        )
+        return {"loss": loss, "regularisation": regularisation, "cross_entropy": cross_entropy}
 
     @tf.function
     def train_loop(self, iterator, num_steps):
-        """``num_steps`` training steps in one compiled call (the on-device loop of the TPU recipe)."""
-        total = tf.constant(0.0)
-        for _ in tf.range(num_steps):
+        """``num_steps`` training steps in one compiled call (the on-device loop of the TPU recipe).
+
+        Returns, per step (``STEP_RECORDS``), what the run's training curves are drawn from, so that a call of
+        many steps still gives points at any cadence: the loss, its regularisation term and the plain
+        cross-entropy over the global batch, the learning rate of the next step, and the host's clock
+        (``_clock``, seconds) once the step's loss is known.
+        """
+        records = {key: tf.TensorArray(tf.float32, size=num_steps) for key in STEP_RECORDS if key != "time"}
+        clock = tf.TensorArray(tf.float64, size=num_steps)
+        for index in tf.range(num_steps):
             per_replica = self.strategy.run(self._train_step, args=(next(iterator),))
-            total += self.strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None)
+            values = {
+                key: self.strategy.reduce(tf.distribute.ReduceOp.SUM, value, axis=None)
+                for key, value in per_replica.items()
+            }
             if self.average is not None:
                 self.average.update(self.optimizer.iterations)
-        return total / tf.cast(num_steps, tf.float32)
+            values["learning_rate"] = tf.cast(self.optimizer.learning_rate, tf.float32)
+            records = {key: records[key].write(index, values[key]) for key in records}
+            with tf.control_dependencies(list(values.values())):
+                clock = clock.write(index, _clock())
+        return {**{key: array.stack() for key, array in records.items()}, "time": clock.stack()}
 
     def _eval_step(self, batch):
         images, labels, mask = (
@@ -272,6 +299,15 @@ class Trainer:
             per_replica = self.strategy.run(self._eval_step, args=(next(iterator),))
             totals += self.strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None)
         return totals
+
+
+def _clock() -> tf.Tensor:
+    """Seconds on the clock of the host running the loop, as an op of the traced loop: TensorFlow's timestamp,
+    or, under op determinism (which refuses that op), Python's ``time.perf_counter`` through ``py_function``.
+    Only differences within one call are used; the timestamp op needs no Python where the loop runs."""
+    if tf_framework_config.is_op_determinism_enabled():
+        return tf.py_function(time.perf_counter, [], tf.float64)
+    return tf.timestamp()
 
 
 def measure_allreduce_seconds(trainer: Trainer, repeats: int = 5) -> float | None:
@@ -418,6 +454,7 @@ def _train_and_evaluate(config, train_files, eval_files, paths, strategy, tuned)
         chief=chief,
         global_batch_size=config.data.global_batch_size,
         steps_per_epoch=plan.steps_per_epoch,
+        summary_every_steps=config.loop.summary_every_steps,
     )
     trainer = Trainer(config, strategy)
     manager = tf.train.CheckpointManager(
@@ -447,6 +484,9 @@ def _train_and_evaluate(config, train_files, eval_files, paths, strategy, tuned)
     profiler = StepProfiler(loop.profile_from_step, loop.profile_steps, paths.resolved_tensorboard_dir)
     try:
         step = _train_loop(config, trainer, inputs, recorder, manager, profiler, step, loop_start)
+    except BaseException as error:  # Ctrl-C included: the run log says the run stopped, and where
+        recorder.interrupted(error)
+        raise
     finally:
         profiler.close()
 
@@ -476,16 +516,19 @@ def _train_loop(config, trainer, inputs, recorder, manager, profiler, step, loop
             num = profiler.limit(step, min(plan.steps_per_loop, next_eval - step))
             profiler.before(step)
             started = time.time()
-            loss = float(_labels_checked(config, trainer.train_loop, inputs.train, tf.constant(num)))
-            if not math.isfinite(loss):
-                recorder.event("non_finite_loss", step=step, loss=loss)
-                recorder.flush()
+            records = _labels_checked(config, trainer.train_loop, inputs.train, tf.constant(num))
+            call = TrainingCall.of(step + num, time.time() - started, records)
+            non_finite = call.first_non_finite()
+            if non_finite is not None:
+                bad_step, loss = non_finite
+                recorder.event("non_finite_loss", step=bad_step, loss=loss)
                 raise NonFiniteLossError(
-                    f"training loss became {loss} between steps {step} and {step + num}; the last good checkpoint "
-                    f"({manager.latest_checkpoint}) is kept. Lower schedule.lr_per_256 or check the input data."
+                    f"training loss became {loss} at step {bad_step} (of the call of steps {step + 1}-{step + num}); "
+                    f"the last good checkpoint ({manager.latest_checkpoint}) is kept. Lower schedule.lr_per_256 "
+                    "or check the input data."
                 )
             step += num
-            recorder.training(step, plan.stop_step, num, loss, trainer.learning_rate, time.time() - started)
+            recorder.training(call, plan.stop_step)
             traced = profiler.after(step)
             if traced:
                 recorder.profiled(traced, profiler.first, step)
