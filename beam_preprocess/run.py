@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import shutil
 
 import apache_beam as beam
 
@@ -162,8 +163,11 @@ def run(
     prepare_output_dir(config)
     if beam_pipeline is None:
         beam_pipeline = direct.pipeline_from_args(beam_args or [])
-    # Ctrl-C ends the command without unwinding this (``effnet_common.stopping``): nothing half-written stays.
-    with stopping.cleanup(lambda: remove_partial_output(config)):
+    # Ctrl-C ends the command without unwinding this (``effnet_common.stopping``): nothing half-written stays,
+    # and neither does the local directory Beam makes for every pipeline (removed by ``run`` only when it returns).
+    with stopping.cleanup(lambda: remove_partial_output(config)), stopping.cleanup(
+        lambda: shutil.rmtree(beam_pipeline.local_tempdir, ignore_errors=True)
+    ):
         result = run_pipeline(beam_pipeline, config)
     manifest = Manifest.read(config.manifest_path)
     if len(manifest.failures) > config.max_failures:

@@ -413,8 +413,15 @@ def test_ctrl_c_while_multi_process_workers_shard_removes_everything_and_stops_t
     argv = [sys.executable, "-m", "beam_preprocess", "--train-archive", clean_archives.train_archive]
     argv += ["--val-archive", clean_archives.val_archive, "--output-dir", str(out), "--check-threads", "1"]
     argv += ["--direct_num_workers", "2", "--direct_running_mode", "multi_processing"]
+    tmpdir = tmp_path / "tmpdir"  # the command's own TMPDIR: Beam's local pipeline directories go there
+    tmpdir.mkdir()
     process = subprocess.Popen(
-        argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+        argv,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+        env={**os.environ, "TMPDIR": str(tmpdir)},
     )
     try:
         assert process.stdout.readline().startswith("full log: ")
@@ -433,4 +440,5 @@ def test_ctrl_c_while_multi_process_workers_shard_removes_everything_and_stops_t
     )
     assert "Traceback" not in out_text and not [p for p in out.rglob("*") if p.is_file()]
     assert _group_processes(process.pid) == []
+    assert sorted(p.name for p in tmpdir.iterdir()) == []
     assert subprocess.run(argv, capture_output=True, timeout=600).returncode == 0
