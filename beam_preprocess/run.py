@@ -165,8 +165,9 @@ def run(
         beam_pipeline = direct.pipeline_from_args(beam_args or [])
     # Ctrl-C ends the command without unwinding this (``effnet_common.stopping``): nothing half-written stays,
     # and neither does the local directory Beam makes for every pipeline (removed by ``run`` only when it returns).
-    with stopping.cleanup(lambda: remove_partial_output(config)), stopping.cleanup(
-        lambda: shutil.rmtree(beam_pipeline.local_tempdir, ignore_errors=True)
+    with (
+        stopping.cleanup(lambda: remove_partial_output(config)),
+        stopping.cleanup(lambda: shutil.rmtree(beam_pipeline.local_tempdir, ignore_errors=True)),
     ):
         result = run_pipeline(beam_pipeline, config)
     manifest = Manifest.read(config.manifest_path)
