@@ -99,7 +99,9 @@ def test_console_is_a_short_account_and_the_library_logs_go_to_a_file(blessed_ru
     assert "top-1 " in evaluation and "img/s" in evaluation and "ETA " in evaluation
     assert "model BLESSED by the Evaluator" in out and f"pushed to {root / SERVING}" in out
     assert re.search(
-        rf"^TensorBoard: tensorboard --logdir {re.escape(str(root))}/artifacts/\S+/tensorboard$", out, re.M
+        rf"^TensorBoard: {re.escape(os.path.join(os.path.dirname(sys.executable), 'tensorboard'))} --logdir {re.escape(str(root))}/artifacts/\S+/tensorboard$",
+        out,
+        re.M,
     )
     (log_line,) = [line for line in lines[:3] if line.startswith("full log: ")]
     log = pathlib.Path(log_line.split(": ", 1)[1])

@@ -7,6 +7,7 @@ import json
 import math
 import os
 import re
+import shlex
 import signal
 import socket
 import subprocess
@@ -21,7 +22,7 @@ import tensorflow as tf
 from trainer_module import presets, report, train
 from trainer_module.__main__ import main
 from trainer_module.config import replace
-from trainer_module.recorder import Recorder, TrainingCall, read_run_log
+from trainer_module.recorder import Recorder, TrainingCall, read_run_log, tensorboard_command
 
 BATCH = 64
 STEP_SECONDS = 0.1  # each step of the synthetic calls, inside a call
@@ -85,6 +86,19 @@ def _scalars(directory) -> dict[str, list[tuple[int, float]]]:
 
 
 # ------------------------------------------------------------------------------------- the training curves
+
+
+def test_the_tensorboard_command_runs_as_printed_without_an_activated_environment(tmp_path, monkeypatch):
+    """The printed command names the running environment's own script (quoted for a shell); an interpreter with
+    no script beside it (a system Python with TensorBoard on PATH) gets the bare name."""
+    logdir = str(tmp_path / "a run" / "tensorboard")
+    program, flag, where = shlex.split(tensorboard_command(logdir))
+    assert program == os.path.join(os.path.dirname(sys.executable), "tensorboard") and os.access(
+        program, os.X_OK
+    )
+    assert (flag, where) == ("--logdir", logdir)
+    monkeypatch.setattr(sys, "executable", str(tmp_path / "python"))
+    assert shlex.split(tensorboard_command(logdir)) == ["tensorboard", "--logdir", logdir]
 
 
 def test_curve_points_fall_every_n_steps_across_calls_as_means_of_their_window(tmp_path):

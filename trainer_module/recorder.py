@@ -18,7 +18,9 @@ import dataclasses
 import json
 import logging
 import os
+import shlex
 import socket
+import sys
 import time
 
 import numpy as np
@@ -56,6 +58,14 @@ EVAL_DESCRIPTIONS = {
 # Run-log events of trained steps: a resumed run drops those after the step it restored. (A profile's trace
 # stays where it was written, and so does its record.)
 STEP_EVENTS = ("progress", "train", "eval")
+
+
+def tensorboard_command(logdir: str) -> str:
+    """The command that opens ``logdir`` in TensorBoard, as it runs when pasted: the ``tensorboard`` script of the
+    environment running this (a virtual environment that is not activated has it only there)."""
+    beside = os.path.join(os.path.dirname(sys.executable), "tensorboard")
+    program = beside if os.access(beside, os.X_OK) else "tensorboard"
+    return f"{shlex.quote(program)} --logdir {shlex.quote(logdir)}"
 
 
 def read_run_log(path: str) -> list[dict]:
@@ -276,7 +286,7 @@ class Recorder:
             "" if replicas == 1 else "s",
             fields.get("eval_examples", "?"),
         )
-        console.say("TensorBoard: tensorboard --logdir %s", self._tensorboard_dir)
+        console.say("TensorBoard: %s", tensorboard_command(self._tensorboard_dir))
 
     def write_config(self, config_json: str, plan: dict, tuned: dict | None = None) -> None:
         """config.json: the resolved config, its plan and, under ``tuned``, the settings a search chose."""
@@ -346,11 +356,11 @@ class Recorder:
         self.event("profile", directory=directory, first_step=first_step, end_step=end_step)
         say = console.say if self._chief else logger.info
         say(
-            "profile of steps %d-%d: %s (TensorBoard's Profile tab: tensorboard --logdir %s)",
+            "profile of steps %d-%d: %s (TensorBoard's Profile tab: %s)",
             first_step,
             end_step - 1,
             directory,
-            self._tensorboard_dir,
+            tensorboard_command(self._tensorboard_dir),
         )
 
     def evaluation(self, step: int, elapsed_seconds: float, result: dict) -> dict:
