@@ -12,6 +12,8 @@ import sys
 
 import pytest
 
+from effnet_common import console
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 SESSION = """
@@ -192,7 +194,7 @@ def test_trainer_prints_one_line_per_evaluation_and_logs_to_the_model_dir(digit_
     for line in evaluations:
         assert re.search(r"top-1 [\d.]+ .* [\d.]+ img/s  ETA (\d+\.\ds|\d+m\d\ds|\d+h\d\dm)$", line), line
     # The command runs as printed, the environment's own script whether or not it is activated.
-    tensorboard = os.path.join(os.path.dirname(sys.executable), "tensorboard")
+    tensorboard = console.program_command("tensorboard")
     assert f"TensorBoard: {tensorboard} --logdir {model_dir / 'tensorboard'}" in lines
     (log,) = (model_dir / "logs").iterdir()
     assert lines[0] == f"full log: {log}"

@@ -13,6 +13,7 @@ import pytest
 from ml_metadata.metadata_store import metadata_store
 from ml_metadata.proto import metadata_store_pb2
 
+from effnet_common import console
 from pipeline import local_runner, presets
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -99,7 +100,7 @@ def test_console_is_a_short_account_and_the_library_logs_go_to_a_file(blessed_ru
     assert "top-1 " in evaluation and "img/s" in evaluation and "ETA " in evaluation
     assert "model BLESSED by the Evaluator" in out and f"pushed to {root / SERVING}" in out
     assert re.search(
-        rf"^TensorBoard: {re.escape(os.path.join(os.path.dirname(sys.executable), 'tensorboard'))} --logdir {re.escape(str(root))}/artifacts/\S+/tensorboard$",
+        rf"^TensorBoard: {re.escape(console.program_command('tensorboard'))} --logdir {re.escape(str(root))}/artifacts/\S+/tensorboard$",
         out,
         re.M,
     )

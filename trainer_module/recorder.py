@@ -20,7 +20,6 @@ import logging
 import os
 import shlex
 import socket
-import sys
 import time
 
 import numpy as np
@@ -61,11 +60,8 @@ STEP_EVENTS = ("progress", "train", "eval")
 
 
 def tensorboard_command(logdir: str) -> str:
-    """The command that opens ``logdir`` in TensorBoard, as it runs when pasted: the ``tensorboard`` script of the
-    environment running this (a virtual environment that is not activated has it only there)."""
-    beside = os.path.join(os.path.dirname(sys.executable), "tensorboard")
-    program = beside if os.access(beside, os.X_OK) else "tensorboard"
-    return f"{shlex.quote(program)} --logdir {shlex.quote(logdir)}"
+    """The command that opens ``logdir`` in TensorBoard as printed (``console.program_command``)."""
+    return f"{console.program_command('tensorboard')} --logdir {shlex.quote(logdir)}"
 
 
 def read_run_log(path: str) -> list[dict]:
