@@ -7,9 +7,9 @@ import logging
 
 import apache_beam as beam
 
-from beam_preprocess import direct, pipeline
+from beam_preprocess import pipeline
 from beam_preprocess.config import ShardingConfig
-from effnet_common import console, schema, stopping, storage
+from effnet_common import console, dataflow_jobs, schema, stopping, storage
 from effnet_common.manifest import Manifest
 
 
@@ -19,6 +19,14 @@ class FailureBudgetExceeded(RuntimeError):
 
 class OutputExistsError(RuntimeError):
     """The output directory holds an earlier run's shards and overwrite was not asked for."""
+
+
+def pipeline_from_args(beam_args: list[str]) -> beam.Pipeline:
+    """The Beam pipeline of Beam options ``beam_args``, on the runner and in the mode they name, as Beam builds it;
+    on Dataflow, Ctrl-C (or SIGTERM) cancels its job (``effnet_common.dataflow_jobs.StoppablePipeline``)."""
+    from apache_beam.options.pipeline_options import PipelineOptions
+
+    return dataflow_jobs.StoppablePipeline(options=PipelineOptions(beam_args))
 
 
 def failure_report(manifest: Manifest, limit: int = 50) -> str:
@@ -161,7 +169,7 @@ def run(
     """
     prepare_output_dir(config)
     if beam_pipeline is None:
-        beam_pipeline = direct.pipeline_from_args(beam_args or [])
+        beam_pipeline = pipeline_from_args(beam_args or [])
     # Ctrl-C ends the command without unwinding this (``effnet_common.stopping``): nothing half-written stays.
     with stopping.cleanup(lambda: remove_partial_output(config)):
         result = run_pipeline(beam_pipeline, config)

@@ -406,13 +406,15 @@ def _group_processes(group: int) -> list[str]:
     return found
 
 
-def test_ctrl_c_while_multi_process_workers_shard_removes_everything_and_stops_them(clean_archives, tmp_path):
-    """SIGINT to the command's process group (a terminal's Ctrl-C) while its worker processes spill: one line,
-    exit 130, no worker left, no spill file or shard left, so the same command then runs without --overwrite."""
+@pytest.mark.parametrize("mode", ["multi_processing", "multi_threading"])
+def test_ctrl_c_while_the_workers_shard_removes_everything_and_stops_them(clean_archives, tmp_path, mode):
+    """SIGINT to the command's process group (a terminal's Ctrl-C) while its workers (Beam's worker processes, or
+    threads of the command) spill: one line, exit 130, no process left, no spill file or shard left, so the same
+    command then runs without --overwrite."""
     out = tmp_path / "shards"
     argv = [sys.executable, "-m", "beam_preprocess", "--train-archive", clean_archives.train_archive]
     argv += ["--val-archive", clean_archives.val_archive, "--output-dir", str(out), "--check-threads", "1"]
-    argv += ["--direct_num_workers", "2", "--direct_running_mode", "multi_processing"]
+    argv += ["--direct_num_workers", "2", "--direct_running_mode", mode]
     process = subprocess.Popen(
         argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
     )
