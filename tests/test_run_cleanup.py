@@ -5,8 +5,8 @@ that Vertex AI Pipelines and Kubeflow Pipelines run after every step has ended, 
 jobs of its run still running, found by the run's label. The Beam steps cancel their own Dataflow job when their
 task is stopped.
 
-Dataflow is ``fake_dataflow.FakeDataflow`` on 127.0.0.1 (Beam's own Dataflow client and DataflowRunner talk to it
-through Beam's ``--dataflow_endpoint``); Vertex AI's custom jobs are ``fake_vertex.FakeProjectJobs`` behind the
+Dataflow is ``fake_dataflow.FakeDataflow`` on 127.0.0.1 (the DataflowRunner and the project's
+``JobsV1Beta3Client`` talk to it through Beam's ``--dataflow_endpoint``); Vertex AI's custom jobs are ``fake_vertex.FakeProjectJobs`` behind the
 SDK's ``JobServiceClient``. The container tasks run as their containers would (``kfp_launcher``), the Beam step on
 the DataflowRunner with its staging on the GCS emulator.
 """
