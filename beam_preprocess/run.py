@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import shutil
 
 import apache_beam as beam
 
@@ -170,8 +171,13 @@ def run(
     prepare_output_dir(config)
     if beam_pipeline is None:
         beam_pipeline = pipeline_from_args(beam_args or [])
-    # Ctrl-C ends the command without unwinding this (``effnet_common.stopping``): nothing half-written stays.
-    with stopping.cleanup(lambda: remove_partial_output(config)):
+    # Ctrl-C ends the command without unwinding this (``effnet_common.stopping``): nothing half-written stays, nor
+    # the local temporary directory Beam made for the pipeline (it removes it when a run ends).
+    local_tempdir = beam_pipeline.local_tempdir
+    with (
+        stopping.cleanup(lambda: shutil.rmtree(local_tempdir, ignore_errors=True)),
+        stopping.cleanup(lambda: remove_partial_output(config)),
+    ):
         result = run_pipeline(beam_pipeline, config)
     manifest = Manifest.read(config.manifest_path)
     if len(manifest.failures) > config.max_failures:
