@@ -13,6 +13,9 @@ INSTALL_REQUIRES = [
     "tfx[kfp]==1.16.0",
     "kfp>=2.6,<2.14",
     "apache-beam[gcp]==2.59.0",
+    # Dataflow's jobs API (list, read, cancel a run's jobs): the public GAPIC client. Its 0.8 line accepts
+    # protobuf 4.25 (tfx 1.16 caps protobuf < 5).
+    "google-cloud-dataflow-client==0.8.17",
     "tensorflow-model-analysis==0.47.1",
     "protobuf>=4.25.2,<5",
     "pyarrow>=10,<11",

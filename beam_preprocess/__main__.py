@@ -1,7 +1,8 @@
 """python -m beam_preprocess: ImageNet (archives, directories or tensorflow-datasets) -> per-host TFRecord shards.
 
 Options not listed here are Beam pipeline options and go to the runner unchanged, for example
-``--direct_num_workers 2 --direct_running_mode multi_processing`` here, or
+``--direct_num_workers 2 --direct_running_mode multi_threading`` here (threads of this process, which leaves out
+the connectors sharding never uses: faster than Beam's ``multi_processing`` workers, see the README), or
 ``--runner DataflowRunner --project P --region R --temp_location gs://... --setup_file ./setup.py`` at scale;
 an option that is neither this program's nor Beam's is refused (Beam would drop it and run without it).
 
@@ -35,8 +36,8 @@ if __name__ == "__main__" and lean_imports.runs_on_direct_runner(sys.argv[1:]):
 from beam_preprocess import classes, sources, spill  # noqa: E402
 from beam_preprocess.config import ShardingConfig, with_flag_names  # noqa: E402
 from beam_preprocess.run import FailureBudgetExceeded, OutputExistsError, leftovers_message, run  # noqa: E402
-from components.dataflow_jobs import TaskStopped  # noqa: E402
 from effnet_common import console, path_checks, schema, stopping, storage  # noqa: E402
+from effnet_common.dataflow_jobs import TaskStopped  # noqa: E402
 
 LOG_NAME = "beam_preprocess.log"
 # The exit status of a run stopped by Ctrl-C or SIGTERM (its Dataflow job cancelled): the shell's for SIGINT.

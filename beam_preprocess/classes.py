@@ -14,7 +14,9 @@ any image outside a class file's list) is a failure with that reason, never drop
 manifest records the class count and, unless they are ImageNet's 1000, the synsets in label order.
 
 This module is pure Python (no Beam, no TensorFlow): the config validates names against ``CLASS_LISTS`` and
-the pipeline builds the list once the training input is planned (``CLASS_LISTS.build(name, config, found)``).
+the pipeline builds the list once the training input is planned (``CLASS_LISTS.build(name, classes_file, found)``:
+the one setting a list is read from, and the synsets of the planned training units), so this module knows
+nothing of the config that names the choice.
 """
 
 from __future__ import annotations
@@ -22,14 +24,10 @@ from __future__ import annotations
 import dataclasses
 import functools
 from collections.abc import Iterable
-from typing import TYPE_CHECKING
 
 from effnet_common import schema, storage
 from effnet_common.manifest import LabelConvention
 from effnet_common.registry import Registry
-
-if TYPE_CHECKING:
-    from beam_preprocess.config import ShardingConfig
 
 IMAGENET = "imagenet"
 FOUND = "found"
@@ -82,16 +80,16 @@ class ClassList:
 
 
 @CLASS_LISTS.register(IMAGENET)
-def imagenet_classes(config: ShardingConfig | None = None, found: Iterable[str] = ()) -> ClassList:
+def imagenet_classes(classes_file: str = "", found: Iterable[str] = ()) -> ClassList:
     """The 1000 ILSVRC2012 synsets, sorted (tensorflow-datasets' order): today's labels 0..999."""
-    del config, found
+    del classes_file, found
     return ClassList(schema.synsets(), "the ILSVRC2012 synsets", schema.LABEL_CONVENTION, imagenet=True)
 
 
 @CLASS_LISTS.register(FOUND)
-def found_classes(config: ShardingConfig, found: Iterable[str]) -> ClassList:
+def found_classes(classes_file: str, found: Iterable[str]) -> ClassList:
     """The distinct synsets of the training input's units, sorted."""
-    del config
+    del classes_file
     synsets = tuple(sorted(set(found)))
     last = max(len(synsets) - 1, 0)
     return ClassList(
@@ -102,14 +100,14 @@ def found_classes(config: ShardingConfig, found: Iterable[str]) -> ClassList:
 
 
 @CLASS_LISTS.register(FILE)
-def file_classes(config: ShardingConfig, found: Iterable[str] = ()) -> ClassList:
-    """The synsets of ``config.classes_file``, in the file's order."""
+def file_classes(classes_file: str, found: Iterable[str] = ()) -> ClassList:
+    """The synsets of ``classes_file`` (``ShardingConfig.classes_file``), in the file's order."""
     del found
-    synsets = read_class_file(config.classes_file)
+    synsets = read_class_file(classes_file)
     return ClassList(
         synsets,
-        f"the class file {config.classes_file}",
-        _FILE_CONVENTION.format(last=len(synsets) - 1, count=len(synsets), path=config.classes_file),
+        f"the class file {classes_file}",
+        _FILE_CONVENTION.format(last=len(synsets) - 1, count=len(synsets), path=classes_file),
     )
 
 

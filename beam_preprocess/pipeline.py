@@ -70,7 +70,7 @@ def training_synsets(unit: sources.WorkUnit) -> list[str]:
 
 def build_class_list(config: ShardingConfig, found: list[str]) -> ClassList:
     """The run's classes by ``config.classes``, given the synsets of the planned training units."""
-    return CLASS_LISTS.build(config.classes, config, found)
+    return CLASS_LISTS.build(config.classes, config.classes_file, found)
 
 
 def of_the_classes(items, classes: ClassList):

@@ -8,9 +8,9 @@ import shutil
 
 import apache_beam as beam
 
-from beam_preprocess import direct, pipeline
+from beam_preprocess import pipeline
 from beam_preprocess.config import ShardingConfig
-from effnet_common import console, schema, stopping, storage
+from effnet_common import console, dataflow_jobs, schema, stopping, storage
 from effnet_common.manifest import Manifest
 
 
@@ -20,6 +20,14 @@ class FailureBudgetExceeded(RuntimeError):
 
 class OutputExistsError(RuntimeError):
     """The output directory holds an earlier run's shards and overwrite was not asked for."""
+
+
+def pipeline_from_args(beam_args: list[str]) -> beam.Pipeline:
+    """The Beam pipeline of Beam options ``beam_args``, on the runner and in the mode they name, as Beam builds it;
+    on Dataflow, Ctrl-C (or SIGTERM) cancels its job (``effnet_common.dataflow_jobs.StoppablePipeline``)."""
+    from apache_beam.options.pipeline_options import PipelineOptions
+
+    return dataflow_jobs.StoppablePipeline(options=PipelineOptions(beam_args))
 
 
 def failure_report(manifest: Manifest, limit: int = 50) -> str:
@@ -162,12 +170,13 @@ def run(
     """
     prepare_output_dir(config)
     if beam_pipeline is None:
-        beam_pipeline = direct.pipeline_from_args(beam_args or [])
-    # Ctrl-C ends the command without unwinding this (``effnet_common.stopping``): nothing half-written stays,
-    # and neither does the local directory Beam makes for every pipeline (removed by ``run`` only when it returns).
+        beam_pipeline = pipeline_from_args(beam_args or [])
+    # Ctrl-C ends the command without unwinding this (``effnet_common.stopping``): nothing half-written stays, nor
+    # the local temporary directory Beam made for the pipeline (it removes it when a run ends).
+    local_tempdir = beam_pipeline.local_tempdir
     with (
+        stopping.cleanup(lambda: shutil.rmtree(local_tempdir, ignore_errors=True)),
         stopping.cleanup(lambda: remove_partial_output(config)),
-        stopping.cleanup(lambda: shutil.rmtree(beam_pipeline.local_tempdir, ignore_errors=True)),
     ):
         result = run_pipeline(beam_pipeline, config)
     manifest = Manifest.read(config.manifest_path)

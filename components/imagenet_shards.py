@@ -38,7 +38,7 @@ from tfx.types import artifact_utils, component_spec
 
 from beam_preprocess import run
 from beam_preprocess.config import SPLIT_INPUTS, ShardingConfig, splits_without_input
-from components import beam_executor, dataflow_jobs, parameters
+from components import beam_executor, parameters
 from effnet_common import schema
 from effnet_common.manifest import Manifest
 
@@ -107,12 +107,12 @@ def describe_artifact(examples: tfx.types.standard_artifacts.Examples, manifest:
 
 
 class Executor(
-    dataflow_jobs.StoppableBeamExecutor,
+    beam_executor.StoppableBeamExecutor,
     beam_executor.InstalledTfxOnLocalRunners,
     base_beam_executor.BaseBeamExecutor,
 ):
     """Runs ``ShardImageNet`` into the Examples artifact, then enforces the failure budget. On Dataflow, the job
-    carries the run's label and is cancelled if the task is stopped (``dataflow_jobs.StoppableBeamExecutor``)."""
+    carries the run's label and is cancelled if the task is stopped (``beam_executor.StoppableBeamExecutor``)."""
 
     def Do(  # noqa: N802 - TFX's executor interface
         self,

@@ -1,7 +1,7 @@
 """``RunCleanup``: the pipeline's exit handler, which cancels every job of the run still running when it ends.
 
 The steps that start cloud jobs cancel their own job when their task is stopped (``components.vertex_training``,
-``components.dataflow_jobs``), but a task killed outright (SIGKILL, out of memory, its node lost), or stopped
+``effnet_common.dataflow_jobs``), but a task killed outright (SIGKILL, out of memory, its node lost), or stopped
 before its job had an id, leaves the job running and billing: a training job until its timeout (days for some
 presets), a Dataflow job of up to a hundred workers until it ends. On Vertex AI Pipelines and Kubeflow Pipelines
 the exit handler runs once every other task of the run has ended, whatever their state (but not while a person
@@ -35,8 +35,8 @@ from typing import Any
 from tfx.dsl.components.base import base_beam_component, base_beam_executor, executor_spec
 from tfx.types import component_spec
 
-from components import beam_executor, dataflow_jobs, run_label, vertex_training
-from effnet_common import cloud_retry
+from components import beam_executor, run_label, vertex_training
+from effnet_common import cloud_retry, dataflow_jobs
 
 PROJECT_KEY = "project"
 REGION_KEY = "region"

@@ -39,6 +39,9 @@ RUN_ARG = f"{RUN_FLAG}={RUN_ID_PLACEHOLDER}"
 # What a pipeline compiled for Kubeflow gives every task instead (``kfp_run_arg``): the id is in its output URIs.
 FROM_OUTPUT_URI = "from-output-uri"
 # A Kubeflow run id (a UUID) as a segment of an artifact URI.
+# Google Cloud label values: lowercase letters, digits, '_' and '-', at most 63 characters (what is not one of
+# them becomes '-').
+_LABEL_VALUE = re.compile(r"[^a-z0-9_-]")
 _RUN_ID_SEGMENT = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
 
 logger = logging.getLogger("components.run_label")
@@ -98,14 +101,17 @@ def run_id_in_uri(uri: str, pipeline_name: str) -> str | None:
     return found[-1] if found else None
 
 
+def label_value(text: str) -> str:
+    """``text`` as a Google Cloud label value (lowercase, [a-z0-9_-], at most 63 characters)."""
+    return _LABEL_VALUE.sub("-", text.lower())[:63]
+
+
 def run_value(run_id: str | None) -> str:
     """The label value naming run ``run_id`` (a Google Cloud label value: lowercase, [a-z0-9_-], at most 63).
 
     Raises:
       NoRunId: ``run_id`` is empty or still a ``{{$...}}`` placeholder.
     """
-    from pipeline.cloud import label_value
-
     name = _kfp_pipeline_name(run_id)
     if name is not None:
         raise NoRunId(

@@ -39,7 +39,7 @@ from tfx.dsl.components.base import base_executor, executor_spec
 from tfx.types import component_spec, standard_component_specs
 from tfx.utils import json_utils, name_utils
 
-from components import beam_executor, dataflow_jobs, run_label, vertex_training
+from components import beam_executor, run_label, vertex_training
 from components.parameters import TARGET_TOP1_KEY, TOP1_METRIC, TRAIN_EPOCHS_KEY
 from effnet_common import cloud_retry
 
@@ -213,11 +213,11 @@ class VertexTunerExecutor(base_executor.BaseExecutor):
 
 
 class EvaluatorExecutor(
-    dataflow_jobs.StoppableBeamExecutor, beam_executor.InstalledTfxOnLocalRunners, evaluator_executor.Executor
+    beam_executor.StoppableBeamExecutor, beam_executor.InstalledTfxOnLocalRunners, evaluator_executor.Executor
 ):
     """TFMA's evaluator executor, after setting the top-1 gate to ``target_top1``; its blessing names the
     pipeline (``baseline_scope``). On Dataflow, its job carries the run's label and is cancelled if the task is
-    stopped (``dataflow_jobs.StoppableBeamExecutor``)."""
+    stopped (``beam_executor.StoppableBeamExecutor``)."""
 
     def Do(self, input_dict, output_dict, exec_properties):  # noqa: N802 - TFX's executor interface
         properties = dict(exec_properties)

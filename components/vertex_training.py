@@ -78,7 +78,7 @@ class TrainingJobFailed(RuntimeError):
 
 @dataclasses.dataclass(frozen=True)
 class TimeoutRule:
-    """How a step sets its job's timeout: ``pipeline.accelerators.job_timeout`` of the config it trains on
+    """How a step sets its job's timeout: ``components.accelerators.job_timeout`` of the config it trains on
     ``machines`` of ``accelerator``, at most ``max_seconds`` (the compiled upper bound). A tuning job
     (``search_epochs`` > 0) trains ``search_epochs`` epochs of that config in all, on ``parallel_trials``
     machines at once."""
@@ -105,7 +105,7 @@ class TimeoutRule:
 
     def seconds(self, trainer_config) -> int:
         """The timeout of a job training ``trainer_config`` (the same estimate ``--plan`` prints)."""
-        from pipeline import accelerators
+        from components import accelerators
 
         machine = accelerators.get(self.accelerator, self.machines)
         if not self.search_epochs:

@@ -1,4 +1,5 @@
-"""What every stage of the pipeline shares, with no heavy imports (no TensorFlow, Beam only when a path is read):
+"""What every stage of the pipeline shares, with no heavy imports (no TensorFlow; Beam only when a path is read or
+a Beam pipeline is made):
 
 - ``schema``: the data contract of a shard record (feature keys, label convention, ImageNet's synsets and sizes);
 - ``manifest``: the typed manifest of a sharding run, the one module that reads and writes it;
@@ -6,7 +7,11 @@
 - ``whole``: the one rule for writing a file whole, shared by ``storage`` and the trainer's ``tf.io.gfile`` files;
 - ``console``: what a command prints and logs (one line per step, errors in one line, logs to a file);
 - ``path_checks``: the checks of a person's paths before any work (a file readable, a directory writable);
-- ``registry``: the name -> builder registries every choice is validated and built by.
+- ``registry``: the name -> builder registries every choice is validated and built by;
+- ``stopping``: Ctrl-C ends a command in one line, leaving nothing temporary behind;
+- ``cloud_retry``: the one retry policy of every cloud API call, and how long a followed job's API is waited for;
+- ``dataflow_jobs``: the Beam pipeline whose Dataflow job is cancelled when its process is stopped (the sharding
+  command line's and the pipeline's Beam steps'), and a run's Dataflow jobs found and cancelled.
 
 ``beam_preprocess``, ``trainer_module``, ``components`` and ``pipeline`` import from here; ``trainer_module``
 imports nothing from ``beam_preprocess``.

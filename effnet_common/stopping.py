@@ -18,7 +18,7 @@ exit would have removed (TensorFlow's generated autograph sources).
 
 ``arm`` is called by ``effnet_common.console.session`` in a command's own process (never in a test's process,
 where a stop would end the test run). While another handler owns SIGINT (a Dataflow job being followed, which
-cancels its job on Ctrl-C: ``components.dataflow_jobs``), that handler acts and this module stands aside.
+cancels its job on Ctrl-C: ``effnet_common.dataflow_jobs``), that handler acts and this module stands aside.
 
 Nothing here imports TensorFlow or Beam: Beam's worker processes import it (through ``effnet_common.whole``).
 """

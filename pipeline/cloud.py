@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import re
 
+from components.run_label import label_value
 from effnet_common.cloud_retry import OUTAGE_HOURS
 from effnet_common.registry import Registry
 
@@ -21,8 +22,6 @@ DEFAULT_REGION = "us-central1"
 _NETWORK = re.compile(r"^projects/[^/]+/global/networks/(?P<name>[^/]+)$")
 _DIGEST = re.compile(r"@sha256:[0-9a-f]{64}$")
 _RESERVATION = re.compile(r"^projects/[^/]+/zones/[^/]+/reservations/[^/]+$")
-# Google Cloud label values: lowercase letters, digits, '_' and '-', at most 63 characters.
-_LABEL_VALUE = re.compile(r"[^a-z0-9_-]")
 PIPELINE_LABEL = "effnet-pipeline"
 PRESET_LABEL = "effnet-preset"
 
@@ -83,11 +82,6 @@ class DataflowWorkers:
 # its workers need memory: 8 vCPUs with 52 GB.
 SHARDING_WORKERS = DataflowWorkers("n1-standard-4", 50, 100)
 EVALUATOR_WORKERS = DataflowWorkers("n1-highmem-8", 50, 20)
-
-
-def label_value(text: str) -> str:
-    """``text`` as a Google Cloud label value (lowercase, [a-z0-9_-], at most 63 characters)."""
-    return _LABEL_VALUE.sub("-", text.lower())[:63]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -200,7 +194,7 @@ class CloudSettings:
 
     @property
     def machine(self):
-        from pipeline import accelerators
+        from components import accelerators
 
         return accelerators.get(self.accelerator, self.machines)
 
@@ -213,7 +207,7 @@ class CloudSettings:
     @property
     def max_timeout_seconds(self) -> int:
         """The upper bound of a training job's timeout: ``--training-timeout-hours``, else Vertex's 7 days."""
-        from pipeline import accelerators
+        from components import accelerators
 
         if self.training_timeout_hours:
             return round(self.training_timeout_hours * 3600)
@@ -256,7 +250,7 @@ class CloudSettings:
     def timeout_seconds(self, hours: float) -> int:
         """A job's timeout for a nominal ``hours`` of work: the run estimate's rule (three times, at least 2
         hours, at most Vertex's 7 days), at most ``max_timeout_seconds``."""
-        from pipeline import accelerators
+        from components import accelerators
 
         return min(accelerators.timeout_for(hours * 3600), self.max_timeout_seconds)
 
@@ -291,8 +285,7 @@ class CloudSettings:
         ``checkpoint_root``)."""
         from tfx import v1 as tfx
 
-        from components import vertex_training
-        from pipeline import accelerators
+        from components import accelerators, vertex_training
         from trainer_module import tfx_trainer
 
         vertex = tfx.extensions.google_cloud_ai_platform
@@ -324,8 +317,7 @@ class CloudSettings:
         """
         from tfx import v1 as tfx
 
-        from components import vertex_training
-        from pipeline import accelerators
+        from components import accelerators, vertex_training
 
         machine = self.machine
         if machine.machines > 1:

@@ -33,9 +33,9 @@ import warnings
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 warnings.filterwarnings("ignore", category=FutureWarning)
 
+from components.accelerators import AcceleratorMismatch  # noqa: E402
 from effnet_common import console, stopping  # noqa: E402
 from pipeline import compiler, tune_flags  # noqa: E402
-from pipeline.accelerators import AcceleratorMismatch  # noqa: E402
 from pipeline.cloud import (  # noqa: E402
     DEFAULT_MAX_WAIT_HOURS,
     DEFAULT_REGION,
@@ -62,7 +62,7 @@ CLOUD_DEFAULTS = {field.name: field.default for field in dataclasses.fields(Clou
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from pipeline import accelerators
+    from components import accelerators
     from trainer_module.presets import preset_names  # the pipeline presets' names, without loading TensorFlow
 
     parser = console.ArgumentParser(
@@ -240,7 +240,8 @@ def _settings(args) -> CloudSettings:
 
 def _print_plan(args) -> None:
     """The trainer's plan on the accelerator and the run's estimate (hours, accelerator-hours, timeout)."""
-    from pipeline import accelerators, presets
+    from components import accelerators
+    from pipeline import presets
     from trainer_module.config import parse_overrides
     from trainer_module.dry_run import plan_report
 

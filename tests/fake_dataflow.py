@@ -1,10 +1,12 @@
 """Dataflow's jobs API (REST v1b3, ``projects.locations.jobs``) on 127.0.0.1, for Beam's DataflowRunner and for
-the run's clean-up.
+the project's own calls (``effnet_common.dataflow_jobs``: following, cancelling, the run's clean-up).
 
-Clients reach it as they reach Dataflow: Beam's own API client (``apache_beam.runners.dataflow.internal.clients
-.dataflow``, what the DataflowRunner submits and polls with) pointed at ``host`` by Beam's ``--dataflow_endpoint``
-option, with ``--no_auth``. Every request is recorded (``requests``: method, path, query, body) and a test can move
-a job on (``set_state``) as the service would.
+Clients reach it as they reach Dataflow, pointed at ``host`` by Beam's ``--dataflow_endpoint`` option, with
+``--no_auth``: Beam's own API client (what the DataflowRunner submits and polls with), and
+google-cloud-dataflow-client's ``JobsV1Beta3Client`` over its REST transport, which the project's code builds and
+calls for real (request transcoding, JSON, the status-to-exception mapping, the pager, ``retry=``/``timeout=``).
+Every request is recorded (``requests``: method, path, query, body, enums by name) and a test can move a job on
+(``set_state``) as the service would.
 
 The service's rules it holds, from Dataflow's REST reference (``projects.locations.jobs``: create, get, list,
 update; ``Job``, ``JobState``, ``JobView``, ``ListJobsRequest.Filter``) and its label rules:
@@ -34,6 +36,10 @@ update; ``Job``, ``JobState``, ``JobView``, ``ListJobsRequest.Filter``) and its 
   fake answers 400 ``FAILED_PRECONDITION`` with the message Beam's Java SDK quotes from the service ("Cannot
   perform operation 'cancel' on Job: ID. Job has terminated in state ...").
 - ``jobs.messages.list`` and ``jobs.getMetrics`` (Beam's runner polls them while it waits) answer empty.
+- Enums (``filter``, ``view``, ``currentState``, ``requestedState``, ``type``) are taken by name or by number
+  (proto3's JSON mapping; the numbers of ``google/dataflow/v1beta3/jobs.proto``); answers carry names, or numbers
+  when the request asks for them with Google's system parameter ``$alt=json;enum-encoding=int`` (as the GAPIC
+  REST transport does).
 
 ``create_delay_s``: seconds the service takes to answer a create request (the request is recorded first), so a
 test can act while a job is being submitted.
@@ -79,6 +85,19 @@ SUMMARY_FIELDS = (
     "location", "jobMetadata",
 )  # fmt: skip
 DESCRIPTION_FIELDS = (*SUMMARY_FIELDS, "labels", "environment", "requestedState", "clientRequestId")
+# The API's enums by number (google/dataflow/v1beta3/jobs.proto): JobState, JobView, ListJobsRequest.Filter, JobType.
+JOB_STATES = (
+    "JOB_STATE_UNKNOWN", "JOB_STATE_STOPPED", "JOB_STATE_RUNNING", "JOB_STATE_DONE", "JOB_STATE_FAILED",
+    "JOB_STATE_CANCELLED", "JOB_STATE_UPDATED", "JOB_STATE_DRAINING", "JOB_STATE_DRAINED", "JOB_STATE_PENDING",
+    "JOB_STATE_CANCELLING", "JOB_STATE_QUEUED", "JOB_STATE_RESOURCE_CLEANING_UP",
+)  # fmt: skip
+ENUMS = {
+    "currentState": JOB_STATES,
+    "requestedState": JOB_STATES,
+    "view": ("JOB_VIEW_UNKNOWN", "JOB_VIEW_SUMMARY", "JOB_VIEW_ALL", "JOB_VIEW_DESCRIPTION"),
+    "filter": ("UNKNOWN", "ALL", "TERMINATED", "ACTIVE"),
+    "type": ("JOB_TYPE_UNKNOWN", "JOB_TYPE_BATCH", "JOB_TYPE_STREAMING"),
+}
 _JOBS = re.compile(r"^/v1b3/projects/(?P<project>[^/]+)/locations/(?P<location>[^/]+)/jobs(?:/(?P<job>[^/]+))?"
                    r"(?:/(?P<sub>messages|metrics))?$")  # fmt: skip
 _LABEL_KEY = re.compile(r"^[a-z][a-z0-9_-]{0,62}$")
@@ -89,6 +108,27 @@ class ApiError(Exception):
     def __init__(self, code: int, status: str, message: str):
         super().__init__(message)
         self.code, self.status, self.message = code, status, message
+
+
+def by_name(fields: dict) -> dict:
+    """``fields`` with every enum given by number named (proto3 JSON takes either)."""
+    named = dict(fields)
+    for key, names in ENUMS.items():
+        value = named.get(key)
+        if isinstance(value, int) or (isinstance(value, str) and value.isdigit()):
+            named[key] = names[int(value)]
+    return named
+
+
+def by_number(answer: dict) -> dict:
+    """An answer's enums as numbers (``$alt=json;enum-encoding=int``), in a job or a list of jobs."""
+    if "jobs" in answer:
+        return {**answer, "jobs": [by_number(job) for job in answer["jobs"]]}
+    numbered = dict(answer)
+    for key, names in ENUMS.items():
+        if isinstance(numbered.get(key), str) and numbered[key] in names:
+            numbered[key] = names.index(numbered[key])
+    return numbered
 
 
 def _now() -> str:
@@ -302,8 +342,10 @@ class FakeDataflow:
             def _handle(self, method: str) -> None:
                 url = urllib.parse.urlparse(self.path)
                 query = {key: values[-1] for key, values in urllib.parse.parse_qs(url.query).items()}
+                numbers = "enum-encoding=int" in query.pop("$alt", "")
+                query = by_name(query)
                 length = int(self.headers.get("Content-Length") or 0)
-                body = json.loads(self.rfile.read(length) or b"{}") if length else {}
+                body = by_name(json.loads(self.rfile.read(length) or b"{}") if length else {})
                 fake.requests.append({"method": method, "path": url.path, "query": query, "body": body})
                 call = f"{method} {re.sub(r'^/v1b3/projects/[^/]+/locations/[^/]+/', '', url.path)}"
                 call = re.sub(r"^jobs/[^/]+", "jobs/{id}", call.split(" ", 1)[1]) if "jobs/" in call else call
@@ -318,7 +360,7 @@ class FakeDataflow:
                     if fault is not None and fault.kind == "lost":
                         fault_schedules.drop_connection(self)
                         return
-                    self._reply(200, answer)
+                    self._reply(200, by_number(answer) if numbers else answer)
                 except ApiError as error:
                     self._reply(
                         error.code,

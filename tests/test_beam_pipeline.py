@@ -406,22 +406,22 @@ def _group_processes(group: int) -> list[str]:
     return found
 
 
-def test_ctrl_c_while_multi_process_workers_shard_removes_everything_and_stops_them(clean_archives, tmp_path):
-    """SIGINT to the command's process group (a terminal's Ctrl-C) while its worker processes spill: one line,
-    exit 130, no worker left, no spill file or shard left, so the same command then runs without --overwrite."""
+@pytest.mark.parametrize("mode", ["multi_processing", "multi_threading"])
+def test_ctrl_c_while_the_workers_shard_removes_everything_and_stops_them(clean_archives, tmp_path, mode):
+    """SIGINT to the command's process group (a terminal's Ctrl-C) while its workers (Beam's worker processes, or
+    threads of the command) spill: one line, exit 130, no process left, no spill file, shard or temporary
+    directory left, so the same command then runs without --overwrite."""
     out = tmp_path / "shards"
     argv = [sys.executable, "-m", "beam_preprocess", "--train-archive", clean_archives.train_archive]
     argv += ["--val-archive", clean_archives.val_archive, "--output-dir", str(out), "--check-threads", "1"]
-    argv += ["--direct_num_workers", "2", "--direct_running_mode", "multi_processing"]
-    tmpdir = tmp_path / "tmpdir"  # the command's own TMPDIR: Beam's local pipeline directories go there
-    tmpdir.mkdir()
+    argv += ["--direct_num_workers", "2", "--direct_running_mode", mode]
+    (tmp_path / "tmp").mkdir()
+    env = {
+        **os.environ,
+        "TMPDIR": str(tmp_path / "tmp"),
+    }  # where Beam makes the pipeline's temporary directory
     process = subprocess.Popen(
-        argv,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-        env={**os.environ, "TMPDIR": str(tmpdir)},
+        argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True, env=env
     )
     try:
         assert process.stdout.readline().startswith("full log: ")
@@ -439,6 +439,6 @@ def test_ctrl_c_while_multi_process_workers_shard_removes_everything_and_stops_t
         f"{out}.beam_preprocess.log is kept); run the same command again\n"
     )
     assert "Traceback" not in out_text and not [p for p in out.rglob("*") if p.is_file()]
+    assert list((tmp_path / "tmp").iterdir()) == []
     assert _group_processes(process.pid) == []
-    assert sorted(p.name for p in tmpdir.iterdir()) == []
     assert subprocess.run(argv, capture_output=True, timeout=600).returncode == 0

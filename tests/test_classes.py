@@ -121,7 +121,7 @@ def test_config_refuses_classes_that_cannot_be_built(tmp_path):
 
 
 def test_manifest_keeps_the_class_list_and_refuses_an_inconsistent_one():
-    convention = classes.found_classes(None, ["n02", "n01", "n02"]).label_convention()
+    convention = classes.found_classes("", ["n02", "n01", "n02"]).label_convention()
     assert convention.synsets == ("n01", "n02") and convention.num_classes == 2
     manifest = Manifest(splits={}, label_convention=convention, feature_keys=(), options={}, failures=())
     again = Manifest.from_json(manifest.to_json())

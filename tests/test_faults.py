@@ -214,7 +214,7 @@ def test_the_clean_up_under_transient_faults_cancels_every_job_of_its_run(datafl
     )
     monkeypatch.setattr(fake_vertex, "FAULTS", vertex_faults)
     dataflow.faults = faults.FaultSchedule(
-        {"GET jobs": ["503", "drop"], "GET jobs/{id}": ["500"], "PUT jobs/{id}": ["429", "drop"]}
+        {"GET jobs": ["503", "drop"], "GET jobs/{id}": ["500", "slow:2"], "PUT jobs/{id}": ["429", "drop"]}
     )
     flow = [
         dataflow.add_job(PROJECT, REGION, f"step{n}", {run_label.RUN_LABEL: RUN}, "JOB_STATE_RUNNING")
@@ -290,7 +290,7 @@ def test_a_beam_step_under_a_persistent_refusal_ends_in_one_line_and_cancels_its
     assert dataflow.cancel_requests() == [job_id]
     assert dataflow.jobs[job_id]["currentState"] in ("JOB_STATE_CANCELLING", "JOB_STATE_CANCELLED")
     log = (tmp_path / "step.log").read_text(errors="replace")
-    assert f"Unanswered: reading Dataflow job {job_id}: refused for 2 s: HttpForbiddenError" in log
+    assert f"Unanswered: reading Dataflow job {job_id}: refused for 2 s: Forbidden: 403 GET " in log
     count(len(dataflow.faults.injected), 1, 1)
 
 

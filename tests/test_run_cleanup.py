@@ -5,8 +5,8 @@ that Vertex AI Pipelines and Kubeflow Pipelines run after every step has ended, 
 jobs of its run still running, found by the run's label. The Beam steps cancel their own Dataflow job when their
 task is stopped.
 
-Dataflow is ``fake_dataflow.FakeDataflow`` on 127.0.0.1 (Beam's own Dataflow client and DataflowRunner talk to it
-through Beam's ``--dataflow_endpoint``); Vertex AI's custom jobs are ``fake_vertex.FakeProjectJobs`` behind the
+Dataflow is ``fake_dataflow.FakeDataflow`` on 127.0.0.1 (the DataflowRunner and the project's
+``JobsV1Beta3Client`` talk to it through Beam's ``--dataflow_endpoint``); Vertex AI's custom jobs are ``fake_vertex.FakeProjectJobs`` behind the
 SDK's ``JobServiceClient``. The container tasks run as their containers would (``kfp_launcher``), the Beam step on
 the DataflowRunner with its staging on the GCS emulator.
 """
@@ -30,7 +30,8 @@ from fake_dataflow import FakeDataflow
 from google.protobuf import json_format
 from kfp.pipeline_spec import pipeline_spec_pb2
 
-from components import dataflow_jobs, run_cleanup, run_label, runtime_gate
+from components import run_cleanup, run_label, runtime_gate
+from effnet_common import dataflow_jobs
 from pipeline import kubeflow_v2_runner
 from pipeline.template import Template, pipeline_tasks
 
@@ -234,6 +235,8 @@ def test_a_compiled_template_is_still_read_and_checked(tmp_path):
 
 
 def test_dataflow_fake_lists_summaries_by_page_and_refuses_to_cancel_an_ended_job(dataflow):
+    from google.api_core import exceptions
+
     api = dataflow_jobs.DataflowApi.from_args(
         [*dataflow.beam_args(), f"--project={PROJECT}", f"--region={REGION}"]
     )
@@ -246,15 +249,43 @@ def test_dataflow_fake_lists_summaries_by_page_and_refuses_to_cancel_an_ended_jo
     assert [job.id for job in listed] == ids  # every page, active jobs only, this region only
     lists = [r for r in dataflow.requests if r["method"] == "GET" and r["path"].endswith("/jobs")]
     assert len(lists) == 3  # pages of at most FakeDataflow.PAGE_LIMIT
-    assert all(job.labels is None for job in listed)  # a list returns summaries
-    assert api.get(ids[0]).labels is None and api.get(ids[0], with_labels=True).labels is not None
+    assert all(not job.labels for job in listed)  # a list returns summaries
+    assert not api.get(ids[0]).labels and dict(api.get(ids[0], with_labels=True).labels) == {"k": "v0"}
     assert [job.id for job in api.jobs_labelled("k", "v0")] == [ids[0]]
     # An ended job cannot be cancelled: Dataflow refuses, and the client reports the state it ended in.
     assert api.cancel(ended) == "JOB_STATE_DONE"
     assert dataflow.state(ended) == "JOB_STATE_DONE"
     assert api.cancel(ids[1]) == "JOB_STATE_CANCELLED"
-    with pytest.raises(Exception, match="404"):
-        api.get(elsewhere)
+    with pytest.raises(exceptions.NotFound, match="Could not find job"):
+        api.get(elsewhere)  # jobs are regional
+
+
+def test_the_dataflow_client_takes_the_credentials_beam_submits_with(tmp_path, monkeypatch, caplog):
+    """Application default credentials (an authorized user's file here: nothing is fetched until a call), through
+    the impersonation chain Beam's option names; none with --no_auth; anonymous, said in the log, when none are
+    found (the service then refuses, and the caller names the permission)."""
+    from apache_beam.options.pipeline_options import GoogleCloudOptions, PipelineOptions
+    from google.auth import credentials, impersonated_credentials
+
+    def cloud(*args):
+        return PipelineOptions([f"--project={PROJECT}", f"--region={REGION}", *args]).view_as(
+            GoogleCloudOptions
+        )
+
+    monkeypatch.setenv("CLOUDSDK_CONFIG", str(tmp_path / "gcloud"))  # no gcloud credentials of this machine's
+    monkeypatch.delenv("GOOGLE_APPLICATION_CREDENTIALS", raising=False)
+    assert isinstance(dataflow_jobs.credentials_of(cloud()), credentials.AnonymousCredentials)
+    assert "calling it anonymously" in caplog.text
+    user = {"type": "authorized_user", "client_id": "id", "client_secret": "secret", "refresh_token": "token"}
+    (tmp_path / "adc.json").write_text(json.dumps(user))
+    monkeypatch.setenv("GOOGLE_APPLICATION_CREDENTIALS", str(tmp_path / "adc.json"))
+    assert dataflow_jobs.credentials_of(cloud()).refresh_token == "token"
+    chain = "first@p.iam.gserviceaccount.com,runner@p.iam.gserviceaccount.com"
+    impersonated = dataflow_jobs.credentials_of(cloud(f"--impersonate_service_account={chain}"))
+    assert isinstance(impersonated, impersonated_credentials.Credentials)
+    assert impersonated.service_account_email == "runner@p.iam.gserviceaccount.com"
+    assert impersonated._delegates == ["first@p.iam.gserviceaccount.com"]  # noqa: SLF001 - no public reader
+    assert isinstance(dataflow_jobs.credentials_of(cloud("--no_auth")), credentials.AnonymousCredentials)
 
 
 def test_custom_jobs_fake_filters_pages_and_refuses_what_the_service_refuses(tmp_path):

@@ -18,8 +18,8 @@ from google.auth.credentials import AnonymousCredentials
 from google.protobuf import json_format
 from kfp.pipeline_spec import pipeline_spec_pb2
 
-from components import runtime_gate, vertex_pusher
-from pipeline import accelerators, compiler, kubeflow_v2_runner, pipeline_def, submission
+from components import accelerators, runtime_gate, vertex_pusher
+from pipeline import compiler, kubeflow_v2_runner, pipeline_def, submission
 from pipeline.template import Template, pipeline_tasks
 from trainer_module import tfx_trainer
 from trainer_module.config import TrainerConfig

@@ -18,10 +18,10 @@ import pytest
 from google.api_core import exceptions
 from tfx.types import artifact_utils, standard_artifacts
 
-from components import run_label, runtime_gate, vertex_training
+from components import accelerators, run_label, runtime_gate, vertex_training
 from effnet_common import cloud_retry, schema
 from effnet_common.manifest import LabelConvention, Manifest, Shard, SplitManifest
-from pipeline import accelerators, kubeflow_v2_runner
+from pipeline import kubeflow_v2_runner
 from pipeline.template import pipeline_tasks
 from trainer_module import presets, tfx_trainer
 from trainer_module.config import TrainerConfig, with_overrides

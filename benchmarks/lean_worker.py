@@ -1,7 +1,8 @@
-"""The worker process of a multi-process DirectRunner run: Beam's SDK harness, started lean and ended at once.
+"""The baseline of ``benchmarks/direct_workers.py``: the lean worker process ``beam_preprocess`` started up to issue 38.
 
-Beam starts ``python -m apache_beam.runners.worker.sdk_worker_main`` per worker; ``beam_preprocess.direct``
-starts this module instead, which runs the same harness with two differences measured on 2 cores:
+Beam's multi-process DirectRunner starts ``python -m apache_beam.runners.worker.sdk_worker_main`` per worker; the
+package's ``beam_preprocess.direct`` (gone with issue 38: it drove Beam's portability internals) started this
+script instead, which runs the same harness with three differences measured on 2 cores:
 
 - it refuses the connectors sharding never uses before Beam is imported (``beam_preprocess.lean_imports``):
   about 2 s less per worker start;
