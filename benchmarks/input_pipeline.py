@@ -43,8 +43,8 @@ from beam_preprocess import sample_data  # noqa: E402
 from beam_preprocess.config import ShardingConfig  # noqa: E402
 from beam_preprocess.run import run  # noqa: E402
 from effnet_common import schema  # noqa: E402
-from trainer_module import input_pipeline  # noqa: E402
 from trainer_module.config import AugmentConfig  # noqa: E402
+from trainer_module.data import input_pipeline  # noqa: E402
 
 NUM_SHARDS = 8
 FUSED = "fused decode-and-crop"
@@ -114,13 +114,13 @@ def time_pipelines(files: str, image_size: int, batch_size: int, seconds: float,
 
 def model_images_per_second(image_size: int, batch_size: int, steps: int) -> float | None:
     """Training-step rate of EfficientNet-B0 on one fixed batch, or None if the model module is absent."""
-    if importlib.util.find_spec("trainer_module.models") is None:
+    if importlib.util.find_spec("trainer_module.models.efficientnet") is None:
         return None
     import keras
 
-    from trainer_module import models
+    from trainer_module.models.efficientnet import efficientnet
 
-    model = models.efficientnet("b0", input_size=image_size)
+    model = efficientnet("b0", input_size=image_size)
     optimizer = keras.optimizers.SGD(learning_rate=0.01, momentum=0.9)
     loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
     images = tf.random.uniform([batch_size, image_size, image_size, 3], 0.0, 255.0)
@@ -184,7 +184,9 @@ def main(argv: list[str] | None = None) -> None:
         if args.with_model:
             model_rate = model_images_per_second(args.image_size, args.model_batch_size, args.model_steps)
             if model_rate is None:
-                print("\n--with-model: trainer_module.models is not there yet; model timing skipped")
+                print(
+                    "\n--with-model: trainer_module.models.efficientnet is not there yet; model timing skipped"
+                )
             else:
                 device = "GPU" if tf.config.list_physical_devices("GPU") else "CPU"
                 print(

@@ -9,8 +9,10 @@ import pytest
 import tensorflow as tf
 from PIL import Image
 
-from trainer_module import input_pipeline, presets, replica_groups, train
+from trainer_module import presets, train
 from trainer_module.config import with_overrides
+from trainer_module.data import input_pipeline
+from trainer_module.distribute import replica_groups
 from trainer_module.models import efficientnet
 
 

@@ -24,7 +24,6 @@ import typing
 from collections.abc import Iterable, Mapping
 
 from effnet_common import schema
-from trainer_module import replica_groups  # noqa: F401 (pure: registers the batch-norm group rules)
 from trainer_module.choices import (
     AUGMENT_POLICIES,
     BN_GROUP_RULES,
@@ -35,7 +34,10 @@ from trainer_module.choices import (
     SCHEDULES,
     STRATEGIES,
 )
-from trainer_module.variants import VARIANTS
+from trainer_module.distribute import (
+    replica_groups,  # noqa: F401 (pure: registers the batch-norm group rules)
+)
+from trainer_module.models.variants import VARIANTS
 
 # Linear scaling rule: learning rates are quoted per 256 examples of global batch.
 REFERENCE_BATCH_SIZE = 256
@@ -305,7 +307,7 @@ class OptimizerConfig(_Section):
 
 @dataclasses.dataclass(frozen=True)
 class ScheduleConfig(_Section):
-    """Learning-rate schedule (see trainer_module.schedules).
+    """Learning-rate schedule (see trainer_module.optim.schedules).
 
     Attributes:
       kind: 'polynomial' (LARS runs) or 'exponential' (RMSProp runs).
@@ -343,7 +345,7 @@ class ScheduleConfig(_Section):
 
 @dataclasses.dataclass(frozen=True)
 class AugmentConfig(_Section):
-    """Training-image augmentation after the random crop and flip (see trainer_module.augment).
+    """Training-image augmentation after the random crop and flip (see trainer_module.data.augment).
 
     Attributes:
       policy: 'none', 'autoaugment' (policy v0 of the reference) or 'randaugment'.
