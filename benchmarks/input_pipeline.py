@@ -13,9 +13,9 @@ resolution (224 px by default) in two variants that differ only in decoding:
 Each variant is warmed up, then timed in ``--rounds`` alternating rounds of ``--seconds`` each; the best round
 counts (the machine may be shared). Printed: images/s of each, the ratio fused / baseline and each augmented
 rate over the fused one, at 224 px and at the demo resolution (``--demo-size``, 32 px). ``--with-model`` also
-times a training step of EfficientNet-B0 (``trainer_module.models.efficientnet('b0')``, SGD, float32) on one
-fixed batch at the same resolution on this machine's default device, and prints each pipeline's images/s over
-the model's (above 1: the pipeline keeps up with the model here).
+times a training step of EfficientNet-B0 (``trainer_module.models.efficientnet.efficientnet('b0')``, SGD,
+float32) on one fixed batch at the same resolution on this machine's default device, and prints each
+pipeline's images/s over the model's (above 1: the pipeline keeps up with the model here).
 
     .venv/bin/python benchmarks/input_pipeline.py                # about 2 minutes on 2 cores
     .venv/bin/python benchmarks/input_pipeline.py --with-model   # plus the model's training step rate

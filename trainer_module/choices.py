@@ -21,6 +21,7 @@ SEARCHES = Registry("--search", ("hyperband", "bayesian", "random"))
 
 # The modules whose import registers the builders of the registries above.
 BUILDER_MODULES = (
+    "trainer_module.config",
     "trainer_module.optim.optimizers",
     "trainer_module.optim.schedules",
     "trainer_module.data.augment",

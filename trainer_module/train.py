@@ -31,7 +31,7 @@ from trainer_module import files
 from trainer_module.config import TrainerConfig
 from trainer_module.data import input_pipeline
 from trainer_module.distribute.batchnorm import GroupedBatchNormalization
-from trainer_module.models import efficientnet
+from trainer_module.models.efficientnet import efficientnet
 from trainer_module.optim import optimizers, schedules
 from trainer_module.optim.averaging import WeightAverage, averaged_variables
 from trainer_module.profiling import StepProfiler
