@@ -1,7 +1,7 @@
 """Ghost batch norm: CPU per forward+backward of the fused form against the two-pass form, same process.
 
 ``GroupedBatchNormalization(virtual_batch=v)`` in training mode, once with ``fused=True`` (the fused kernel on
-each sub-batch, ``trainer_module.batchnorm.fused_virtual_batch_norm``) and once with ``fused=False`` (moments
+each sub-batch, ``trainer_module.distribute.batchnorm.fused_virtual_batch_norm``) and once with ``fused=False`` (moments
 per sub-batch, then normalisation: the form every ghost batch norm took before). A step is the layer's forward
 pass, the gradient of ``sum(outputs * weights)`` with respect to the input, gamma and beta (``weights`` as the
 output gradient), the moving-statistics update, and a sum of each gradient (so none is pruned; it is in both
@@ -30,7 +30,7 @@ sys.path.insert(0, REPO_ROOT)  # run as a script: the packages are importable fr
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
-from trainer_module.batchnorm import GroupedBatchNormalization  # noqa: E402
+from trainer_module.distribute.batchnorm import GroupedBatchNormalization  # noqa: E402
 
 GOAL_RATIO = 1.8
 # (input shape, examples per ghost group): an EfficientNet stage at 224 px / 16, and one at 224 px / 32,

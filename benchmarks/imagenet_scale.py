@@ -149,7 +149,8 @@ def trainer_plan(shards_dir: str, preset: str = "b5-lars-1024x65536") -> dict:
     it): files per host, steps, and an evaluation pass that counts each validation image exactly once."""
     import tensorflow as tf
 
-    from trainer_module import input_pipeline, presets, resolve
+    from trainer_module import presets, resolve
+    from trainer_module.data import input_pipeline
 
     train_files = os.path.join(shards_dir, schema.TRAIN, f"{schema.TRAIN}-*")
     eval_files = os.path.join(shards_dir, schema.VALIDATION, f"{schema.VALIDATION}-*")

@@ -13,9 +13,9 @@ resolution (224 px by default) in two variants that differ only in decoding:
 Each variant is warmed up, then timed in ``--rounds`` alternating rounds of ``--seconds`` each; the best round
 counts (the machine may be shared). Printed: images/s of each, the ratio fused / baseline and each augmented
 rate over the fused one, at 224 px and at the demo resolution (``--demo-size``, 32 px). ``--with-model`` also
-times a training step of EfficientNet-B0 (``trainer_module.models.efficientnet('b0')``, SGD, float32) on one
-fixed batch at the same resolution on this machine's default device, and prints each pipeline's images/s over
-the model's (above 1: the pipeline keeps up with the model here).
+times a training step of EfficientNet-B0 (``trainer_module.models.efficientnet.efficientnet('b0')``, SGD,
+float32) on one fixed batch at the same resolution on this machine's default device, and prints each
+pipeline's images/s over the model's (above 1: the pipeline keeps up with the model here).
 
     .venv/bin/python benchmarks/input_pipeline.py                # about 2 minutes on 2 cores
     .venv/bin/python benchmarks/input_pipeline.py --with-model   # plus the model's training step rate
@@ -43,8 +43,8 @@ from beam_preprocess import sample_data  # noqa: E402
 from beam_preprocess.config import ShardingConfig  # noqa: E402
 from beam_preprocess.run import run  # noqa: E402
 from effnet_common import schema  # noqa: E402
-from trainer_module import input_pipeline  # noqa: E402
 from trainer_module.config import AugmentConfig  # noqa: E402
+from trainer_module.data import input_pipeline  # noqa: E402
 
 NUM_SHARDS = 8
 FUSED = "fused decode-and-crop"
@@ -114,13 +114,13 @@ def time_pipelines(files: str, image_size: int, batch_size: int, seconds: float,
 
 def model_images_per_second(image_size: int, batch_size: int, steps: int) -> float | None:
     """Training-step rate of EfficientNet-B0 on one fixed batch, or None if the model module is absent."""
-    if importlib.util.find_spec("trainer_module.models") is None:
+    if importlib.util.find_spec("trainer_module.models.efficientnet") is None:
         return None
     import keras
 
-    from trainer_module import models
+    from trainer_module.models.efficientnet import efficientnet
 
-    model = models.efficientnet("b0", input_size=image_size)
+    model = efficientnet("b0", input_size=image_size)
     optimizer = keras.optimizers.SGD(learning_rate=0.01, momentum=0.9)
     loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
     images = tf.random.uniform([batch_size, image_size, image_size, 3], 0.0, 255.0)
@@ -184,7 +184,9 @@ def main(argv: list[str] | None = None) -> None:
         if args.with_model:
             model_rate = model_images_per_second(args.image_size, args.model_batch_size, args.model_steps)
             if model_rate is None:
-                print("\n--with-model: trainer_module.models is not there yet; model timing skipped")
+                print(
+                    "\n--with-model: trainer_module.models.efficientnet is not there yet; model timing skipped"
+                )
             else:
                 device = "GPU" if tf.config.list_physical_devices("GPU") else "CPU"
                 print(

@@ -355,8 +355,8 @@ def evaluation_pixels(pattern: str, image_size: int) -> tuple[np.ndarray, np.nda
     (the rendered JPEGs are grey in RGB), scaled to [0, 1]; and the labels."""
     import tensorflow as tf
 
-    from trainer_module import input_pipeline
     from trainer_module.config import eval_crop_padding
+    from trainer_module.data import input_pipeline
 
     def decode(record):
         example = input_pipeline.parse_example(record)

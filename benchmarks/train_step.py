@@ -58,8 +58,8 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 from trainer_module import presets, train  # noqa: E402
-from trainer_module.batchnorm import GroupedBatchNormalization  # noqa: E402
 from trainer_module.config import replace  # noqa: E402
+from trainer_module.distribute.batchnorm import GroupedBatchNormalization  # noqa: E402
 
 NUM_CLASSES = 1000
 GOAL_RATIO = 1.3

@@ -121,7 +121,7 @@ class Accelerator:
 
     @property
     def strategy(self) -> str:
-        """The trainer's ``loop.strategy`` on this machine (a name of ``trainer_module.strategies``)."""
+        """The trainer's ``loop.strategy`` on this machine (a name of ``trainer_module.distribute.strategies``)."""
         if self.machines > 1:
             return "multi_worker"
         return {"tpu": "tpu", "cpu": "one_device", "gpu": "mirrored"}[self.kind]

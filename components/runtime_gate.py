@@ -113,7 +113,7 @@ class TrainerExecutor(trainer_executor.GenericExecutor):
     """
 
     def Do(self, input_dict, output_dict, exec_properties):  # noqa: N802 - TFX's executor interface
-        from trainer_module import strategies
+        from trainer_module.distribute import strategies
 
         properties = _with_trainer_parameters(exec_properties)
         if strategies.is_chief_task():

@@ -129,7 +129,7 @@ def write_embedded(root: str) -> None:
 def known_errors() -> tuple[type[BaseException], ...]:
     """Failures a person fixes from one line (the log file holds the rest): bad inputs and budgets."""
     from beam_preprocess.run import FailureBudgetExceeded, OutputExistsError
-    from trainer_module.input_pipeline import LabelError
+    from trainer_module.data.input_pipeline import LabelError
     from trainer_module.train import NonFiniteLossError
 
     return (console.UsageError, FailureBudgetExceeded, OutputExistsError, LabelError, NonFiniteLossError)

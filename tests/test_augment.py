@@ -1,4 +1,4 @@
-"""AutoAugment v0 / RandAugment (trainer_module.augment): every operation against PIL or a NumPy rendering on
+"""AutoAugment v0 / RandAugment (trainer_module.data.augment): every operation against PIL or a NumPy rendering on
 a real photo, the level mappings, the policies' logic, and stateless reproducibility inside tf.data."""
 
 import numpy as np
@@ -7,7 +7,7 @@ import tensorflow as tf
 from PIL import Image, ImageEnhance, ImageOps
 from sklearn.datasets import load_sample_image
 
-from trainer_module import augment
+from trainer_module.data import augment
 
 HEIGHT, WIDTH = 48, 40
 SIZES = [(32, 32), (48, 40), (17, 61)]

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from trainer_module.averaging import WeightAverage, averaged_variables, decay_at
+from trainer_module.optim.averaging import WeightAverage, averaged_variables, decay_at
 from trainer_module.presets import get_preset
 from trainer_module.train import build_model
 

@@ -11,8 +11,13 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from trainer_module.batchnorm import GroupedBatchNormalization, group_assignment
-from trainer_module.replica_groups import CORES_PER_CHIP, chip_grid_shape, chip_of_replica, ring_order
+from trainer_module.distribute.batchnorm import GroupedBatchNormalization, group_assignment
+from trainer_module.distribute.replica_groups import (
+    CORES_PER_CHIP,
+    chip_grid_shape,
+    chip_of_replica,
+    ring_order,
+)
 
 NUM_REPLICAS = 8
 PER_REPLICA_SHAPE = (3, 4, 4, 5)  # batch, height, width, channels

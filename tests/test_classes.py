@@ -11,7 +11,8 @@ from beam_preprocess import classes, sample_data
 from beam_preprocess.config import ShardingConfig
 from effnet_common import schema
 from effnet_common.manifest import LabelConvention, Manifest, ManifestError
-from trainer_module import input_pipeline, presets, resolve
+from trainer_module import presets, resolve
+from trainer_module.data import input_pipeline
 
 DIGIT_SYNSETS = sample_data.default_synsets(10)
 

@@ -30,7 +30,7 @@ from components import imagenet_shards
 from components.imagenet_shards import ImageNetShardGen
 from effnet_common import schema
 from effnet_common.manifest import LabelConvention, Manifest, Shard, SplitManifest
-from trainer_module import input_pipeline
+from trainer_module.data import input_pipeline
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # --setup_file is what Dataflow needs to ship beam_preprocess to its workers; the DirectRunner ignores it, and

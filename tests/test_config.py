@@ -531,6 +531,53 @@ def test_no_import_circle_among_the_project_modules_and_the_trainer_takes_nothin
             visit(name, [name])
 
 
+# The sub-packages the loop is built from, and all that they may take from trainer_module's top level: the
+# config and its declared names, and the run's file helpers (never the loop, an entry point or tuning/).
+LOWER_PACKAGES = ("data", "optim", "distribute", "models")
+TOP_MODULES_BELOW_THEM = ("config", "choices", "files")
+
+
+def _imports_from_above(source: str) -> list[str]:
+    """The trainer_module modules that ``source`` imports (at any depth) and a lower sub-package may not."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names = [f"{node.module}.{a.name}" for a in node.names] if node.module == "trainer_module" else []
+            targets = names or [node.module]
+        elif isinstance(node, ast.Import):
+            targets = [a.name for a in node.names]
+        else:
+            continue
+        for target in targets:
+            parts = target.split(".")
+            if parts[0] != "trainer_module" or len(parts) == 1:
+                continue
+            if parts[1] not in LOWER_PACKAGES and parts[1] not in TOP_MODULES_BELOW_THEM:
+                found.append(target)
+    return found
+
+
+def test_the_check_of_the_sub_packages_finds_an_import_of_the_loop():
+    assert _imports_from_above("from trainer_module import files, train") == ["trainer_module.train"]
+    assert _imports_from_above("def f():\n    from trainer_module.tuning import search") == [
+        "trainer_module.tuning"
+    ]
+    assert _imports_from_above("import trainer_module.run") == ["trainer_module.run"]
+    assert (
+        _imports_from_above("from trainer_module.config import X\nfrom trainer_module.optim import a") == []
+    )
+
+
+@pytest.mark.parametrize("package", LOWER_PACKAGES)
+def test_the_sub_packages_the_loop_is_built_from_import_nothing_above_them(package):
+    root = pathlib.Path(__file__).resolve().parent.parent / "trainer_module"
+    found = {
+        str(path.relative_to(root)): _imports_from_above(path.read_text())
+        for path in sorted((root / package).rglob("*.py"))
+    }
+    assert {path: names for path, names in found.items() if names} == {}
+
+
 def test_replace_takes_typed_values_at_dotted_keys():
     from trainer_module.config import replace, setting
 

@@ -9,8 +9,9 @@ from tensorflow.python.framework import config as tf_framework_config
 from beam_preprocess.config import ShardingConfig
 from beam_preprocess.run import run as shard
 from effnet_common import schema
-from trainer_module import presets, resolve, strategies, train
+from trainer_module import presets, resolve, train
 from trainer_module.config import with_overrides
+from trainer_module.distribute import strategies
 from trainer_module.recorder import read_run_log
 
 # Checkpoint entries that are not training state: wall-clock seconds, the save count, and the object graph,

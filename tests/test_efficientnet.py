@@ -8,8 +8,9 @@ import pytest
 import tensorflow as tf
 from keras.src.backend.common import global_state
 
-from trainer_module.models import InputNormalization, block_specs, efficientnet, variant_spec
-from trainer_module.models.efficientnet import VARIANTS, round_filters, round_repeats
+from trainer_module.models.blocks import InputNormalization
+from trainer_module.models.efficientnet import block_specs, efficientnet, round_filters, round_repeats
+from trainer_module.models.variants import VARIANTS, variant_spec
 
 B_VARIANTS = [f"b{i}" for i in range(8)]
 # The keras-parity fixture builds two models per variant (3-13 s each): the fast tier checks B0 only.

@@ -14,7 +14,7 @@ from beam_preprocess import sample_data
 from beam_preprocess.config import ShardingConfig
 from beam_preprocess.run import run
 from effnet_common import schema
-from trainer_module import input_pipeline as ip
+from trainer_module.data import input_pipeline as ip
 
 IMAGE_SIZE = 32
 TRAIN_SHARDS = 4

@@ -9,7 +9,7 @@ import pytest
 import tensorflow as tf
 
 from trainer_module.config import with_overrides
-from trainer_module.optimizers import (
+from trainer_module.optim.optimizers import (
     DEFAULT_EXCLUDE,
     LARS,
     TF1RMSProp,
@@ -17,8 +17,8 @@ from trainer_module.optimizers import (
     is_excluded,
     rmsprop,
 )
+from trainer_module.optim.schedules import WarmupPolynomialDecay
 from trainer_module.presets import get_preset
-from trainer_module.schedules import WarmupPolynomialDecay
 
 NUM_STEPS = 6
 MOMENTUM = 0.9

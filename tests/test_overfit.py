@@ -6,8 +6,8 @@ import pytest
 import tensorflow as tf
 
 from trainer_module import presets, train
-from trainer_module.averaging import averaged_variables
 from trainer_module.config import with_overrides
+from trainer_module.optim.averaging import averaged_variables
 
 
 @pytest.mark.slow

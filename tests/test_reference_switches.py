@@ -9,9 +9,10 @@ import pytest
 import tensorflow as tf
 from PIL import Image
 
-from trainer_module import input_pipeline, presets, replica_groups, train
-from trainer_module.config import with_overrides
-from trainer_module.models import efficientnet
+from trainer_module import presets, train
+from trainer_module.config import GROUP_SIZE_RULES, with_overrides
+from trainer_module.data import input_pipeline
+from trainer_module.models.efficientnet import efficientnet
 
 
 def _reference_lars_group(replicas: int, per_replica_batch: int) -> int:
@@ -24,7 +25,7 @@ def _reference_lars_group(replicas: int, per_replica_batch: int) -> int:
 @pytest.mark.parametrize("replicas", [1, 2, 4, 8, 16, 32, 128, 1024])
 @pytest.mark.parametrize("per_replica_batch", [8, 16, 32, 64, 128, 512])
 def test_reference_lars_rule_is_the_reference_formula(replicas, per_replica_batch):
-    rule = replica_groups.GROUP_SIZE_RULES.build("reference_lars", replicas, per_replica_batch)
+    rule = GROUP_SIZE_RULES.build("reference_lars", replicas, per_replica_batch)
     assert rule == _reference_lars_group(replicas, per_replica_batch)
 
 

@@ -5,14 +5,14 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from trainer_module.presets import get_preset
-from trainer_module.schedules import (
+from trainer_module.optim.schedules import (
     ScheduleSteps,
     WarmupExponentialDecay,
     WarmupPolynomialDecay,
     build_schedule,
     scaled_learning_rate,
 )
+from trainer_module.presets import get_preset
 
 
 @pytest.mark.parametrize(

@@ -12,8 +12,9 @@ import pytest
 import tensorflow as tf
 from loopback import free_ports
 
-from trainer_module import input_pipeline, presets, train
+from trainer_module import presets, train
 from trainer_module.config import with_overrides
+from trainer_module.data import input_pipeline
 from trainer_module.recorder import read_run_log
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

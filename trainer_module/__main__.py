@@ -161,7 +161,7 @@ def report_main(args) -> int:
 def _task_suffix() -> str:
     """'' for a single process or the chief; '-worker-1' for another task of a TF_CONFIG cluster (the tasks
     share the model directory, each keeps its own log)."""
-    from trainer_module import strategies
+    from trainer_module.distribute import strategies
 
     tf_config = json.loads(os.environ.get("TF_CONFIG") or "{}")
     if strategies.is_chief_task(tf_config):
@@ -413,8 +413,9 @@ def train_main(args, session) -> int:
 
         print(json.dumps(plan_report(config, args.lr_steps), indent=2))
         return 0
-    from trainer_module import files, input_pipeline, train
+    from trainer_module import files, train
     from trainer_module import run as runs
+    from trainer_module.data import input_pipeline
 
     session.keep_log(
         files.join(args.model_dir, LOG_DIR, console.log_name("trainer" + _task_suffix())), _upload

@@ -1,7 +1,7 @@
 """The names every choice of the config (and the search kind) accepts, declared once, with no heavy import.
 
 Each registry here is the one the builders register against (``@OPTIMIZERS.register("lars")`` in
-``trainer_module.optimizers``, and so on): the config validates a name against the declared names without
+``trainer_module.optim.optimizers``, and so on): the config validates a name against the declared names without
 importing TensorFlow, the builder's module refuses to register a name not declared here, and
 ``tests/test_config.py`` checks that every declared name has its builder once the modules are imported.
 """
@@ -21,12 +21,13 @@ SEARCHES = Registry("--search", ("hyperband", "bayesian", "random"))
 
 # The modules whose import registers the builders of the registries above.
 BUILDER_MODULES = (
-    "trainer_module.optimizers",
-    "trainer_module.schedules",
-    "trainer_module.augment",
-    "trainer_module.strategies",
+    "trainer_module.config",
+    "trainer_module.optim.optimizers",
+    "trainer_module.optim.schedules",
+    "trainer_module.data.augment",
+    "trainer_module.distribute.strategies",
     "trainer_module.models.blocks",
-    "trainer_module.replica_groups",
+    "trainer_module.distribute.replica_groups",
     "trainer_module.tuning.search",
 )
 ALL = (

@@ -24,7 +24,6 @@ import typing
 from collections.abc import Iterable, Mapping
 
 from effnet_common import schema
-from trainer_module import replica_groups  # noqa: F401 (pure: registers the batch-norm group rules)
 from trainer_module.choices import (
     AUGMENT_POLICIES,
     BN_GROUP_RULES,
@@ -35,7 +34,7 @@ from trainer_module.choices import (
     SCHEDULES,
     STRATEGIES,
 )
-from trainer_module.variants import VARIANTS
+from trainer_module.models.variants import VARIANTS
 
 # Linear scaling rule: learning rates are quoted per 256 examples of global batch.
 REFERENCE_BATCH_SIZE = 256
@@ -101,6 +100,35 @@ def eval_crop_padding(image_size: int) -> int:
     resolution (0.934 of the short side at 456), which ``data.eval_crop_padding=32`` reproduces.
     """
     return round(image_size * (1.0 / EVAL_CROP_FRACTION - 1.0))
+
+
+# How many replicas share batch-norm statistics when ``model.bn_group_size`` is unset: a rule of the plan, by
+# name (``model.bn_group_rule``); ``trainer_module.distribute.replica_groups`` lays the groups out.
+GROUP_SIZE_RULES = BN_GROUP_RULES
+# The reference LARS runs size batch-norm groups to hold about this many examples (docs/recipe.md).
+EXAMPLES_PER_BN_GROUP = 128
+
+
+@GROUP_SIZE_RULES.register("examples128")
+def examples_per_group_rule(num_replicas: int, per_replica_batch: int) -> int:
+    """max(1, 128 // per-replica batch) replicas, capped at the replica count."""
+    return min(max(1, EXAMPLES_PER_BN_GROUP // per_replica_batch), num_replicas)
+
+
+@GROUP_SIZE_RULES.register("reference_lars")
+def reference_lars_rule(num_replicas: int, per_replica_batch: int) -> int:
+    """All replicas up to 8 (a slice of one host normalises over its whole batch), else ``examples128``: what
+    the reference LARS runs did, whose large slices always took the second branch."""
+    if num_replicas <= 8:
+        return num_replicas
+    return examples_per_group_rule(num_replicas, per_replica_batch)
+
+
+@GROUP_SIZE_RULES.register("reference_tpu")
+def reference_tpu_rule(num_replicas: int, per_replica_batch: int) -> int:
+    """1 up to 8 replicas, else max(8, replicas // 8), whatever the batch (tensorflow/tpu efficientnet)."""
+    del per_replica_batch  # the reference looks at the slice size only
+    return 1 if num_replicas <= 8 else max(8, num_replicas // 8)
 
 
 def _check_choice(key: str, value: str, choices: tuple[str, ...]) -> None:
@@ -305,7 +333,7 @@ class OptimizerConfig(_Section):
 
 @dataclasses.dataclass(frozen=True)
 class ScheduleConfig(_Section):
-    """Learning-rate schedule (see trainer_module.schedules).
+    """Learning-rate schedule (see trainer_module.optim.schedules).
 
     Attributes:
       kind: 'polynomial' (LARS runs) or 'exponential' (RMSProp runs).
@@ -343,7 +371,7 @@ class ScheduleConfig(_Section):
 
 @dataclasses.dataclass(frozen=True)
 class AugmentConfig(_Section):
-    """Training-image augmentation after the random crop and flip (see trainer_module.augment).
+    """Training-image augmentation after the random crop and flip (see trainer_module.data.augment).
 
     Attributes:
       policy: 'none', 'autoaugment' (policy v0 of the reference) or 'randaugment'.
@@ -571,7 +599,7 @@ def _resolve(config: TrainerConfig) -> TrainingPlan:
     input_size = model.image_size or VARIANTS[model.variant].resolution
     eval_batch = data.eval_batch_size or data.global_batch_size
     decays_itself = optimizer.name == "lars" and not optimizer.lars_l2_in_loss
-    bn_group_replicas = model.bn_group_size or BN_GROUP_RULES.build(
+    bn_group_replicas = model.bn_group_size or GROUP_SIZE_RULES.build(
         model.bn_group_rule, replicas, max(per_replica, 1)
     )
     return TrainingPlan(

@@ -8,7 +8,7 @@ import json
 
 def plan_report(config, lr_steps: list[int]) -> dict:
     """The dry run's JSON: the resolved config, its plan and the learning rate at the given steps."""
-    from trainer_module import schedules
+    from trainer_module.optim import schedules
 
     plan = config.plan
     schedule = schedules.build_schedule(config.schedule, plan.peak_learning_rate, plan.schedule_steps)

@@ -23,7 +23,7 @@ import keras
 import tensorflow as tf
 
 from effnet_common import schema
-from trainer_module import input_pipeline
+from trainer_module.data import input_pipeline
 
 SERVING_SIGNATURE = "serving_default"  # what a Vertex endpoint calls
 EXAMPLES_SIGNATURE = "serve_tf_examples"  # what TFMA calls (pipeline.pipeline_def.eval_config)

@@ -326,8 +326,8 @@ def schedule_plot(record: RunRecord, state: RunState) -> bytes:
     marked, and the step where the run stopped when it stopped before the schedule's end."""
     import numpy as np
 
-    from trainer_module import schedules
     from trainer_module.config import TrainerConfig
+    from trainer_module.optim import schedules
 
     config = TrainerConfig.from_dict(record.config)
     plan = config.plan

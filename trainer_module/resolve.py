@@ -122,7 +122,7 @@ def data_sizes(train_files, eval_files, manifests_only: bool = False) -> DataSiz
     Raises:
       ValueError: a pattern that matches nothing, or a manifest that does not describe the files beside it.
     """
-    from trainer_module import shard_files
+    from trainer_module.data import shard_files
 
     train_list, eval_list = shard_files.list_files(train_files), shard_files.list_files(eval_files)
     if manifests_only and not all(

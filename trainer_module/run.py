@@ -12,7 +12,9 @@ import tempfile
 
 import tensorflow as tf
 
-from trainer_module import export, input_pipeline, report, resolve, strategies, train
+from trainer_module import export, report, resolve, train
+from trainer_module.data import input_pipeline
+from trainer_module.distribute import strategies
 from trainer_module.recorder import RunResult
 from trainer_module.resolve import ResolvedRun
 

@@ -53,7 +53,7 @@ def checkpoint_key(config: TrainerConfig, train_files, eval_files) -> str:
     """The name of the checkpoint directory of ``config`` trained on these shards: a digest of the settings
     (but ``NOT_IN_CHECKPOINT_KEY``) and of the shards' manifests (which name the shards relative to their
     directory, so the same data sharded again by another run gives the same name)."""
-    from trainer_module import input_pipeline
+    from trainer_module.data import input_pipeline
 
     settings = config.to_dict()
     for dotted in NOT_IN_CHECKPOINT_KEY:

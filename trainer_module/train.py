@@ -27,11 +27,13 @@ import tensorflow as tf
 from tensorflow.python.framework import config as tf_framework_config
 
 from effnet_common import stopping
-from trainer_module import files, input_pipeline, optimizers, schedules
-from trainer_module.averaging import WeightAverage, averaged_variables
-from trainer_module.batchnorm import GroupedBatchNormalization
+from trainer_module import files
 from trainer_module.config import TrainerConfig
-from trainer_module.models import efficientnet
+from trainer_module.data import input_pipeline
+from trainer_module.distribute.batchnorm import GroupedBatchNormalization
+from trainer_module.models.efficientnet import efficientnet
+from trainer_module.optim import optimizers, schedules
+from trainer_module.optim.averaging import WeightAverage, averaged_variables
 from trainer_module.profiling import StepProfiler
 from trainer_module.recorder import Recorder, RunResult, TrainingCall
 
@@ -435,7 +437,7 @@ def train_and_evaluate(
       config: the resolved trainer config (saved beside the run as config.json).
       train_files / eval_files: file patterns of the TFRecord shards written by beam_preprocess.
       paths: where checkpoints, logs, TensorBoard summaries, metrics.json and the export go.
-      strategy: the strategy built by ``trainer_module.strategies.build_strategy``.
+      strategy: the strategy built by ``trainer_module.distribute.strategies.build_strategy``.
       tuned: the settings of ``config`` that came from a hyperparameter search, recorded in config.json.
     """
     with op_determinism(config.loop.deterministic):

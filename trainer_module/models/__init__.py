@@ -1,12 +1,3 @@
-"""Model library: EfficientNet B0-B7 and a tiny test variant, built by `efficientnet(variant, ...)`."""
-
-from trainer_module.models.blocks import InputNormalization
-from trainer_module.models.efficientnet import (
-    VARIANTS,
-    VariantSpec,
-    block_specs,
-    efficientnet,
-    variant_spec,
-)
-
-__all__ = ["VARIANTS", "InputNormalization", "VariantSpec", "block_specs", "efficientnet", "variant_spec"]
+"""The network: EfficientNet B0-B7 and a tiny test variant built from a stage table and one block function
+(``efficientnet``), its layers with the norm injected (``blocks``), and the variants' compound scaling as data
+(``variants``, no TensorFlow: the config reads it)."""

@@ -23,7 +23,7 @@ from trainer_module.models.blocks import (
     dense_kernel_initializer,
     mbconv_block,
 )
-from trainer_module.variants import VARIANTS, VariantSpec, variant_spec  # noqa: F401 (the table's home)
+from trainer_module.models.variants import variant_spec
 
 FILTER_DIVISOR = 8
 STEM_FILTERS = 32

@@ -22,41 +22,15 @@ The tensorflow/tpu reference code additionally renumbers replicas along a ring o
 ids are the row-major ones above, which is what docs/recipe.md ("Distributed batch normalisation") states (2048 cores, groups of 8:
 group 0 is ``[0, 1, 2, 3, 66, 67, 64, 65]``).
 
-How many replicas form a group is a rule too (``GROUP_SIZE_RULES``, used when the config leaves the size
-unset): ``examples128``, about 128 examples per group as in the reference LARS runs, or ``reference_tpu``, what
-tensorflow/tpu's ``TpuBatchNormalization`` derived from the slice alone (the paper's RMSProp rows).
+How many replicas form a group is the config's to resolve (``trainer_module.config.GROUP_SIZE_RULES``, the
+plan's ``bn_group_replicas``); this module takes that size and lays the groups out.
 """
 
-from trainer_module.choices import BN_GROUP_RULES, BN_LAYOUTS
+from trainer_module.choices import BN_LAYOUTS
 
 CORES_PER_CHIP = 2
-# The reference LARS runs size batch-norm groups to hold about this many examples (docs/recipe.md).
-EXAMPLES_PER_BN_GROUP = 128
 
 LAYOUTS = BN_LAYOUTS
-GROUP_SIZE_RULES = BN_GROUP_RULES
-
-
-@GROUP_SIZE_RULES.register("examples128")
-def examples_per_group_rule(num_replicas: int, per_replica_batch: int) -> int:
-    """max(1, 128 // per-replica batch) replicas, capped at the replica count."""
-    return min(max(1, EXAMPLES_PER_BN_GROUP // per_replica_batch), num_replicas)
-
-
-@GROUP_SIZE_RULES.register("reference_lars")
-def reference_lars_rule(num_replicas: int, per_replica_batch: int) -> int:
-    """All replicas up to 8 (a slice of one host normalises over its whole batch), else ``examples128``: what
-    the reference LARS runs did, whose large slices always took the second branch."""
-    if num_replicas <= 8:
-        return num_replicas
-    return examples_per_group_rule(num_replicas, per_replica_batch)
-
-
-@GROUP_SIZE_RULES.register("reference_tpu")
-def reference_tpu_rule(num_replicas: int, per_replica_batch: int) -> int:
-    """1 up to 8 replicas, else max(8, replicas // 8), whatever the batch (tensorflow/tpu efficientnet)."""
-    del per_replica_batch  # the reference looks at the slice size only
-    return 1 if num_replicas <= 8 else max(8, num_replicas // 8)
 
 
 def group_assignment(num_replicas, group_size, layout="consecutive"):

@@ -42,9 +42,14 @@ from trainer_module.config import (  # noqa: F401
 )
 
 # The input pipeline's parts, one subject a module; their names are the input pipeline's API too.
-from trainer_module.eval_plan import EvalPlan, eval_plan  # noqa: F401
-from trainer_module.labels import LABEL_CHECK_MARK, LabelChecker, LabelError, raise_label_error  # noqa: F401
-from trainer_module.preprocessing import (  # noqa: F401
+from trainer_module.data.eval_plan import EvalPlan, eval_plan  # noqa: F401
+from trainer_module.data.labels import (  # noqa: F401
+    LABEL_CHECK_MARK,
+    LabelChecker,
+    LabelError,
+    raise_label_error,
+)
+from trainer_module.data.preprocessing import (  # noqa: F401
     CROP_AREA_RANGE,
     center_crop_window,
     decode_crop,
@@ -53,7 +58,7 @@ from trainer_module.preprocessing import (  # noqa: F401
     resize,
     train_crop_window,
 )
-from trainer_module.shard_files import (  # noqa: F401
+from trainer_module.data.shard_files import (  # noqa: F401
     FilePatterns,
     _context,
     list_files,

@@ -5,7 +5,7 @@ reference's ``tf.compat.v1.train.RMSPropOptimizer``, whose accumulator starts at
 
 ``build_optimizer`` turns the optimizer section of the trainer config plus a learning-rate schedule into a
 Keras 3 optimizer; ``OPTIMIZERS`` is the registry of the accepted ``optimizer.name`` values. Weight
-averaging is not the optimizer's business here (see ``trainer_module.averaging``).
+averaging is not the optimizer's business here (see ``trainer_module.optim.averaging``).
 """
 
 from __future__ import annotations

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from trainer_module import augment
 from trainer_module.config import AugmentConfig, eval_crop_padding
+from trainer_module.data import augment
 
 # Training crop (Inception-style, as in tensorflow/tpu efficientnet): sampled box constraints.
 CROP_AREA_RANGE = (0.08, 1.0)

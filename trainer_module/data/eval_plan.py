@@ -11,7 +11,7 @@ import math
 
 import tensorflow as tf
 
-from trainer_module.shard_files import (
+from trainer_module.data.shard_files import (
     FilePatterns,
     _context,
     list_files,

@@ -39,7 +39,7 @@ from typing import NamedTuple
 import keras
 import tensorflow as tf
 
-from trainer_module.replica_groups import LAYOUTS, group_assignment
+from trainer_module.distribute.replica_groups import LAYOUTS, group_assignment
 
 __all__ = [
     "GroupedBatchNormalization",
@@ -73,7 +73,7 @@ def grouped_moments(x, group_size, layout="consecutive"):
         x: Float tensor ``[batch, ..., channels]``, this replica's batch.
         group_size: Replicas per group; must divide ``num_replicas_in_sync``.
         layout: How replica ids form groups: ``"consecutive"`` or ``"torus2d"`` (see
-            ``trainer_module.replica_groups``).
+            ``trainer_module.distribute.replica_groups``).
 
     Returns:
         ``GroupMoments`` of float tensors of shape ``[channels]`` (biased variance, as Keras uses).
@@ -219,7 +219,7 @@ class GroupedBatchNormalization(keras.layers.BatchNormalization):
         group_size: Replicas whose batches form one statistics group: 1 = per replica, the number of
             replicas = global. Must divide ``num_replicas_in_sync``; checked when the layer is called.
         layout: ``"consecutive"`` (replicas ``[0..k-1], [k..2k-1], ...``) or ``"torus2d"`` (compact 2-D tiles
-            of TPU chips, see ``trainer_module.replica_groups``).
+            of TPU chips, see ``trainer_module.distribute.replica_groups``).
         momentum: Momentum of the moving averages.
         epsilon: Added to the variance before the square root.
         name: Layer name.
