@@ -2,8 +2,8 @@
 
 The pins mirror constraints.txt: the newest versions of the stack that install together on
 Debian 12 / CPython 3.11. tfx 1.16 declares Requires-Python <3.11 although all its compiled
-dependencies ship cp311 wheels, so installs need ``pip install --ignore-requires-python``
-(see README).
+dependencies ship cp311 wheels, so a pip install needs ``--ignore-requires-python``; uv (what
+scripts/setup_env.sh installs with) does not enforce that upper bound (see README, "Set-up").
 """
 
 from setuptools import find_packages, setup
