@@ -2,8 +2,8 @@
 
 The pins mirror constraints.txt: the newest versions of the stack that install together on
 Debian 12 / CPython 3.11. tfx 1.16 declares Requires-Python <3.11 although all its compiled
-dependencies ship cp311 wheels, so installs need ``pip install --ignore-requires-python``
-(see README).
+dependencies ship cp311 wheels, so a pip install needs ``--ignore-requires-python``; uv (what
+scripts/setup_env.sh installs with) does not enforce that upper bound (see README, "Set-up").
 """
 
 from setuptools import find_packages, setup
@@ -49,12 +49,15 @@ setup(
     # tensorflow-datasets: only to read or write a tfds copy of ImageNet (beam_preprocess --tfds-data-dir
     # reads its records without it; benchmarks/preprocess.py and a test prepare one); it imports
     # importlib_resources without declaring it.
+    # ruff: pinned so that every machine lints and formats alike (a ruff release changes the formatter's style
+    # and adds rules; scripts/test.sh fails on any file the pinned release would format otherwise); moved to
+    # the current release by hand, with the reformat it brings in a commit of its own.
     extras_require={
         "tfds": TFDS,
         "dev": [
             *TFDS,
             "pytest>=8",
-            "ruff==0.8.6",
+            "ruff==0.17.6",
             "gcp-storage-emulator==2026.7.19",
             "pytest-xdist==3.8.0",
             "tensorboard-plugin-profile==2.16.0",

@@ -11,7 +11,10 @@ for arg in "$@"; do
   if [ "$arg" = "--fast" ]; then tier=(-m "not slow"); else args+=("$arg"); fi
 done
 scripts/setup_env.sh
-export TF_CPP_MIN_LOG_LEVEL=${TF_CPP_MIN_LOG_LEVEL:-2}
+# The suite sets the environment it relies on, whatever the caller exported (tests/suite_env.py, applied by
+# tests/conftest.py before TensorFlow is imported). These few are read when pytest's own interpreter starts,
+# before any conftest runs (suite_env.PYTHON_STARTUP), so they are cleared here.
+unset PYTHONWARNINGS PYTHONOPTIMIZE PYTHONDEVMODE PYTHONINSPECT PYTHONPATH
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .
 # The suite leaves no temporary file behind. Its TMPDIR (inherited by every process a test starts) is a

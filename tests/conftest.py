@@ -7,12 +7,13 @@ Single-device code is unaffected: without a strategy, TensorFlow places work on 
 
 import os
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-# Google's auth libraries probe the GCE metadata server for credentials: never, here (nothing may reach an
-# address but 127.0.0.1).
-os.environ["NO_GCE_CHECK"] = "True"
-os.environ["GCE_METADATA_HOST"] = "127.0.0.1:1"
-os.environ["GCE_METADATA_IP"] = "127.0.0.1:1"
+import suite_env
+
+# The environment the suite relies on (tests/suite_env.py), set before TensorFlow is imported, whatever the
+# caller exported; every process a test starts inherits it. An emulator the suite did not start is dropped too:
+# the gcs_bucket fixture sets STORAGE_EMULATOR_HOST for the tests that use one.
+suite_env.apply(os.environ)
+os.environ.pop("STORAGE_EMULATOR_HOST", None)
 
 import pytest  # noqa: E402
 import tensorflow as tf  # noqa: E402

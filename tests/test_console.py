@@ -11,6 +11,7 @@ import subprocess
 import sys
 
 import pytest
+import suite_env
 
 from effnet_common import console
 
@@ -45,7 +46,7 @@ def _python(*args, env=None, **kwargs):
         text=True,
         cwd=REPO,
         timeout=900,
-        env={**os.environ, **(env or {})},
+        env=suite_env.child(env),
         **kwargs,
     )
 

@@ -10,6 +10,7 @@ import sys
 import time
 
 import pytest
+import suite_env
 from ml_metadata.metadata_store import metadata_store
 from ml_metadata.proto import metadata_store_pb2
 
@@ -50,6 +51,7 @@ def _run_cli(*args):
         text=True,
         cwd=REPO,
         timeout=1800,
+        env=suite_env.child(),
     )
 
 
@@ -228,7 +230,13 @@ def test_ctrl_c_during_training_stops_in_one_line_and_the_next_run_resumes_then_
     ]
     command = [sys.executable, "-m", "pipeline.local_runner", *map(str, args)]
     process = subprocess.Popen(
-        command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO, start_new_session=True
+        command,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        cwd=REPO,
+        start_new_session=True,
+        env=suite_env.child(),
     )
     try:
         before = []

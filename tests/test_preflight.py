@@ -10,6 +10,7 @@ import subprocess
 import sys
 
 import pytest
+import suite_env
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -21,6 +22,7 @@ def _run(module, *args):
         text=True,
         cwd=REPO,
         timeout=900,
+        env=suite_env.child(),
     )
 
 

@@ -13,6 +13,7 @@ import sys
 import time
 
 import pytest
+import suite_env
 
 from effnet_common import console, stopping
 
@@ -53,7 +54,7 @@ def _start(tmp_path, env=None):
         text=True,
         cwd=REPO,
         start_new_session=True,  # its own process group, which the signal goes to as a terminal's does
-        env={**os.environ, **(env or {})},
+        env=suite_env.child(env),
     )
 
 

@@ -638,18 +638,18 @@ def render_html(
                 f'<figure><img src="{name}" alt="{key}"><figcaption>{html.escape(captions[key])}</figcaption></figure>'
             )
     return f"""<!doctype html>
-<html><head><meta charset="utf-8"><title>EfficientNet run: {html.escape(str(record.config.get('name')))}</title>
+<html><head><meta charset="utf-8"><title>EfficientNet run: {html.escape(str(record.config.get("name")))}</title>
 <style>body{{font-family:sans-serif;max-width:1250px;margin:2em auto}}th{{text-align:left;padding-right:2em}}
 img{{max-width:100%}}table{{border-collapse:collapse;margin-bottom:1.5em}}figcaption{{color:#444;font-size:90%}}
 </style></head>
-<body><h1>Run report: {html.escape(str(record.config.get('name')))}</h1>
+<body><h1>Run report: {html.escape(str(record.config.get("name")))}</h1>
 <p>{html.escape(record.model_dir)}</p>
 <table>{_rows(summary)}</table>
 <h2>Settings that differ from the preset</h2>
-<table>{_rows(sorted(changed.items())) or '<tr><td>none</td></tr>'}</table>
+<table>{_rows(sorted(changed.items())) or "<tr><td>none</td></tr>"}</table>
 <h2>Settings from hyperparameter tuning</h2>
-<table>{_rows(sorted(record.tuned.items())) or '<tr><td>none</td></tr>'}</table>
-{''.join(figures)}
+<table>{_rows(sorted(record.tuned.items())) or "<tr><td>none</td></tr>"}</table>
+{"".join(figures)}
 <h2>Resolved plan</h2><table>{_rows(record.plan.items())}</table>
 <h2>Config</h2><pre>{html.escape(json.dumps(record.config, indent=2, sort_keys=True))}</pre>
 </body></html>
