@@ -286,6 +286,17 @@ def test_the_floor_is_the_smoothed_cross_entropy_of_a_perfect_prediction():
     assert "+ 1e-05 x sum of w²/2 over the kernels" in l2.objective
 
 
+def test_the_loss_plot_of_a_run_that_trained_no_step_draws_without_a_log_axis_on_nothing():
+    """A run resumed at its end (a new target on a finished schedule) evaluates once and trains no step: its
+    objective panel has no value, where a log axis has nothing to scale (matplotlib raised)."""
+    events = [{"event": "start", "time": 0.0, "step": 674, "host": "h", "pid": 1}]
+    events.append(
+        {"event": "eval", "time": 1.0, "step": 674, "epoch": 30.0, "top1": 0.96, "top5": 1.0, "loss": 0.2}
+    )
+    assert report.loss_plot(_record(events)).startswith(b"\x89PNG")
+    assert report.loss_plot(_record(events[:1])).startswith(b"\x89PNG")
+
+
 def _model_dir(directory, calls: list[int]) -> str:
     """A model directory written by the Recorder as a run writes it: config, the calls, two evaluations."""
     config = presets.get_preset("demo")

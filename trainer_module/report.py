@@ -522,10 +522,17 @@ def loss_plot(record: RunRecord) -> bytes:
             ),
         )
     objective.set_title("training objective: what the gradient follows", fontsize="medium")
+    values = {
+        comparable: [p["cross_entropy"] for p in curve] + [e["loss"] for e in record.evaluations],
+        objective: [p["loss"] for p in recorded],
+    }
     for axis in (comparable, objective):
         axis.set_xlabel("epoch")
         axis.set_xlim(left=0)
-        _log_axis(axis)
+        if any(v is not None and v > 0 for v in values[axis]):
+            _log_axis(axis)
+        else:  # a run resumed at its end trains no step: nothing to draw on a log axis
+            axis.text(0.5, 0.5, "no values recorded", transform=axis.transAxes, ha="center", color="grey")
         axis.legend(fontsize="small", loc="upper center", bbox_to_anchor=(0.5, -0.14))
     figure.tight_layout()
     return _png(figure)

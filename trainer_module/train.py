@@ -485,8 +485,11 @@ def _train_and_evaluate(config, train_files, eval_files, paths, strategy, tuned)
     loop = config.loop
     profiler = StepProfiler(loop.profile_from_step, loop.profile_steps, paths.resolved_tensorboard_dir)
     try:
-        step = _train_loop(config, trainer, inputs, recorder, manager, profiler, step, loop_start)
-    except BaseException as error:  # Ctrl-C included: the run log says the run stopped, and where
+        # Ctrl-C ends the process from the stopping thread without unwinding this (``effnet_common.stopping``):
+        # its clean-up says in the run log that the user stopped the run, as an exception here would.
+        with stopping.cleanup(lambda: recorder.interrupted(KeyboardInterrupt())):
+            step = _train_loop(config, trainer, inputs, recorder, manager, profiler, step, loop_start)
+    except BaseException as error:  # an error ends the loop: the run log says the run stopped, and where
         recorder.interrupted(error)
         raise
     finally:
