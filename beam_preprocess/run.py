@@ -62,22 +62,28 @@ def check_failure_budget(manifest: Manifest, max_failures: int, manifest_path: s
         )
 
 
+def written_shards(config: ShardingConfig) -> list[str]:
+    """The shard files of both splits under the output directory."""
+    return [
+        path
+        for split in schema.SPLITS
+        for path in storage.glob(storage.join(config.split_dir(split), f"{split}-*-of-*"))
+    ]
+
+
 def discard_failed_output(config: ShardingConfig) -> str:
     """Deletes the shards of a run over its failure budget and renames its manifest to
     ``FAILED_MANIFEST_NAME``, so no later step takes the output for a finished one; returns that path."""
     failed = failed_manifest_path(config)
     storage.write_text(failed, storage.read_text(config.manifest_path))
-    storage.remove([config.manifest_path])
-    for split in schema.SPLITS:
-        storage.remove(storage.glob(storage.join(config.split_dir(split), f"{split}-*-of-*")))
+    storage.remove([config.manifest_path, *written_shards(config)])
     return failed
 
 
 def prepare_output_dir(config: ShardingConfig) -> None:
     """Refuses to mix with an earlier run's output (shards, manifest, spill files), or clears it on ``overwrite``."""
     stale = [p for p in (config.manifest_path, failed_manifest_path(config)) if storage.exists(p)]
-    for split in schema.SPLITS:
-        stale += storage.glob(storage.join(config.split_dir(split), f"{split}-*-of-*"))
+    stale += written_shards(config)
     spill = storage.list_tree(config.temp_dir)
     if not stale and not spill:
         return
@@ -97,9 +103,7 @@ def remove_partial_output(config: ShardingConfig) -> None:
     directory held none before it: ``prepare_output_dir``)."""
     storage.remove_tree(config.temp_dir)
     written = [p for p in (config.manifest_path,) if storage.exists(p)]
-    for split in schema.SPLITS:
-        written += storage.glob(storage.join(config.split_dir(split), f"{split}-*-of-*"))
-    storage.remove(written)
+    storage.remove(written + written_shards(config))
 
 
 def leftovers_message(config: ShardingConfig) -> str:

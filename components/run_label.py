@@ -38,10 +38,10 @@ RUN_FLAG = "--effnet_run"
 RUN_ARG = f"{RUN_FLAG}={RUN_ID_PLACEHOLDER}"
 # What a pipeline compiled for Kubeflow gives every task instead (``kfp_run_arg``): the id is in its output URIs.
 FROM_OUTPUT_URI = "from-output-uri"
-# A Kubeflow run id (a UUID) as a segment of an artifact URI.
 # Google Cloud label values: lowercase letters, digits, '_' and '-', at most 63 characters (what is not one of
 # them becomes '-').
 _LABEL_VALUE = re.compile(r"[^a-z0-9_-]")
+# A Kubeflow run id (a UUID) as a segment of an artifact URI.
 _RUN_ID_SEGMENT = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
 
 logger = logging.getLogger("components.run_label")

@@ -182,11 +182,6 @@ def push_id(model_uri: str) -> str:
     return hashlib.sha256(model_uri.encode()).hexdigest()[:20]
 
 
-def _calls(what: str) -> dict:
-    """The keyword arguments of a call that may be repeated: the one retry policy, the call's timeout."""
-    return {"retry": cloud_retry.call_retry(what), "timeout": cloud_retry.CALL_TIMEOUT_SECONDS}
-
-
 def _once(create, find, what: str):
     """``create()`` retried on transient errors; a create whose answer was lost may have made its resource, so
     before each retry ``find()`` looks for it (None: not made)."""
@@ -218,7 +213,11 @@ def _pipeline_models(models, target: PushTarget) -> list[aiplatform_v1.Model]:
     request = aiplatform_v1.ListModelsRequest(
         parent=target.parent, filter=f"labels.{PIPELINE_LABEL}={_quoted(target.labels[PIPELINE_LABEL])}"
     )
-    return list(models.list_models(request=request, **_calls(f"listing the models of {target.parent}")))
+    return list(
+        models.list_models(
+            request=request, **cloud_retry.call_policy(f"listing the models of {target.parent}")
+        )
+    )
 
 
 def _version_of_push(models, model: aiplatform_v1.Model, push: str) -> aiplatform_v1.Model | None:
@@ -226,7 +225,9 @@ def _version_of_push(models, model: aiplatform_v1.Model, push: str) -> aiplatfor
         name=model.name, filter=f"labels.{PUSH_LABEL}={_quoted(push)}"
     )
     found = list(
-        models.list_model_versions(request=request, **_calls(f"listing the versions of {model.name}"))
+        models.list_model_versions(
+            request=request, **cloud_retry.call_policy(f"listing the versions of {model.name}")
+        )
     )
     return found[0] if found else None
 
@@ -249,12 +250,16 @@ def _upload(models, target: PushTarget, artifact_uri: str, push: str, parent_mod
 
 def _endpoint(endpoints, target: PushTarget) -> aiplatform_v1.Endpoint:
     if target.endpoint.startswith("projects/"):
-        return endpoints.get_endpoint(name=target.endpoint, **_calls(f"reading {target.endpoint}"))
+        return endpoints.get_endpoint(
+            name=target.endpoint, **cloud_retry.call_policy(f"reading {target.endpoint}")
+        )
     request = aiplatform_v1.ListEndpointsRequest(
         parent=target.parent, filter=f"display_name={_quoted(target.endpoint)}"
     )
     found = list(
-        endpoints.list_endpoints(request=request, **_calls(f"listing the endpoints of {target.parent}"))
+        endpoints.list_endpoints(
+            request=request, **cloud_retry.call_policy(f"listing the endpoints of {target.parent}")
+        )
     )
     if len(found) > 1:
         raise ValueError(
@@ -267,7 +272,9 @@ def _endpoint(endpoints, target: PushTarget) -> aiplatform_v1.Endpoint:
 
     def find():
         again = list(
-            endpoints.list_endpoints(request=request, **_calls(f"listing the endpoints of {target.parent}"))
+            endpoints.list_endpoints(
+                request=request, **cloud_retry.call_policy(f"listing the endpoints of {target.parent}")
+            )
         )
         return again[0] if again else None
 
@@ -307,7 +314,7 @@ def push(target: PushTarget, artifact_uri: str, push: str) -> Pushed:
             models.merge_version_aliases(
                 name=f"{model_name}@{version_id}",
                 version_aliases=[DEFAULT_ALIAS],
-                **_calls(f"making version {version_id} of {model_name} the default"),
+                **cloud_retry.call_policy(f"making version {version_id} of {model_name} the default"),
             )
     else:
 
@@ -338,7 +345,7 @@ def push(target: PushTarget, artifact_uri: str, push: str) -> Pushed:
                 max_replica_count=target.max_replicas,
             ),
         )
-        read = _calls(f"reading {endpoint.name}")
+        read = cloud_retry.call_policy(f"reading {endpoint.name}")
 
         def find_deployment():  # a deployment whose answer was lost is on the endpoint
             return _deployed(endpoints.get_endpoint(name=endpoint.name, **read), model_name, version_id)
@@ -359,7 +366,7 @@ def push(target: PushTarget, artifact_uri: str, push: str) -> Pushed:
         endpoint = endpoints.update_endpoint(
             endpoint=aiplatform_v1.Endpoint(name=endpoint.name, traffic_split={current.id: 100}),
             update_mask={"paths": ["traffic_split"]},
-            **_calls(f"moving the traffic of {endpoint.name}"),
+            **cloud_retry.call_policy(f"moving the traffic of {endpoint.name}"),
         )
 
     ours = {_unversioned(m.name) for m in pipeline_models} | {model_name}  # the upload's model, if new
@@ -369,7 +376,7 @@ def push(target: PushTarget, artifact_uri: str, push: str) -> Pushed:
             endpoint=endpoint.name,
             deployed_model_id=old.id,
             traffic_split={current.id: 100},
-            **_calls(f"undeploying {old.id} from {endpoint.name}"),
+            **cloud_retry.call_policy(f"undeploying {old.id} from {endpoint.name}"),
         ).result()
         logger.info("undeployed %s (%s) from %s", old.id, old.model, endpoint.name)
     return Pushed(model_name, version_id, endpoint.name, current.id, tuple(d.id for d in replaced), uploaded)

@@ -147,6 +147,11 @@ def call_retry(what: str = "a cloud API call"):
     )
 
 
+def call_policy(what: str) -> dict:
+    """The keyword arguments of a client call under the policy: ``retry`` (``call_retry``) and ``timeout``."""
+    return {"retry": call_retry(what), "timeout": CALL_TIMEOUT_SECONDS}
+
+
 def retried(call: Callable[[], T], what: str) -> T:
     """``call()`` (a client call that takes no ``retry=``) under ``call_retry``; an outage longer than the
     policy's raises the last error (not api_core's ``RetryError``), so a caller's message names it."""

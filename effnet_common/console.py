@@ -106,7 +106,7 @@ def one_line(error: BaseException | str) -> str:
     return text.splitlines()[0].rstrip(":")
 
 
-def fail(error: BaseException | str, status: int = 2) -> int:
+def fail(error: BaseException | str, status: int = USAGE_EXIT) -> int:
     """Prints ``error: <first line>`` on stderr (the whole error, with its traceback, goes to the session's
     log file); returns ``status`` for the command to exit with."""
     keeps_log = _current is not None and not _current.verbose  # --verbose: the line is enough on the console
@@ -383,6 +383,11 @@ def program_command(name: str) -> str:
     if not os.path.exists(here) or (found and os.path.realpath(found) == os.path.realpath(here)):
         return name
     return shlex.quote(here)
+
+
+def tensorboard_command(logdir: str) -> str:
+    """The command that opens ``logdir`` in TensorBoard as printed (``program_command``), the directory quoted."""
+    return f"{program_command('tensorboard')} --logdir {shlex.quote(logdir)}"
 
 
 def log_name(program: str) -> str:

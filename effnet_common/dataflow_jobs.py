@@ -134,11 +134,6 @@ class DataflowApi:
     def console_url(self, job_id: str) -> str:
         return CONSOLE.format(region=self.region, job=job_id, project=self.project)
 
-    @staticmethod
-    def _policy(what: str) -> dict:
-        """The call policy, as the client takes it."""
-        return {"retry": cloud_retry.call_retry(what), "timeout": cloud_retry.CALL_TIMEOUT_SECONDS}
-
     def get(self, job_id: str, with_labels: bool = False):
         """The job (a Dataflow ``Job`` message); ``with_labels`` asks for the view that carries its labels."""
         view = self._types.JobView
@@ -148,7 +143,9 @@ class DataflowApi:
             job_id=job_id,
             view=view.JOB_VIEW_DESCRIPTION if with_labels else view.JOB_VIEW_SUMMARY,
         )
-        return self._client.get_job(request=request, **self._policy(f"reading Dataflow job {job_id}"))
+        return self._client.get_job(
+            request=request, **cloud_retry.call_policy(f"reading Dataflow job {job_id}")
+        )
 
     def state(self, job_id: str) -> str:
         return state_name(self.get(job_id))
@@ -159,7 +156,8 @@ class DataflowApi:
             project_id=self.project, location=self.region, filter=self._types.ListJobsRequest.Filter.ACTIVE
         )
         yield from self._client.list_jobs(
-            request=request, **self._policy(f"listing the Dataflow jobs of {self.project}/{self.region}")
+            request=request,
+            **cloud_retry.call_policy(f"listing the Dataflow jobs of {self.project}/{self.region}"),
         )
 
     def jobs_labelled(self, key: str, value: str) -> list[DataflowJob]:
@@ -192,8 +190,10 @@ class DataflowApi:
             job=self._types.Job(requested_state=self._types.JobState.JOB_STATE_CANCELLED),
         )
         try:
-            self._client.update_job(request=request, **self._policy(f"cancelling Dataflow job {job_id}"))
-        except exceptions.GoogleAPICallError:
+            self._client.update_job(
+                request=request, **cloud_retry.call_policy(f"cancelling Dataflow job {job_id}")
+            )
+        except (exceptions.GoogleAPICallError, exceptions.RetryError):
             state = self.state(job_id)
             if state in TERMINAL:  # it ended meanwhile: nothing to cancel
                 return state
@@ -292,8 +292,8 @@ class _StoppableResult:
                 while True:
                     try:
                         return self._result.wait_until_finish(duration)
-                    except (TaskStopped, KeyboardInterrupt):
-                        raise
+                    except (TaskStopped, KeyboardInterrupt, cloud_retry.Unanswered):
+                        raise  # a job followed through the jobs API has already waited the outage out
                     except Exception as error:
                         if not self._still_running(error):
                             raise

@@ -38,6 +38,9 @@ from collections.abc import Callable, Iterator
 STOPPED_EXIT = 130
 # How long child processes get to stop on their own SIGINT before they are killed.
 CHILD_GRACE_SECONDS = 1.0
+# How long the program's threads get, once a stop has begun, to make the files of the blocks they entered
+# (registering their clean-up) before the clean-ups run.
+SETTLE_SECONDS = 0.1
 # The line's start: what the person did, then what was kept and what to run.
 STOPPED = "stopped by the user"
 
@@ -55,8 +58,12 @@ def cleanup(remove: Callable[[], None]) -> Iterator[None]:
     """Runs ``remove`` if the command is stopped inside the block (latest first); nothing otherwise.
 
     ``remove`` runs on the stopping thread while the rest of the program may still be running: it deletes what
-    the block would leave half-done (and must not fail when it is not there).
+    the block would leave half-done (and must not fail when it is not there). Once a stop has begun, a thread of
+    the program that enters a block (a Beam worker thread's next spill file) waits there for the process to end:
+    nothing it would write is made after the clean-ups ran.
     """
+    if _armed is not None and _armed.started.is_set() and threading.current_thread() is not _armed.stopper:
+        threading.Event().wait()  # never set: the stop ends the process
     key = next(_order)
     with _lock:
         _cleanups[key] = remove
@@ -168,9 +175,9 @@ class _Armed:
     def __init__(self, quiet: Callable[[], None], report: Callable[[str], None], finish: Callable[[], None]):
         self.quiet, self.report, self.finish = quiet, report, finish
         self.started = threading.Event()
-        self._once = (
-            threading.Lock()
-        )  # never waited for: the handler may run while the main thread holds a lock
+        self.stopper: threading.Thread | None = None  # the thread that stops the command
+        # Never waited for: the handler may run while the main thread holds a lock.
+        self._once = threading.Lock()
         self._read, self._write = os.pipe()
         os.set_blocking(self._write, False)
         self.previous_handler = signal.signal(signal.SIGINT, self._handler)
@@ -199,17 +206,21 @@ class _Armed:
         """Starts the stop once (a second Ctrl-C while stopping changes nothing)."""
         if not self._once.acquire(blocking=False):
             return
+        self.stopper = threading.Thread(target=self._stop, name="effnet-stopping", daemon=True)
         self.started.set()
-        threading.Thread(target=self._stop, name="effnet-stopping", daemon=True).start()
+        self.stopper.start()
 
     def _stop(self) -> None:
-        status = STOPPED_EXIT
         try:
             # From now on the program's threads, still running until the process exits, print nothing on the
             # terminal.
             self.quiet()
             logger.info("SIGINT: stopping")
             stop_children()
+            # Blocks entered from now on wait (``cleanup``); one entered just before gets a moment to make its
+            # file, so that its clean-up finds it. A heuristic: a thread held up longer than that between entering
+            # its block and making its file would still make it after the clean-ups ran.
+            time.sleep(SETTLE_SECONDS)
             run_cleanups()
             remove_generated_sources()
             line = stop_line()
@@ -217,11 +228,11 @@ class _Armed:
             self.report(line)
             self.finish()
         except BaseException:  # noqa: BLE001 - the process must end whatever happened
-            status = STOPPED_EXIT
+            pass
         finally:
             with contextlib.suppress(Exception):
                 sys.stdout.flush()
-            os._exit(status)
+            os._exit(STOPPED_EXIT)
 
     def disarm(self) -> None:
         if signal.getsignal(signal.SIGINT) == self._handler:

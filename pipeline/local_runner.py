@@ -266,9 +266,7 @@ def run(args, session: console.Session) -> int:
             "run report: %s", report.write_report(result.model_run_uri, pipeline=result.report_lines())
         )
         console.say(
-            "TensorBoard: %s --logdir %s",
-            console.program_command("tensorboard"),
-            os.path.join(result.model_run_uri, "tensorboard"),
+            "TensorBoard: %s", console.tensorboard_command(os.path.join(result.model_run_uri, "tensorboard"))
         )
     print(json.dumps(result.as_dict()))
     return 0 if result.pushed else NOT_BLESSED_EXIT

@@ -12,7 +12,8 @@ its temporary directory (``<node>/.system/executor_execution/<execution>``), its
 ``StepLines.remove_unfinished`` removes them (the next run starts that step again in new directories); the steps
 that finished are in the metadata store and cached. ``StepLines.stop_description`` says what was kept: the
 Trainer's checkpoints (in a directory of their own that the next run resumes from), the Tuner's trials, the
-cached steps.
+cached steps. The pipeline root is a local directory (the local runner refuses any other: its metadata store is
+SQLite), so the directories are read and removed with the local file calls.
 """
 
 from __future__ import annotations

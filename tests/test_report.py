@@ -23,7 +23,7 @@ from effnet_common import console
 from trainer_module import presets, report, train
 from trainer_module.__main__ import main
 from trainer_module.config import replace
-from trainer_module.recorder import Recorder, TrainingCall, read_run_log, tensorboard_command
+from trainer_module.recorder import Recorder, TrainingCall, read_run_log
 
 BATCH = 64
 STEP_SECONDS = 0.1  # each step of the synthetic calls, inside a call
@@ -91,7 +91,7 @@ def _scalars(directory) -> dict[str, list[tuple[int, float]]]:
 
 def test_the_tensorboard_command_is_the_environments_own_and_quotes_the_directory(tmp_path):
     logdir = str(tmp_path / "a run" / "tensorboard")
-    program, flag, where = shlex.split(tensorboard_command(logdir))
+    program, flag, where = shlex.split(console.tensorboard_command(logdir))
     assert program == console.program_command("tensorboard") and (flag, where) == ("--logdir", logdir)
 
 

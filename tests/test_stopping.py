@@ -102,6 +102,56 @@ def test_ctrl_c_in_a_long_native_call_stops_at_once_in_one_line(tmp_path):
     assert not os.listdir(tmp)
 
 
+# A command whose worker thread writes file after file under a directory the main thread removes on a stop (as
+# Beam's multi-threading workers write spill files under the sharding run's temporary directory).
+WRITING_THREAD_COMMAND = """
+import os, shutil, sys, threading
+from effnet_common import console, stopping, whole
+
+root = sys.argv[1]
+spill = os.path.join(root, "spill")
+backend = whole.Backend(
+    create=lambda path: (os.makedirs(os.path.dirname(path), exist_ok=True), open(path, "wb"))[1],
+    rename=os.replace, exists=os.path.exists, delete=os.remove,
+)
+
+def worker():
+    for index in range(10**9):
+        with whole.write(os.path.join(spill, f"{index}.bin"), backend) as f:
+            f.write(b"x" * 1000)
+
+with console.session() as session:
+    with stopping.cleanup(lambda: shutil.rmtree(spill, ignore_errors=True)):
+        threading.Thread(target=worker, daemon=True).start()
+        console.say("writing")
+        threading.Event().wait()
+"""
+
+
+def test_a_thread_writing_file_after_file_leaves_nothing_after_a_stop(tmp_path):
+    """The stop's clean-ups run while the program's threads still run: a thread that enters its next file's block
+    after the stop began waits there, so nothing is made after the clean-ups removed the directory."""
+    process = subprocess.Popen(
+        [sys.executable, "-c", WRITING_THREAD_COMMAND, str(tmp_path)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=REPO,
+        start_new_session=True,
+        env=suite_env.child(),
+    )
+    try:
+        _wait_for_line(process, "writing")
+        time.sleep(0.5)
+        os.killpg(process.pid, signal.SIGINT)
+        status = process.wait(timeout=60)
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+    assert status == console.STOPPED_EXIT, process.stderr.read()
+    assert sorted(os.listdir(tmp_path)) == []
+
+
 def test_the_stop_line_is_the_innermost_description_and_falls_back_on_failure():
     with stopping.describe("outer"):
         assert stopping.stop_line() == "stopped by the user: outer"

@@ -14,18 +14,19 @@ values each compiled call returns (``TrainingCall``): the run log's ``train`` re
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import logging
 import os
-import shlex
 import socket
 import time
+from collections.abc import Iterator
 
 import numpy as np
 import tensorflow as tf
 
-from effnet_common import console
+from effnet_common import console, stopping
 from trainer_module import files
 
 logger = logging.getLogger("trainer_module")
@@ -59,14 +60,13 @@ EVAL_DESCRIPTIONS = {
 STEP_EVENTS = ("progress", "train", "eval")
 
 
-def tensorboard_command(logdir: str) -> str:
-    """The command that opens ``logdir`` in TensorBoard as printed (``console.program_command``)."""
-    return f"{console.program_command('tensorboard')} --logdir {shlex.quote(logdir)}"
-
-
 def read_run_log(path: str) -> list[dict]:
     """The events of a ``run_log.jsonl`` (local path or URL)."""
     return [json.loads(line) for line in files.read_text(path).splitlines() if line.strip()]
+
+
+# What a compiled training call returns for each of its steps (``TrainingCall``'s per-step fields).
+STEP_RECORDS = ("loss", "regularisation", "cross_entropy", "learning_rate", "time")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -77,7 +77,7 @@ class TrainingCall:
       end_step: the step the call ended at (steps done before it + its length).
       seconds: wall-clock seconds of the call, tracing and compilation included on a process's first call.
       loss / regularisation / cross_entropy / learning_rate / time: one value per step of the call (what
-        ``train.STEP_RECORDS`` names): the loss the gradient follows, its regularisation term, the plain
+        ``STEP_RECORDS`` names): the loss the gradient follows, its regularisation term, the plain
         cross-entropy, the learning rate of the next step and the host's clock (seconds, only its
         differences within the call meaningful) when the step's loss was known.
     """
@@ -282,7 +282,7 @@ class Recorder:
             "" if replicas == 1 else "s",
             fields.get("eval_examples", "?"),
         )
-        console.say("TensorBoard: %s", tensorboard_command(self._tensorboard_dir))
+        console.say("TensorBoard: %s", console.tensorboard_command(self._tensorboard_dir))
 
     def write_config(self, config_json: str, plan: dict, tuned: dict | None = None) -> None:
         """config.json: the resolved config, its plan and, under ``tuned``, the settings a search chose."""
@@ -356,7 +356,7 @@ class Recorder:
             first_step,
             end_step - 1,
             directory,
-            tensorboard_command(self._tensorboard_dir),
+            console.tensorboard_command(self._tensorboard_dir),
         )
 
     def evaluation(self, step: int, elapsed_seconds: float, result: dict) -> dict:
@@ -389,6 +389,18 @@ class Recorder:
             for key in ("top1", "top5", "loss"):
                 tf.summary.scalar(f"eval/{key}", result[key], description=EVAL_DESCRIPTIONS[key])
         return entry
+
+    @contextlib.contextmanager
+    def interruptions(self) -> Iterator[None]:
+        """The run log says when the block (the training loop) ends before its end, and why: an error, or Ctrl-C,
+        which stops the process from its stopping thread without unwinding the block (``effnet_common.stopping``:
+        a clean-up writes the record then)."""
+        try:
+            with stopping.cleanup(lambda: self.interrupted(KeyboardInterrupt())):
+                yield
+        except BaseException as error:
+            self.interrupted(error)
+            raise
 
     def interrupted(self, error: BaseException) -> None:
         """The run ended by ``error`` (Ctrl-C: ``KeyboardInterrupt``) before its end: said in the run log, which

@@ -637,7 +637,7 @@ def render_html(
     for key, name in drawn.items():
         if name is None:
             figures.append(
-                f"<p>images/s: {len(rates)} point{'s' if len(rates) != 1 else ''} of the curve, too few to "
+                f"<p>images/s: {console.plural(len(rates), 'point')} of the curve, too few to "
                 f"draw (it takes {MIN_RATE_POINTS}; lower loop.summary_every_steps for more).</p>"
             )
         else:

@@ -35,11 +35,9 @@ from trainer_module.models.efficientnet import efficientnet
 from trainer_module.optim import optimizers, schedules
 from trainer_module.optim.averaging import WeightAverage, averaged_variables
 from trainer_module.profiling import StepProfiler
-from trainer_module.recorder import Recorder, RunResult, TrainingCall
+from trainer_module.recorder import STEP_RECORDS, Recorder, RunResult, TrainingCall
 
 CHECKPOINT_DIR = "checkpoints"
-# What ``Trainer.train_loop`` returns for every step it ran (``recorder.TrainingCall`` holds them on the host).
-STEP_RECORDS = tuple(field.name for field in dataclasses.fields(TrainingCall))[2:]
 
 
 class NonFiniteLossError(RuntimeError):
@@ -485,13 +483,8 @@ def _train_and_evaluate(config, train_files, eval_files, paths, strategy, tuned)
     loop = config.loop
     profiler = StepProfiler(loop.profile_from_step, loop.profile_steps, paths.resolved_tensorboard_dir)
     try:
-        # Ctrl-C ends the process from the stopping thread without unwinding this (``effnet_common.stopping``):
-        # its clean-up says in the run log that the user stopped the run, as an exception here would.
-        with stopping.cleanup(lambda: recorder.interrupted(KeyboardInterrupt())):
+        with recorder.interruptions():
             step = _train_loop(config, trainer, inputs, recorder, manager, profiler, step, loop_start)
-    except BaseException as error:  # an error ends the loop: the run log says the run stopped, and where
-        recorder.interrupted(error)
-        raise
     finally:
         profiler.close()
 
