@@ -6,7 +6,10 @@ and batch, each warmed up, then ``--steps`` steps traced with ``tf.profiler`` in
 TensorBoard's Profile tab). From each trace this prints the share of the process's op time (self time, all
 threads) by op type, the two side by side, grouped into what the step does: convolutions (forward and
 gradients), batch norm, elementwise/activation ops, the optimizer's and weight averaging's updates, data
-movement (concat, slice, transpose, copies) and the input pipeline; and the traced steps' wall-clock time.
+movement (concat, slice, transpose, copies) and the input pipeline; and the traced steps' wall-clock time and
+the process's CPU time. TensorFlow's op statistics leave out what runs as XLA-compiled code (our swish's fused
+gradient, ``trainer_module/models/activations.py``): the CPU time a step spends outside them (that code, the
+executor, thread pools waiting) is printed beside them.
 
 Reading the traces needs ``tensorboard-plugin-profile`` (the ``dev`` extra): its TfStatsDatabase proto is what
 TensorFlow's converter returns.
@@ -74,8 +77,9 @@ def op_time_by_type(xplane_path: str) -> dict[str, float]:
     return dict(by_type)
 
 
-def trace(runner, steps: int, logdir: str) -> tuple[str, float]:
-    """Traces ``steps`` steps of a warmed-up runner; returns the trace's file and the steps' wall seconds."""
+def trace(runner, steps: int, logdir: str) -> tuple[str, train_step.Timing]:
+    """Traces ``steps`` steps of a warmed-up runner; returns the trace's file and the steps' wall and CPU
+    seconds."""
     before = set(glob.glob(os.path.join(logdir, "plugins", "profile", "*", "*.xplane.pb")))
     tf.profiler.experimental.start(logdir)
     try:
@@ -83,7 +87,7 @@ def trace(runner, steps: int, logdir: str) -> tuple[str, float]:
     finally:
         tf.profiler.experimental.stop()
     (path,) = set(glob.glob(os.path.join(logdir, "plugins", "profile", "*", "*.xplane.pb"))) - before
-    return path, timing.wall_seconds
+    return path, timing
 
 
 def main(argv=None) -> None:
@@ -110,7 +114,8 @@ def main(argv=None) -> None:
         runner = train_step.KerasRunner(case) if case.keras else train_step.OursRunner(case)
         runner.run(1)  # traces and compiles
         runner.run(1)
-        path, wall = trace(runner, args.steps, logdir)
+        path, timing = trace(runner, args.steps, logdir)
+        wall, cpu = timing.wall_seconds / args.steps, timing.cpu_seconds / args.steps
         by_type = op_time_by_type(path)
         total = sum(by_type.values())
         shares[case.label] = {"types": {k: v / total for k, v in by_type.items()}}
@@ -118,9 +123,12 @@ def main(argv=None) -> None:
         for op_type, micros in by_type.items():
             groups[group_of(op_type)] += micros / total
         shares[case.label]["groups"] = dict(groups)
-        seconds[case.label] = wall / args.steps
-        print(f"  {case.label}: {wall / args.steps:.2f} s a step ({args.batch / (wall / args.steps):.1f} img/s "
-              f"while traced), {total / 1e6 / args.steps:.2f} s of op time a step", flush=True)  # fmt: skip
+        seconds[case.label] = wall
+        shares[case.label]["cpu_seconds"] = cpu
+        shares[case.label]["op_seconds"] = total / 1e6 / args.steps
+        print(f"  {case.label}: {wall:.2f} s a step ({args.batch / wall:.1f} img/s while traced), "
+              f"{cpu:.2f} CPU-s a step, {total / 1e6 / args.steps:.2f} s of it in TensorFlow's op statistics",
+              flush=True)  # fmt: skip
     labels = list(shares)
     print(f"\n  {'share of op time':<30}" + "".join(f"{label:>12}" for label in labels))
     for group in [g for g, _ in GROUPS] + ["other"]:

@@ -14,6 +14,7 @@ import keras
 from keras import ops
 
 from trainer_module.choices import PRECISIONS
+from trainer_module.models.activations import swish
 
 # Dtype policy of every layer that is not a convolution: normalisation, activations, SE gating, pooling,
 # dropout, the residual add and the dense head all compute (and keep their variables) in float32.
@@ -45,6 +46,9 @@ def conv_kernel_initializer() -> keras.initializers.Initializer:
 def dense_kernel_initializer() -> keras.initializers.Initializer:
     return keras.initializers.VarianceScaling(scale=1.0 / 3.0, mode="fan_out", distribution="uniform")
 
+
+# Activations of ours by name; any other name is Keras' own.
+ACTIVATIONS = {"swish": swish}
 
 NormFactory = Callable[[str], keras.layers.Layer]
 
@@ -191,8 +195,10 @@ class LayerFactory:
         return layer
 
     def activation(self, function: str, name: str) -> keras.layers.Layer:
-        """A float32 Activation layer (swish, sigmoid), kept apart from the convolutions' precision."""
-        return keras.layers.Activation(function, name=name, dtype=FLOAT32)
+        """A float32 Activation layer (swish, sigmoid), kept apart from the convolutions' precision.
+
+        'swish' is ours (``activations.swish``: the same function with a fused gradient)."""
+        return keras.layers.Activation(ACTIVATIONS.get(function, function), name=name, dtype=FLOAT32)
 
 
 @dataclasses.dataclass(frozen=True)
