@@ -26,6 +26,7 @@ Nothing here imports TensorFlow or Beam: Beam's worker processes import it (thro
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import itertools
 import logging
 import os
@@ -43,6 +44,9 @@ CHILD_GRACE_SECONDS = 1.0
 SETTLE_SECONDS = 0.1
 # The line's start: what the person did, then what was kept and what to run.
 STOPPED = "stopped by the user"
+# Set by ``child_environment`` in a child's environment (the parent's pid): the child dies with that parent.
+PARENT_PID_VARIABLE = "EFFNET_DIE_WITH_PARENT"
+_PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 logger = logging.getLogger(__name__)
 
@@ -155,6 +159,30 @@ def stop_children(grace: float = CHILD_GRACE_SECONDS) -> None:
     for pid in children:
         with contextlib.suppress(OSError):
             os.kill(pid, signal.SIGKILL)
+
+
+def child_environment(env: dict[str, str]) -> dict[str, str]:
+    """``env`` for a child process that is to die with this one: the child calls ``die_with_parent`` as it
+    starts (``python -m trainer_module`` does)."""
+    return {**env, PARENT_PID_VARIABLE: str(os.getpid())}
+
+
+def die_with_parent() -> None:
+    """In a process started with ``child_environment``: from now on it is killed (SIGKILL) when the process
+    that started it ends, however that ends (Linux's parent-death signal), and it ends at once if that process
+    has already gone. A search's trial, for one, must never outlive its search and write on into the directory
+    a re-run of the search resumes.
+
+    The child asks for it itself, rather than its parent between fork and exec (a ``preexec_fn``): a
+    ``preexec_fn`` makes Python fork the whole parent, which runs every loaded library's fork handlers in the
+    child; gRPC's (loaded by the pipeline's libraries) aborted a trial's process before it started
+    ("epoll_wait error: Bad file descriptor", exit -6), once in a suite run."""
+    parent = os.environ.pop(PARENT_PID_VARIABLE, None)  # the child's own children do not inherit it
+    if parent is None or not sys.platform.startswith("linux"):
+        return
+    ctypes.CDLL(None).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.getppid() != int(parent):  # the parent ended before the signal was asked for
+        os.kill(os.getpid(), signal.SIGKILL)
 
 
 def remove_generated_sources() -> None:

@@ -222,3 +222,58 @@ def test_a_program_is_printed_as_it_runs(monkeypatch, tmp_path):
     monkeypatch.setenv("PATH", bin_dir)
     assert console.program_command("tensorboard") == "tensorboard"
     assert re.fullmatch(r"\S+", console.program_command("no-such-program"))
+
+
+# A parent that starts a child which asks to die with it, prints the child's pid and waits.
+PARENT_COMMAND = """
+import os, subprocess, sys, time
+from effnet_common import stopping
+
+child = subprocess.Popen(
+    [sys.executable, "-c", "from effnet_common import stopping; stopping.die_with_parent(); "
+     "import os, time; print(os.environ.get(stopping.PARENT_PID_VARIABLE), flush=True); time.sleep(120)"],
+    env=stopping.child_environment(dict(os.environ)),
+)
+print(child.pid, flush=True)
+time.sleep(120)
+"""
+
+
+def test_a_child_started_to_die_with_its_parent_dies_when_the_parent_is_killed():
+    parent = subprocess.Popen(
+        [sys.executable, "-c", PARENT_COMMAND],
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=REPO,
+        env=suite_env.child(None),
+    )
+    try:
+        child = int(parent.stdout.readline())
+        assert parent.stdout.readline().strip() == "None"  # the variable is the child's, not its children's
+        assert _alive(child)
+        parent.kill()  # SIGKILL: no handler of the parent's runs
+        parent.wait(timeout=30)
+        deadline = time.monotonic() + 10
+        while _alive(child) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not _alive(child)
+    finally:
+        parent.kill()
+        parent.stdout.close()
+
+
+def test_a_child_whose_parent_has_already_gone_ends_as_it_starts():
+    not_the_parent = str(os.getpid() + 1_000_000)  # no process has it: the parent that set it has ended
+    child = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "from effnet_common import stopping; stopping.die_with_parent(); print('ran')",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        env=suite_env.child({stopping.PARENT_PID_VARIABLE: not_the_parent}),
+        timeout=60,
+    )
+    assert (child.returncode, child.stdout) == (-signal.SIGKILL, "")

@@ -39,6 +39,8 @@ warnings.filterwarnings("ignore", category=FutureWarning)
 # TensorFlow (imported by the presets) prints on import: it is imported inside the console session.
 from effnet_common import console, stopping  # noqa: E402
 
+stopping.die_with_parent()  # a search's trial ends with its search (a no-op for any other start)
+
 LOG_DIR = "logs"
 
 

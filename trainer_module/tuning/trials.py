@@ -10,15 +10,14 @@ own checkpoints; a Hyperband continuation starts from a copy of its source trial
 
 from __future__ import annotations
 
-import ctypes
 import dataclasses
 import os
-import signal
 import subprocess
 import sys
 import tempfile
 import time
 
+from effnet_common import stopping
 from trainer_module import files
 from trainer_module.recorder import HISTORY_FILE, METRICS_FILE, RUN_LOG_FILE, read_run_log
 from trainer_module.resolve import ResolvedRun
@@ -151,7 +150,8 @@ def _run_logged(command: list[str], output_path: str) -> Attempt:
 
 def _run(command: list[str], output_path: str) -> Attempt:
     """``command`` as a process of its own, its output added to the local file ``output_path``. The child
-    imports this very package (PYTHONPATH), wherever it was started, and dies with this process."""
+    imports this very package (PYTHONPATH), wherever it was started, and dies with this process
+    (``stopping.die_with_parent``, which ``python -m trainer_module`` calls as it starts)."""
     env = {
         **os.environ,
         "PYTHONPATH": os.pathsep.join(filter(None, (_package_root(), os.environ.get("PYTHONPATH")))),
@@ -162,7 +162,7 @@ def _run(command: list[str], output_path: str) -> Attempt:
         output.write(("$ " + " ".join(command) + "\n").encode())
         output.flush()
         child = subprocess.Popen(
-            command, stdout=output, stderr=subprocess.STDOUT, env=env, preexec_fn=_die_with_parent
+            command, stdout=output, stderr=subprocess.STDOUT, env=stopping.child_environment(env)
         )
         # This child's own resource use (trials of other searches may run beside it).
         _, status, usage = os.wait4(child.pid, 0)
@@ -172,13 +172,6 @@ def _run(command: list[str], output_path: str) -> Attempt:
     return Attempt(
         child.returncode, usage.ru_utime + usage.ru_stime, time.time() - start, errors[-1] if errors else ""
     )
-
-
-def _die_with_parent() -> None:
-    """In the trial's process before it starts: killed with the search (Linux), so a re-run search never
-    finds an orphaned trial still writing to the directory it resumes."""
-    if sys.platform.startswith("linux"):
-        ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
 
 
 def _package_root() -> str:
