@@ -46,9 +46,9 @@ with console.session() as session:
 """
 
 
-def _start(tmp_path, env=None):
+def _start(tmp_path, env=None, command=BUSY_COMMAND):
     return subprocess.Popen(
-        [sys.executable, "-c", BUSY_COMMAND, str(tmp_path)],
+        [sys.executable, "-c", command, str(tmp_path)],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -131,15 +131,7 @@ with console.session() as session:
 def test_a_thread_writing_file_after_file_leaves_nothing_after_a_stop(tmp_path):
     """The stop's clean-ups run while the program's threads still run: a thread that enters its next file's block
     after the stop began waits there, so nothing is made after the clean-ups removed the directory."""
-    process = subprocess.Popen(
-        [sys.executable, "-c", WRITING_THREAD_COMMAND, str(tmp_path)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        cwd=REPO,
-        start_new_session=True,
-        env=suite_env.child(),
-    )
+    process = _start(tmp_path, command=WRITING_THREAD_COMMAND)
     try:
         _wait_for_line(process, "writing")
         time.sleep(0.5)

@@ -2,7 +2,7 @@
 
 TensorFlow's own swish (``tf.nn.silu``) recomputes the sigmoid in its gradient and then takes five more
 element-wise ops (1 - s, x * (1 - s), 1 + ..., s * ..., upstream * ...), each a full pass over an activation
-as large as the block's expanded feature map. On a CPU those passes, not arithmetic, were about a sixth of a
+as large as the block's expanded feature map. On a CPU those passes, not arithmetic, were about a fifth of a
 B0 training step's op time. Here the forward pass stays ``tf.nn.silu`` (which oneDNN's graph rewrite fuses into
 one kernel) and the gradient, the same formula, is compiled by XLA into a single fused loop: the same values
 within float rounding, about 2x less wall time for an activation's forward and backward on this machine
