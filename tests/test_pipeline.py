@@ -195,6 +195,13 @@ def test_tuning_step_chooses_the_values_the_trainer_trains_with(tmp_path):
     assert saved["config"]["schedule"]["lr_per_256"] == best["schedule.lr_per_256"]
     (line,) = [line for line in out.splitlines() if line.startswith("trained with the Tuner's values: ")]
     assert "lr_per_256=" in line
+    # The Tuner's other output (one score per trial) and the run report's account of the tuned values.
+    (results,) = store.get_artifacts_by_type("TunerResults")
+    with open(pathlib.Path(results.uri) / "tuner_results.json") as f:
+        scores = [trial["score"] for trial in json.load(f)]
+    assert len(scores) == 2 and all(0.0 <= score <= 1.0 for score in scores)
+    page = (pathlib.Path(model_run.uri) / "report.html").read_text()
+    assert "Settings from hyperparameter tuning" in page and "schedule.lr_per_256" in page
 
 
 def _leftovers(root: pathlib.Path) -> list[str]:

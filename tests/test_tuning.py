@@ -1,6 +1,7 @@
 """Hyperparameter tuning through the trainer's own loop: the space and its checks, truncated runs that resume
 bit for bit, Hyperband continuing trials from their checkpoints, a search killed and resumed, the CLI's
-refusals, and TFX's Tuner and Trainer executors running ``tuner_fn`` and ``run_fn``."""
+refusals. TFX's Tuner and Trainer executors running ``tuner_fn`` and ``run_fn`` are tests/test_pipeline.py's
+``--tune`` pipeline."""
 
 import contextlib
 import io
@@ -538,71 +539,3 @@ def test_a_searchs_values_are_refused_on_a_run_of_another_optimizer_as_its_space
     assert main(["--preset", "b5-lars-1024x65536", "--plan", "--hyperparameters", str(path)]) == 0
     planned = json.loads(capsys.readouterr().out)["config"]
     assert planned["optimizer"]["lars_eeta"] == 0.002 and planned["schedule"]["lr_per_256"] == 0.8
-
-
-# ---------------------------------------------------------------------------------------------- TFX
-
-
-@pytest.mark.slow
-def test_tfx_tuner_and_trainer_executors_run_tuner_fn_and_run_fn(digits, tmp_path):
-    from tfx.components.trainer import executor as trainer_executor
-    from tfx.components.tuner import executor as tuner_executor
-    from tfx.dsl.components.base import base_executor
-    from tfx.proto import trainer_pb2
-    from tfx.types import standard_artifacts
-    from tfx.utils import proto_utils
-
-    from components.imagenet_shards import describe_artifact
-    from effnet_common.manifest import Manifest
-
-    examples = standard_artifacts.Examples()
-    examples.uri = digits["uri"]
-    with open(os.path.join(digits["uri"], "manifest.json")) as f:
-        describe_artifact(examples, Manifest.from_json(f.read(), digits["uri"]))
-
-    def artifact(kind, name):
-        made = kind()
-        made.uri = str(tmp_path / name)
-        os.makedirs(made.uri)
-        return [made]
-
-    config = with_overrides(presets.get_preset("smoke"), [*SMALL, "loop.train_epochs=1"])
-    tuning_settings = {
-        "search": "random",
-        "max_trials": 2,
-        "space": ["schedule.lr_per_256=log:1:16"],
-        "only": True,
-    }
-    properties = {
-        "train_args": proto_utils.proto_to_json(trainer_pb2.TrainArgs(splits=["train"])),
-        "eval_args": proto_utils.proto_to_json(trainer_pb2.EvalArgs(splits=["validation"])),
-        "custom_config": json.dumps({"trainer_config": config.to_json(), "tuning": tuning_settings}),
-    }
-    best_hp = artifact(standard_artifacts.HyperParameters, "best_hyperparameters")
-    context = base_executor.BaseExecutor.Context(tmp_dir=str(tmp_path / "tmp"), unique_id="1")
-    tuner_executor.Executor(context).Do(
-        {"examples": [examples]},
-        {
-            "best_hyperparameters": best_hp,
-            "tuner_results": artifact(standard_artifacts.TunerResults, "results"),
-        },
-        {**properties, "tuner_fn": "trainer_module.tfx_trainer.tuner_fn"},
-    )
-    results = json.loads((tmp_path / "results" / "tuner_results.json").read_text())
-    assert len(results) == 2 and all(0.0 <= r["score"] <= 1.0 for r in results)
-    written = json.loads((tmp_path / "best_hyperparameters" / "best_hyperparameters.txt").read_text())
-    best_lr = written["values"]["schedule.lr_per_256"]
-    assert 1 <= best_lr <= 16 and written["values"][tuning.SCHEDULE_EPOCHS] == 1
-
-    model_run = artifact(standard_artifacts.ModelRun, "model_run")
-    trainer_executor.GenericExecutor(context).Do(
-        {"examples": [examples], "hyperparameters": best_hp},
-        {"model": artifact(standard_artifacts.Model, "model"), "model_run": model_run},
-        {**properties, "run_fn": "trainer_module.tfx_trainer.run_fn"},
-    )
-    saved = json.loads((tmp_path / "model_run" / "config.json").read_text())
-    assert saved["tuned"] == {"schedule.lr_per_256": best_lr}
-    assert saved["config"]["schedule"]["lr_per_256"] == best_lr
-    page = (tmp_path / "model_run" / "report.html").read_text()
-    assert "Settings from hyperparameter tuning" in page and "schedule.lr_per_256" in page
-    assert (tmp_path / "model" / "Format-Serving" / "saved_model.pb").exists()
