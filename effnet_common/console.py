@@ -78,7 +78,14 @@ class ArgumentParser(argparse.ArgumentParser):
         sys.exit(USAGE_EXIT)
 
     def option_strings(self) -> list[str]:
-        return [option for action in self._actions for option in action.option_strings]
+        """This parser's options and its subcommands' (the top parser reports a subcommand's unknown option)."""
+        options = []
+        for action in self._actions:
+            options += action.option_strings
+            subcommands = action.choices if isinstance(action.choices, dict) else {}
+            for parser in subcommands.values():
+                options += [o for o in parser.option_strings() if o not in options]
+        return options
 
 
 def did_you_mean(unknown: list[str], known: list[str]) -> str:

@@ -167,6 +167,13 @@ def _refusal_case(case, tmp_path, archives):
             [*shard, "--overwirte"],
             "error: unrecognized arguments: --overwirte (did you mean --overwrite?)",
         ),
+        # The option belongs to the train subcommand (the bare form): the top parser reports it.
+        "trainer, --modle-dir": (
+            "trainer_module",
+            ["--preset", "demo", "--modle-dir", tmp_path / "run"],
+            "error: unrecognized arguments: --modle-dir "
+            f"{tmp_path / 'run'} (did you mean --model-dir?); see python -m trainer_module --help",
+        ),
         "sample data, unwritable": (
             "beam_preprocess.sample_data",
             ["--out", "/proc/x"],
@@ -188,6 +195,7 @@ REFUSALS = (
     "sharding, --num_hosts",
     "sharding, --shards-mb",
     "sharding, --overwirte",
+    "trainer, --modle-dir",
     "sample data, unwritable",
     "sample data, --num-images with the digits",
 )
