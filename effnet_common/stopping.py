@@ -39,6 +39,8 @@ from collections.abc import Callable, Iterator
 STOPPED_EXIT = 130
 # How long child processes get to stop on their own SIGINT before they are killed.
 CHILD_GRACE_SECONDS = 1.0
+# How long killed child processes get to be torn down by the kernel.
+KILL_WAIT_SECONDS = 5.0
 # How long the program's threads get, once a stop has begun, to make the files of the blocks they entered
 # (registering their clean-up) before the clean-ups run.
 SETTLE_SECONDS = 0.1
@@ -152,13 +154,22 @@ def stop_children(grace: float = CHILD_GRACE_SECONDS) -> None:
     for pid in children:
         with contextlib.suppress(OSError):
             os.kill(pid, signal.SIGINT)
-    deadline = time.monotonic() + grace
-    while children and time.monotonic() < deadline:
-        time.sleep(0.05)
-        children = [pid for pid in children if (_process_state(pid) or (0, "Z"))[1] != "Z"]
+    children = _running_after(children, grace)
     for pid in children:
         with contextlib.suppress(OSError):
             os.kill(pid, signal.SIGKILL)
+    # A killed process ends when the kernel has torn it down, not when the signal is sent: wait for that, so
+    # that none is still running (its memory half released) when this process exits.
+    _running_after(children, KILL_WAIT_SECONDS)
+
+
+def _running_after(pids: list[int], seconds: float) -> list[int]:
+    """Those of ``pids`` still running (not ended, not zombies) once they all ended or ``seconds`` passed."""
+    deadline = time.monotonic() + seconds
+    while pids and time.monotonic() < deadline:
+        time.sleep(0.02)
+        pids = [pid for pid in pids if (_process_state(pid) or (0, "Z"))[1] != "Z"]
+    return pids
 
 
 def child_environment(env: dict[str, str]) -> dict[str, str]:

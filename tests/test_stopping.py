@@ -269,3 +269,32 @@ def test_a_child_whose_parent_has_already_gone_ends_as_it_starts():
         timeout=60,
     )
     assert (child.returncode, child.stdout) == (-signal.SIGKILL, "")
+
+
+KILLED_CHILD = """
+import subprocess, sys
+from effnet_common import stopping
+
+# A child that ignores SIGINT and holds 1.5 GB: the kernel takes a while to tear it down once it is killed.
+holder = "import signal, time; signal.signal(signal.SIGINT, signal.SIG_IGN); b = b'x' * 1_500_000_000; "
+holder += "print('ready', flush=True); time.sleep(120)"
+child = subprocess.Popen([sys.executable, "-c", holder], stdout=subprocess.PIPE, text=True)
+assert child.stdout.readline() == "ready\\n"
+stopping.stop_children(grace=0.2)
+try:
+    with open(f"/proc/{child.pid}/stat") as f:
+        print(f.read().rpartition(")")[2].split()[0])
+except OSError:
+    print("gone")
+"""
+
+
+def test_a_child_killed_after_its_grace_has_ended_when_the_stop_returns():
+    """A child still running after the grace is killed, and the stop returns only once the kernel has torn it
+    down (a zombie), so a stopped command leaves no process of its group running behind it."""
+    done = subprocess.run(
+        [sys.executable, "-c", KILLED_CHILD], capture_output=True, text=True, cwd=REPO, env=suite_env.child(None),
+        timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "Z", done.stdout
