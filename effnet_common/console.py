@@ -79,13 +79,13 @@ class ArgumentParser(argparse.ArgumentParser):
 
     def option_strings(self) -> list[str]:
         """This parser's options and its subcommands' (the top parser reports a subcommand's unknown option)."""
-        options = []
+        options = [option for action in self._actions for option in action.option_strings]
         for action in self._actions:
-            options += action.option_strings
-            subcommands = action.choices if isinstance(action.choices, dict) else {}
-            for parser in subcommands.values():
-                options += [o for o in parser.option_strings() if o not in options]
-        return options
+            if isinstance(action.choices, dict):  # the subcommands' parsers, by name
+                options += [
+                    option for parser in action.choices.values() for option in parser.option_strings()
+                ]
+        return list(dict.fromkeys(options))
 
 
 def did_you_mean(unknown: list[str], known: list[str]) -> str:
