@@ -304,6 +304,25 @@ class CloudSettings:
             entries[tfx_trainer.CHECKPOINT_ROOT_KEY] = f"{self.checkpoint_root.rstrip('/')}/{pipeline_name}"
         return entries
 
+    def check_tuning(self, parallel_trials: int) -> None:
+        """What Vertex needs of a Tuner step on these machines (``vertex_tuning_config``), checked without TFX:
+        the compiler checks it while planning, before TensorFlow and TFX are loaded.
+
+        Raises:
+          AcceleratorMismatch: the accelerator is several machines: Vertex runs each trial on one.
+          ValueError: fewer than one parallel trial.
+        """
+        from components import accelerators
+
+        machine = self.machine
+        if machine.machines > 1:
+            raise accelerators.AcceleratorMismatch(
+                f"--tune: Vertex runs each tuning trial on one machine and {machine.describe()} is "
+                f"{machine.machines}; tune a one-machine config, or tune with python -m trainer_module tune"
+            )
+        if parallel_trials < 1:
+            raise ValueError(f"--tune-parallel-trials {parallel_trials} must be at least 1")
+
     def vertex_tuning_config(
         self, trainer_config, pipeline_name: str, labels: dict[str, str], parallel_trials: int, epochs: int
     ) -> dict:
@@ -319,14 +338,8 @@ class CloudSettings:
 
         from components import accelerators, vertex_training
 
+        self.check_tuning(parallel_trials)
         machine = self.machine
-        if machine.machines > 1:
-            raise accelerators.AcceleratorMismatch(
-                f"--tune: Vertex runs each tuning trial on one machine and {machine.describe()} is "
-                f"{machine.machines}; tune a one-machine config, or tune with python -m trainer_module tune"
-            )
-        if parallel_trials < 1:
-            raise ValueError(f"--tune-parallel-trials {parallel_trials} must be at least 1")
         vertex = tfx.extensions.google_cloud_ai_platform
         per_epoch = accelerators.estimate(trainer_config, machine).hours / trainer_config.loop.train_epochs
         hours = per_epoch * epochs / parallel_trials

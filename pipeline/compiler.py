@@ -152,9 +152,16 @@ def plan_pipeline(
 def _tuning(
     name: str, config, settings: CloudSettings, tune: Mapping | None, parallel_trials: int
 ) -> Tuning | None:
-    """The Tuner step of ``tune``, its search checked against the config; None without ``tune``."""
+    """The Tuner step of ``tune``, its search checked against the config; None without ``tune``.
+
+    The search's name and what Vertex needs of the machines are checked first: KerasTuner, which checks the
+    rest, loads TensorFlow (seconds before a misspelt name would be refused)."""
     if tune is None:
         return None
+    from trainer_module.choices import SEARCHES
+
+    SEARCHES.check(tune["search"])
+    settings.check_tuning(parallel_trials)
     from trainer_module import tuning
 
     tune = dict(tune)

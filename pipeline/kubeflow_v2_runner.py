@@ -257,11 +257,16 @@ def _print_plan(args) -> None:
     print(json.dumps(report, indent=2))
 
 
-def _check_output(output: str) -> None:
-    import tensorflow as tf
-
+def _check_output_name(output: str) -> None:
     if not output.endswith((".json", ".yaml", ".yml")):
         raise ValueError(f"--output {output!r} must end in .json (Vertex PipelineJob) or .yaml (KFP)")
+
+
+def _check_output_directory(output: str) -> None:
+    """``--output``'s directory exists (through gfile, local or gs://). Checked after the settings, the preset
+    and the plan: gfile loads TensorFlow, seconds that a misspelt name should not wait for."""
+    import tensorflow as tf
+
     directory = os.path.dirname(output)
     if directory and not tf.io.gfile.isdir(directory):
         raise ValueError(f"--output {output}: directory {directory} does not exist")
@@ -371,7 +376,7 @@ def compile_run(args) -> int:
     from trainer_module.config import parse_overrides
 
     settings = _settings(args)
-    _check_output(args.output)
+    _check_output_name(args.output)
     for_kubeflow = not args.output.endswith(".json")
     if args.submit:
         _check_destination(args, for_kubeflow, args.output)
@@ -389,6 +394,7 @@ def compile_run(args) -> int:
         tune_flags.tuning_settings(args),
         args.tune_parallel_trials,
     )
+    _check_output_directory(args.output)
     push = compiler.VertexPush(args.vertex_endpoint, args.serving_image) if args.vertex_endpoint else None
     warning = push.check(settings.region) if push else None
     if warning:

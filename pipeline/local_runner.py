@@ -127,7 +127,8 @@ def write_embedded(root: str) -> None:
 
 
 def known_errors() -> tuple[type[BaseException], ...]:
-    """Failures a person fixes from one line (the log file holds the rest): bad inputs and budgets."""
+    """Failures a person fixes from one line (the log file holds the rest): bad inputs and budgets. Their
+    modules load Beam and TensorFlow: imported when a run fails, never for a refused flag (``main``)."""
     from beam_preprocess.run import FailureBudgetExceeded, OutputExistsError
     from trainer_module.data.input_pipeline import LabelError
     from trainer_module.train import NonFiniteLossError
@@ -141,6 +142,8 @@ def main(argv: list[str] | None = None) -> int:
         args = build_parser().parse_args(argv)
         try:
             return run(args, session)
+        except console.UsageError as e:  # a refused flag: one line, without loading what known_errors names
+            return console.fail(e)
         except Exception as e:
             if isinstance(e, known_errors()):
                 return console.fail(e)
@@ -151,6 +154,10 @@ def preflight(args, preset):
     """Everything checked before any work: the run (settings, target, inputs: ``PipelinePreset.resolve``, as
     the cloud runner resolves it, both splits given), the inputs' files, the pipeline root (created last, so
     that a failed check leaves nothing behind). Returns the resolved pipeline run.
+
+    The ``--set`` strings are parsed first: checking the inputs' files loads Beam (its FileSystems), and the
+    embedded data's names numpy, seconds that a misspelt setting should not wait for. A search's name is checked
+    before KerasTuner (and TensorFlow with it) checks the rest of the search.
 
     Raises:
       console.UsageError: naming the flag and the problem.
@@ -163,6 +170,11 @@ def preflight(args, preset):
         raise console.UsageError("--beam-workers", args.beam_workers, "must be at least 1")
     if args.max_failures < 0:
         raise console.UsageError("--max-failures", args.max_failures, "must be at least 0")
+    target = UNSET if args.target_top1 is None else args.target_top1
+    try:
+        changes = parse_overrides(args.overrides)
+    except (TypeError, ValueError) as e:
+        raise _setting_error(e, args) from None
     inputs = {"train_archive": args.train_archive, "val_archive": args.val_archive}
     inputs.update(train_dir=args.train_dir, val_dir=args.val_dir)
     for name, path in inputs.items():
@@ -172,22 +184,18 @@ def preflight(args, preset):
     if not any(inputs.values()):
         root = os.path.abspath(args.pipeline_root)
         inputs["train_archive"], inputs["val_archive"] = embedded_archives(os.path.join(root, EMBEDDED_DIR))
-    target = UNSET if args.target_top1 is None else args.target_top1
     try:
-        resolved = preset.resolve(
-            parse_overrides(args.overrides), target_top1=target, inputs=inputs, max_failures=args.max_failures
-        )
+        resolved = preset.resolve(changes, target_top1=target, inputs=inputs, max_failures=args.max_failures)
     except (TypeError, ValueError) as e:
-        from beam_preprocess.config import with_flag_names
-
-        flag = "--target-top1" if "target_top1" in str(e) and args.target_top1 is not None else ""
-        # The message names the setting (an input as the flag that gives it).
-        raise console.UsageError(flag, "", with_flag_names(console.one_line(e))) from None
+        raise _setting_error(e, args) from None
     tuning = tune_flags.tuning_settings(args)
     if tuning is not None:
-        from trainer_module import tuning as tuning_module
+        from trainer_module.choices import SEARCHES
 
         try:
+            SEARCHES.check(tuning["search"])  # a misspelt name before KerasTuner loads TensorFlow
+            from trainer_module import tuning as tuning_module
+
             tuning_module.search_of_config(resolved.trainer_config, ("<shards>",), ("<shards>",), **tuning)
         except (TypeError, ValueError) as e:
             raise console.UsageError("", "", "--tune: " + console.one_line(e)) from None
@@ -197,6 +205,14 @@ def preflight(args, preset):
         )
     path_checks.make_writable_directory("--pipeline-root", os.path.abspath(args.pipeline_root))
     return resolved
+
+
+def _setting_error(error: Exception, args) -> console.UsageError:
+    """The refusal of a setting: one line naming it (an input as the flag that gives it)."""
+    from beam_preprocess.config import with_flag_names
+
+    flag = "--target-top1" if "target_top1" in str(error) and args.target_top1 is not None else ""
+    return console.UsageError(flag, "", with_flag_names(console.one_line(error)))
 
 
 def run(args, session: console.Session) -> int:

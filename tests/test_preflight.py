@@ -213,6 +213,229 @@ def test_every_command_refuses_before_any_work_in_one_line(case, tmp_path, clean
     assert not result.stdout.strip() and sorted(os.listdir(tmp_path)) == before
 
 
+# ---- a refusal is answered before the heavy libraries load --------------------------------------------------
+
+# What a refused name or flag must not wait for: each of these costs seconds to import (TensorFlow alone about
+# 10 on 2 busy cores), and a refusal needs only the interpreter, the console and the config (about 0.3 s).
+HEAVY = ("tensorflow", "keras", "keras_tuner", "tfx", "apache_beam", "kfp")
+
+# Calls the command's main in a fresh interpreter and prints its exit status, then the heavy modules loaded
+# (and Google Cloud's clients: ``google.cloud`` itself is a namespace a .pth file creates at start-up).
+_REFUSE_AND_LIST_IMPORTS = """
+import sys
+from {module} import main
+try:
+    status = main({argv!r})
+except SystemExit as stop:
+    status = stop.code
+print(status)
+print(sorted(m for m in sys.modules if m.split(".")[0] in {heavy!r} or m.startswith("google.cloud.")))
+"""
+
+_DIGEST = "@sha256:" + "0123456789abcdef" * 4
+
+
+def _quick_refusal_case(case, tmp_path):
+    """(module with ``main``, arguments, the error line's start) of refusals made before any heavy import."""
+    shards = ["--train-files", tmp_path / "train-*", "--eval-files", tmp_path / "validation-*"]
+    cloud = [
+        "--project", "p", "--image", "us-docker.pkg.dev/p/effnet/pipeline" + _DIGEST,
+        "--trainer-image", "us-docker.pkg.dev/p/effnet/trainer-tpu" + _DIGEST, "--pipeline-root", "gs://b/p",
+        "--train-archive", "gs://b/train.tar", "--val-archive", "gs://b/val.tar",
+        "--output", tmp_path / "effnet.json",
+    ]  # fmt: skip
+    local = ["--pipeline-root", tmp_path / "root"]
+    trainer, runner, local_runner = (
+        "trainer_module.__main__",
+        "pipeline.kubeflow_v2_runner",
+        "pipeline.local_runner",
+    )
+    return {
+        "trainer, unknown preset": (
+            trainer,
+            ["--preset", "nope"],
+            "error: --preset nope: unknown preset 'nope'",
+        ),
+        "trainer, unknown preset with shards": (
+            trainer,
+            ["--preset", "nope", *shards, "--model-dir", tmp_path / "run"],
+            "error: --preset nope: unknown preset 'nope'",
+        ),
+        "trainer, --plan of an unknown preset": (
+            trainer,
+            ["--plan", "--preset", "nope"],
+            "error: --preset nope: unknown preset 'nope'",
+        ),
+        "trainer, --modle-dir": (
+            trainer,
+            ["--preset", "demo", "--modle-dir", tmp_path / "run"],
+            f"error: unrecognized arguments: --modle-dir {tmp_path / 'run'} (did you mean --model-dir?)",
+        ),
+        "trainer, unknown setting with shards": (
+            trainer,
+            ["--preset", "smoke", "--set", "loop.nope=1", *shards, "--model-dir", tmp_path / "run"],
+            "error: override 'loop.nope': unknown config field",
+        ),
+        "trainer, setting of the wrong type": (
+            trainer,
+            ["--preset", "smoke", "--set", "loop.train_epochs=x"],
+            "error: override loop.train_epochs='x': expected int",
+        ),
+        "trainer, no shards": (
+            trainer,
+            ["--preset", "smoke"],
+            "error: a training run needs --train-files, --eval-files, --model-dir",
+        ),
+        "trainer, tune with an unknown preset": (
+            trainer,
+            ["tune", "--preset", "nope", *shards, "--tune-dir", tmp_path / "tune"],
+            "error: --preset nope: unknown preset 'nope'",
+        ),
+        "trainer, tune with an unknown search": (
+            trainer,
+            ["tune", "--preset", "smoke", "--search", "grid", *shards, "--tune-dir", tmp_path / "tune"],
+            "error: --search='grid' is not one of 'hyperband', 'bayesian', 'random'",
+        ),
+        "cloud, unknown preset": (
+            runner,
+            [*cloud, "--preset", "nope"],
+            "error: unknown pipeline preset 'nope'",
+        ),
+        "cloud, --prset": (
+            runner,
+            [*cloud, "--prset", "demo"],
+            "error: unrecognized arguments: --prset demo (did you mean --preset?)",
+        ),
+        "cloud, unknown accelerator": (
+            runner,
+            [*cloud, "--accelerator", "tpu-v9-8"],
+            "error: --accelerator='tpu-v9-8' is not one of",
+        ),
+        "cloud, accelerator Vertex does not offer": (
+            runner,
+            [*cloud, "--accelerator", "tpu-v3-1024"],
+            "error: --accelerator tpu-v3-1024: Vertex AI custom training offers TPU v3 only as tpu-v3-8",
+        ),
+        "cloud, preset too large for the accelerator": (
+            runner,
+            [*cloud, "--preset", "b5-lars-1024x65536"],
+            "error: preset b5-lars-1024x65536 needs 1024 replicas; tpu-v3-8 has 8",
+        ),
+        "cloud, unknown setting": (
+            runner,
+            [*cloud, "--set", "loop.nope=1"],
+            "error: override 'loop.nope': unknown config field",
+        ),
+        "cloud, unknown parameter": (
+            runner,
+            [*cloud, "--param", "epochs=3"],
+            "error: --param epochs: not a runtime parameter",
+        ),
+        "cloud, output of no format": (
+            runner,
+            [*cloud, "--output", tmp_path / "effnet.txt"],
+            f"error: --output '{tmp_path / 'effnet.txt'}' must end in .json (Vertex PipelineJob) or .yaml (KFP)",
+        ),
+        "cloud, nothing to do": (
+            runner,
+            [],
+            "error: give --output FILE to compile, or --template FILE --submit to submit a compiled one",
+        ),
+        "cloud, --plan of an unknown preset": (
+            runner,
+            ["--plan", "--preset", "nope"],
+            "error: unknown pipeline preset 'nope'",
+        ),
+        "cloud, unknown search": (
+            runner,
+            [*cloud, "--tune", "--tune-search", "grid"],
+            "error: --search='grid' is not one of 'hyperband', 'bayesian', 'random'",
+        ),
+        "cloud, no parallel trials": (
+            runner,
+            [*cloud, "--tune", "--tune-parallel-trials", "0"],
+            "error: --tune-parallel-trials 0 must be at least 1",
+        ),
+        "local, unknown preset": (
+            local_runner,
+            [*local, "--preset", "nope"],
+            "error: argument --preset: invalid choice: 'nope'",
+        ),
+        "local, --beam_workers": (
+            local_runner,
+            [*local, "--beam_workers", "1"],
+            "error: unrecognized arguments: --beam_workers 1 (did you mean --beam-workers?)",
+        ),
+        "local, unknown setting": (
+            local_runner,
+            [*local, "--set", "loop.nope=1"],
+            "error: override 'loop.nope': unknown config field",
+        ),
+        "local, no Beam workers": (
+            local_runner,
+            [*local, "--beam-workers", "0"],
+            "error: --beam-workers 0: must be",
+        ),
+        "local, unknown search": (
+            local_runner,
+            [*local, "--tune", "--tune-search", "grid"],
+            "error: --tune: --search='grid' is not one of 'hyperband', 'bayesian', 'random'",
+        ),
+    }[case]
+
+
+QUICK_REFUSALS = (
+    "trainer, unknown preset",
+    "trainer, unknown preset with shards",
+    "trainer, --plan of an unknown preset",
+    "trainer, --modle-dir",
+    "trainer, unknown setting with shards",
+    "trainer, setting of the wrong type",
+    "trainer, no shards",
+    "trainer, tune with an unknown preset",
+    "trainer, tune with an unknown search",
+    "cloud, unknown preset",
+    "cloud, --prset",
+    "cloud, unknown accelerator",
+    "cloud, accelerator Vertex does not offer",
+    "cloud, preset too large for the accelerator",
+    "cloud, unknown setting",
+    "cloud, unknown parameter",
+    "cloud, output of no format",
+    "cloud, nothing to do",
+    "cloud, --plan of an unknown preset",
+    "cloud, unknown search",
+    "cloud, no parallel trials",
+    "local, unknown preset",
+    "local, --beam_workers",
+    "local, unknown setting",
+    "local, no Beam workers",
+    "local, unknown search",
+)
+
+
+@pytest.mark.parametrize("case", QUICK_REFUSALS)
+def test_a_misspelt_name_or_flag_is_refused_before_tensorflow_beam_tfx_or_kfp_load(case, workspace):
+    """A refusal within a second: the trainer and both runners check their flags, presets and settings before
+    importing what runs them (they once imported TensorFlow first: 10-20 s for a misspelt preset)."""
+    tmp_path = workspace[0]
+    module, argv, expected = _quick_refusal_case(case, tmp_path)
+    before = sorted(os.listdir(tmp_path))
+    code = _REFUSE_AND_LIST_IMPORTS.format(module=module, argv=[str(a) for a in argv], heavy=HEAVY)
+    result = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=120,
+        env=suite_env.child(),
+    )
+    status, loaded = result.stdout.strip().splitlines()[-2:]
+    assert (status, loaded) == ("2", "[]"), result.stderr[-3000:]
+    assert _one_error_line(result).startswith(expected)
+    assert sorted(os.listdir(tmp_path)) == before
+
+
 def test_sharding_over_its_failure_budget_is_one_line(quirky_archives, tmp_path):
     out = tmp_path / "shards"
     result = _run("beam_preprocess", "--train-archive", quirky_archives.train_archive, "--output-dir", out)

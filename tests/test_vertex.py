@@ -190,6 +190,15 @@ def test_bad_requests_exit_2_with_one_line_and_write_nothing(extra, message, tmp
     assert not output.exists() and list(tmp_path.iterdir()) == []
 
 
+def test_an_output_directory_that_does_not_exist_is_refused_and_nothing_written(tmp_path, capsys):
+    # Checked through gfile after the settings and the plan (TensorFlow loads for it), still before any write.
+    output = tmp_path / "missing" / "effnet.json"
+    code = kubeflow_v2_runner.main(["--output", str(output), *BASE])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and err == [f"error: --output {output}: directory {tmp_path / 'missing'} does not exist"]
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_a_region_missing_from_the_table_compiles_with_skip_region_check(tmp_path):
     code, _ = _compile(tmp_path, "--region", "asia-east1", "--skip-region-check")
     assert code == 0

@@ -180,14 +180,18 @@ def _upload(local_path: str, path: str) -> None:
 
 def base_config(args):
     """The config the run starts from: ``--preset``'s, or the resolved run of ``--config`` (its search's values
-    stay recorded as such). Raises console.UsageError naming the flag."""
-    from trainer_module import files, presets, resolve
+    stay recorded as such). Raises console.UsageError naming the flag.
+
+    A preset loads no TensorFlow (a misspelt one is refused at once); reading ``--config`` takes gfile."""
+    from trainer_module import presets, resolve
 
     if args.preset:
         try:
             return resolve.ResolvedRun(presets.get_preset(args.preset))
         except ValueError as e:
             raise console.UsageError("--preset", args.preset, console.one_line(e)) from None
+    from trainer_module import files
+
     try:
         return resolve.ResolvedRun.from_json(files.read_text(args.config))
     except (files.Error, TypeError, ValueError) as e:
@@ -196,9 +200,9 @@ def base_config(args):
         ) from None
 
 
-def resolved_run(args, data=None):
-    """The run of these arguments (``trainer_module.resolve``): the base config, ``--hyperparameters``, the
-    ``--set`` settings, then the shards' ``data`` sizes.
+def resolved_run(args, data=None, base=None):
+    """The run of these arguments (``trainer_module.resolve``): the base config (``base``, read when None),
+    ``--hyperparameters``, the ``--set`` settings, then the shards' ``data`` sizes.
 
     Raises:
       console.UsageError: naming the override, or the hyperparameters file and its problem.
@@ -206,7 +210,7 @@ def resolved_run(args, data=None):
     from trainer_module import resolve
     from trainer_module.config import parse_overrides
 
-    base = base_config(args)
+    base = base_config(args) if base is None else base
     try:
         settings = parse_overrides(args.overrides)
         if getattr(args, "profile_steps", None):
@@ -222,6 +226,25 @@ def resolved_run(args, data=None):
         return resolve.resolve_run(base.config, settings, hyperparameters=values, data=data, tuned=base.tuned)
     except (TypeError, ValueError) as e:
         raise console.UsageError("--hyperparameters", args.hyperparameters, console.one_line(e)) from None
+
+
+def check_settings(args):
+    """What the shards cannot change, checked before they are looked at: the base config (``--preset``'s name,
+    ``--config``'s file) and the ``--set`` strings (their form, keys and types). Looking at the shards loads
+    TensorFlow (gfile), seconds before a misspelt name would be refused; the config's rules over the values
+    (a batch against the epoch) still wait for the shards' sizes (``resolved_run``). Returns the base config.
+
+    Raises:
+      console.UsageError: naming the flag, or the override and its problem.
+    """
+    from trainer_module.config import parse_overrides
+
+    base = base_config(args)
+    try:
+        parse_overrides(args.overrides)
+    except (TypeError, ValueError) as e:
+        raise console.UsageError("", "", console.one_line(e)) from None  # the message names the override
+    return base
 
 
 def check_data(train_files: list[str], eval_files: list[str]) -> None:
@@ -273,8 +296,9 @@ def make_directory(flag: str, path: str) -> None:
 
 
 def preflight(args):
-    """The config, the data (each glob matches a readable file), the model directory (created last, so that
-    a failed check leaves nothing behind); every path through ``trainer_module.files`` (local, gs://,
+    """The settings the data cannot change (``check_settings``, before anything loads TensorFlow), the data
+    (each glob matches a readable file), the config against the data, the model directory (created last, so
+    that a failed check leaves nothing behind); every path through ``trainer_module.files`` (local, gs://,
     ram://). Returns the resolved run.
 
     Raises:
@@ -288,8 +312,9 @@ def preflight(args):
     if missing:
         resolved_run(args)  # a wrong setting first, if any
         args.parser.error("a training run needs " + ", ".join("--" + m.replace("_", "-") for m in missing))
+    base = check_settings(args)
     check_data(args.train_files, args.eval_files)
-    run = resolved_run(args, manifest_sizes(args.train_files, args.eval_files))
+    run = resolved_run(args, manifest_sizes(args.train_files, args.eval_files), base)
     make_directory("--model-dir", args.model_dir)
     return run
 
@@ -337,16 +362,24 @@ def add_tune_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def tune_preflight(args):
-    """The search (the resolved run its trials start from, the space, the budget), the data, then the
-    directory (created and claimed last).
+    """The settings the data cannot change and the search's name (before KerasTuner and TensorFlow load), the
+    data, the search (the resolved run its trials start from, the space, the budget), then the directory
+    (created and claimed last).
 
     Raises:
       console.UsageError: naming the flag and the problem.
     """
-    from trainer_module import tuning
+    from trainer_module.choices import SEARCHES
+
+    base = check_settings(args)
+    try:
+        SEARCHES.check(args.search)
+    except ValueError as e:
+        raise console.UsageError("", "", console.one_line(e)) from None  # the message names --search
+    from trainer_module import tuning  # KerasTuner, and TensorFlow with it: after the checks above
 
     check_data(args.train_files, args.eval_files)
-    run = resolved_run(args, manifest_sizes(args.train_files, args.eval_files))
+    run = resolved_run(args, manifest_sizes(args.train_files, args.eval_files), base)
     try:
         changes = tuple(tuning.Dimension.parse(text) for text in args.space)
     except ValueError as e:
