@@ -134,33 +134,60 @@ def _process_state(pid: int) -> tuple[int, str] | None:
 def child_processes(pid: int | None = None) -> list[int]:
     """The live (not zombie) child processes of ``pid`` (this process by default)."""
     pid = os.getpid() if pid is None else pid
+    return [child for child, (parent, state) in _process_table().items() if parent == pid and state != "Z"]
+
+
+def descendant_processes(pid: int | None = None) -> list[int]:
+    """The live (not zombie) processes below ``pid`` (this process by default): children, their children, ...,
+    parents before their children."""
+    pid = os.getpid() if pid is None else pid
+    table = _process_table()
+    children: dict[int, list[int]] = {}
+    for child, (parent, _) in table.items():
+        children.setdefault(parent, []).append(child)
+    found, frontier = [], [pid]
+    while frontier:
+        below = [child for parent in frontier for child in sorted(children.get(parent, ()))]
+        found += [child for child in below if table[child][1] != "Z"]
+        frontier = below
+    return found
+
+
+def _process_table() -> dict[int, tuple[int, str]]:
+    """pid -> (parent pid, state letter) of every process now."""
     try:
         entries = os.listdir("/proc")
     except OSError:
-        return []
-    children = []
+        return {}
+    table = {}
     for entry in entries:
         if entry.isdigit():
             state = _process_state(int(entry))
-            if state is not None and state[0] == pid and state[1] != "Z":
-                children.append(int(entry))
-    return children
+            if state is not None:
+                table[int(entry)] = state
+    return table
 
 
 def stop_children(grace: float = CHILD_GRACE_SECONDS) -> None:
-    """SIGINT to every child process (a command of this project stops as this one does; Beam's workers end), then
-    SIGKILL to those still running after ``grace`` seconds."""
-    children = child_processes()
-    for pid in children:
+    """SIGINT to every process below this one (a command of this project stops as this one does; Beam's workers
+    end), then SIGKILL to those still running after ``grace`` seconds; returns once each has ended.
+
+    Grandchildren count: Beam starts each multi-process worker through ``sh -c`` (which does not exec it), so
+    the worker is the shell's child; SIGINT ends the shell at once while the worker, now nobody's child here,
+    was still tearing down when the command exited (the Ctrl-C test saw it 1 run in 5). The whole tree is
+    listed before any signal, so a process whose parent ends first is still waited for.
+    """
+    processes = descendant_processes()
+    for pid in processes:
         with contextlib.suppress(OSError):
             os.kill(pid, signal.SIGINT)
-    children = _running_after(children, grace)
-    for pid in children:
+    processes = _running_after(processes, grace)
+    for pid in processes:
         with contextlib.suppress(OSError):
             os.kill(pid, signal.SIGKILL)
     # A killed process ends when the kernel has torn it down, not when the signal is sent: wait for that, so
     # that none is still running (its memory half released) when this process exits.
-    _running_after(children, KILL_WAIT_SECONDS)
+    _running_after(processes, KILL_WAIT_SECONDS)
 
 
 def _running_after(pids: list[int], seconds: float) -> list[int]:

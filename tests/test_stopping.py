@@ -298,3 +298,35 @@ def test_a_child_killed_after_its_grace_has_ended_when_the_stop_returns():
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip() == "Z", done.stdout
+
+
+SHELL_STARTED_WORKER = """
+import os, subprocess, sys, time
+from effnet_common import stopping
+
+# As Beam starts a multi-process worker: through `sh -c`, which does not exec it, so the worker is a grandchild.
+# It takes 1.5 s to end after SIGINT (as a worker tearing down its threads), so it outlives the shell.
+worker = "import signal, time; signal.signal(signal.SIGINT, lambda *a: (time.sleep(1.5), exit(1))); "
+worker += "print('ready', flush=True); time.sleep(120)"
+shell = subprocess.Popen(f"{sys.executable} -c \\"{worker}\\"", shell=True, stdout=subprocess.PIPE, text=True)
+assert shell.stdout.readline() == "ready\\n"
+(grandchild,) = [pid for pid in stopping.descendant_processes() if pid != shell.pid]
+stopping.stop_children(grace=5)
+try:
+    with open(f"/proc/{grandchild}/stat") as f:
+        print(f.read().rpartition(")")[2].split()[0])
+except OSError:
+    print("gone")
+"""
+
+
+def test_a_stop_waits_for_grandchildren_its_children_left_behind():
+    """The shell Beam starts its worker through ends at SIGINT at once; the worker (the shell's child) has ended
+    too when the stop returns, not only the shell. Before, the stop waited for its children alone and the worker
+    was still tearing down after the command had exited (the sharding command's Ctrl-C test, 1 run in 5)."""
+    done = subprocess.run(
+        [sys.executable, "-c", SHELL_STARTED_WORKER], capture_output=True, text=True, cwd=REPO,
+        env=suite_env.child(None), timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() in ("Z", "gone"), done.stdout
