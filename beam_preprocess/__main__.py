@@ -31,7 +31,7 @@ from beam_preprocess import lean_imports  # noqa: E402
 if __name__ == "__main__" and lean_imports.runs_on_direct_runner(sys.argv[1:]):
     # Run as the program (never when imported by a library or a test): before Beam is imported, refuse the
     # connectors sharding does not use (about 2 s of every start).
-    lean_imports.install()
+    lean_imports.install(local_only=not lean_imports.names_remote_paths(sys.argv[1:]))
 
 from beam_preprocess import classes, sources, spill  # noqa: E402
 from beam_preprocess.config import ShardingConfig, with_flag_names  # noqa: E402
@@ -125,6 +125,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="threads each worker process decodes images on (default 0: one per core)",
     )
     parser.add_argument(
+        "--worker-processes",
+        type=int,
+        default=DEFAULTS["worker_processes"],
+        help="processes the workers hand each work unit and shard to (default: one per core when the "
+        "DirectRunner's workers are threads; 0: none, Beam's workers do the work)",
+    )
+    parser.add_argument(
         "--verbose",
         action="store_true",
         help="show Beam's and this program's logs live instead of writing them beside the output directory",
@@ -188,6 +195,7 @@ def preflight(args) -> ShardingConfig:
             seed=args.seed,
             members_per_unit=args.members_per_unit,
             check_threads=args.check_threads,
+            worker_processes=args.worker_processes,
             overwrite=args.overwrite,
             classes=args.classes or (classes.FILE if args.classes_file else classes.IMAGENET),
             classes_file=args.classes_file,

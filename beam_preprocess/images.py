@@ -10,6 +10,7 @@ named ``.JPEG``, the CMYK JPEGs, grayscale JPEGs) are decoded in full and re-enc
 from __future__ import annotations
 
 import dataclasses
+import functools
 import io
 import warnings
 
@@ -99,19 +100,39 @@ def build_example(image: CheckedImage, filename: str, synset: str, label: int | 
 
 
 def example_pieces(image: CheckedImage, filename: str, synset: str, label: int | None = None) -> list[bytes]:
-    """``build_example`` as pieces to write one after the other, the image's bytes uncopied among them."""
+    """``build_example`` as pieces to write one after the other, the image's bytes uncopied among them (a piece
+    of its own)."""
     if label is None:
         label = schema.LABEL_OFFSET + schema.synset_to_label()[synset]
-    return tfrecord.example_pieces(
+    after = tfrecord.short_entries(
         {
-            schema.IMAGE_ENCODED: image.jpeg,
+            schema.FILENAME: filename.encode(),
             schema.IMAGE_FORMAT: b"JPEG",
-            schema.LABEL: label,
-            schema.SYNSET: synset.encode(),
             schema.HEIGHT: image.height,
             schema.WIDTH: image.width,
-            schema.CHANNELS: 3,
-            schema.COLORSPACE: b"RGB",
-            schema.FILENAME: filename.encode(),
         }
     )
+    return tfrecord.spliced_example_pieces(
+        _class_entries(synset, label), schema.IMAGE_ENCODED, image.jpeg, after
+    )
+
+
+@functools.lru_cache(maxsize=2048)
+def _class_entries(synset: str, label: int) -> bytes:
+    """The entries an image's Example shares with its class, which sort before ``image/encoded``."""
+    return tfrecord.short_entries(
+        {
+            schema.LABEL: label,
+            schema.SYNSET: synset.encode(),
+            schema.CHANNELS: 3,
+            schema.COLORSPACE: b"RGB",
+        }
+    )
+
+
+# The splice above relies on the schema's key order: the class's entries sort before the image, the rest after.
+assert (
+    max(schema.LABEL, schema.SYNSET, schema.CHANNELS, schema.COLORSPACE)
+    < schema.IMAGE_ENCODED
+    < min(schema.FILENAME, schema.IMAGE_FORMAT, schema.HEIGHT, schema.WIDTH)
+)

@@ -32,29 +32,55 @@ REFUSED = (
     "ipywidgets",
     "pandas",  # optional in Beam (DataFrame support and pandas type hints); 0.3-0.5 s
 )
+# Refused too when no path of the run is on an object store or HDFS (``local_only``): Beam's GCS file system
+# (google-cloud-storage, apitools, oauth2client: about 1.2 s), its HDFS file system (0.25 s) and the BigQuery and
+# Pub/Sub transforms ``apache_beam.io`` imports beside GCS (Beam registers each file system only if it imports).
+LOCAL_ONLY_REFUSED = (
+    "apache_beam.io.gcp.gcsfilesystem",
+    "apache_beam.io.hadoopfilesystem",
+    "apache_beam.io.gcp.bigquery",
+    "google.cloud.storage",
+    "apitools",
+    "oauth2client",
+    "hdfs",
+)
+# The schemes that need those file systems: a command line naming one keeps them.
+REMOTE_SCHEMES = ("gs://", "hdfs://")
 DIRECT_RUNNERS = ("DirectRunner", "direct", "FnApiRunner", "SwitchingDirectRunner")
 
 
 class _RefuseFinder(importlib.abc.MetaPathFinder):
-    """Raises ImportError for the refused packages and their submodules; every other import is untouched."""
+    """Raises ModuleNotFoundError for the refused packages and their submodules, as if they were not installed
+    (Beam skips an optional file system or connector that is not installed without a word); every other import
+    is untouched."""
+
+    def __init__(self, refused: tuple[str, ...]):
+        self.refused = refused
+        self._prefixes = tuple(name + "." for name in refused)
 
     def find_spec(self, fullname, path=None, target=None):
-        if fullname in REFUSED or fullname.startswith(_PREFIXES):
-            raise ImportError(f"{fullname} is not imported by beam_preprocess's own processes (lean_imports)")
+        if fullname in self.refused or fullname.startswith(self._prefixes):
+            raise ModuleNotFoundError(
+                f"{fullname} is not imported by beam_preprocess's own processes (lean_imports)", name=fullname
+            )
         return None
 
 
-_PREFIXES = tuple(name + "." for name in REFUSED)
-
-
-def install() -> bool:
-    """Refuses the packages from now on; returns False (and changes nothing) if one is already imported."""
+def install(local_only: bool = False) -> bool:
+    """Refuses the packages from now on (with ``local_only``, those of ``LOCAL_ONLY_REFUSED`` too); returns False
+    (and changes nothing) if one is already imported."""
+    refused = REFUSED + (LOCAL_ONLY_REFUSED if local_only else ())
     if any(isinstance(finder, _RefuseFinder) for finder in sys.meta_path):
         return True
-    if any(name in sys.modules for name in REFUSED):
+    if any(name in sys.modules for name in refused):
         return False  # too late: something imported it already, and refusing would split the process
-    sys.meta_path.insert(0, _RefuseFinder())
+    sys.meta_path.insert(0, _RefuseFinder(refused))
     return True
+
+
+def names_remote_paths(argv: list[str]) -> bool:
+    """Whether any argument names a path on an object store or HDFS (a ``gs://`` input, output or temp location)."""
+    return any(scheme in arg for arg in argv for scheme in REMOTE_SCHEMES)
 
 
 def runs_on_direct_runner(argv: list[str]) -> bool:

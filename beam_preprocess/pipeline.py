@@ -14,6 +14,9 @@ Stages (each a small DoFn with counters, composed by one ``ptransform_fn``):
 4. ``WriteShardFn``: one shard index -> its records found from the layout, their index entries read from the
    spill files and their images from the archives by exact byte ranges (bytes read = bytes needed), each
    checked against the CRC taken at step 2, written in order.
+
+Steps 2 and 4 are plain functions (``beam_preprocess.work``) that the DoFns call, or hand to a pool of worker
+processes (``beam_preprocess.processes``) when Beam's workers are threads of one process.
 5. ``WriteManifestFn``: counts, shards, classes, failures -> manifest.json; checks read = written + failed;
    deletes the spill files.
 
@@ -27,25 +30,21 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-import hashlib
 import logging
 import time
+from collections.abc import Iterator
 
 import apache_beam as beam
 from apache_beam.metrics import Metrics
+from apache_beam.transforms.window import GlobalWindows
 
-from beam_preprocess import images, layout, sources, spill, threads
+from beam_preprocess import images, layout, processes, sources, threads, work
 from beam_preprocess.classes import CLASS_LISTS, ClassList, imagenet_classes
 from beam_preprocess.config import ShardingConfig
 from effnet_common import schema, storage
-from effnet_common.manifest import Failure, Manifest, Shard, SplitManifest
+from effnet_common.manifest import Manifest, Shard, SplitManifest
 
 NAMESPACE = "beam_preprocess"
-
-
-def train_sort_key(seed: int, filename: str) -> str:
-    """A seeded pseudo-random but reproducible position for a training image."""
-    return hashlib.sha256(f"{seed}:{filename}".encode()).hexdigest()[:24] + "|" + filename
 
 
 class PlanUnitsFn(beam.DoFn):
@@ -73,38 +72,55 @@ def build_class_list(config: ShardingConfig, found: list[str]) -> ClassList:
     return CLASS_LISTS.build(config.classes, config.classes_file, found)
 
 
-def of_the_classes(items, classes: ClassList):
-    """``items``, those whose synset is not one of ``classes`` turned into failures saying so."""
-    for item in items:
-        if item.error is None and item.synset not in classes.labels:
-            item = dataclasses.replace(item, data=None, error=classes.not_a_class(item.synset))
-        yield item
+class _Offloaded:
+    """The tasks a DoFn instance has in flight on a worker process pool during one bundle, oldest first.
+
+    A Beam worker thread hands its elements out one after the other; keeping up to the pool's size of them in
+    flight lets one thread keep every process busy once the other threads have finished their part of a stage
+    (the DirectRunner splits a stage's input once between its workers). Results come back in the order the
+    elements came, those not yet yielded by ``process`` at the bundle's end from ``finish_bundle``.
+    """
+
+    def __init__(self, pool: processes.Pool | None):
+        self.pool = pool
+        self._pending: collections.deque = collections.deque()
+
+    def submit(self, fn, task) -> Iterator:
+        """Submits ``fn(task)``; yields the results that are done, waiting for the oldest beyond the limit."""
+        self._pending.append(self.pool.submit(fn, task))
+        while self._pending and (len(self._pending) > self.pool.size or self._pending[0].done()):
+            yield self._pending.popleft().result()
+
+    def drain(self) -> Iterator:
+        while self._pending:
+            yield self._pending.popleft().result()
 
 
-def check_item(item: sources.InputItem) -> tuple[images.CheckedImage | None, str | None]:
-    """(checked image, None) for an image that decodes, else (None, why not); runs on a check thread."""
-    if item.error is not None:
-        return None, item.error
-    try:
-        return images.check_and_fix(item.data), None
-    except images.BadImageError as e:
-        return None, str(e)
+def _windowed(output):
+    """An output yielded by ``finish_bundle``, which must carry its window: the global one (every element of
+    these stages is in it)."""
+    if isinstance(output, beam.pvalue.TaggedOutput):
+        return beam.pvalue.TaggedOutput(output.tag, GlobalWindows.windowed_value(output.value))
+    return GlobalWindows.windowed_value(output)
 
 
 class ProcessUnitFn(beam.DoFn):
-    """Reads, checks and fixes every image of a unit; describes its records in one spill file per unit.
+    """Reads, checks and fixes every image of a unit; describes its records in one spill file per unit
+    (``beam_preprocess.work.process_unit``).
 
-    Images are checked on ``check_threads`` threads (``beam_preprocess.threads``) while this thread reads the
-    unit and writes the spill; counters are updated once per unit.
+    With ``worker_processes`` > 0 each unit goes whole to a process of the worker's pool (``beam_preprocess.processes``);
+    otherwise its images are checked on ``check_threads`` threads (``beam_preprocess.threads``) while this thread
+    reads the unit and writes the spill. Counters are updated once per unit.
     """
 
     FAILURES = "failures"
     STATS = "stats"
 
-    def __init__(self, temp_dir: str, seed: int, check_threads: int = 0):
+    def __init__(self, temp_dir: str, seed: int, check_threads: int = 0, worker_processes: int = 0):
         self._temp_dir = temp_dir
         self._seed = seed
         self._check_threads = check_threads
+        self._processes = worker_processes
         self._read = Metrics.counter(NAMESPACE, "images_read")
         self._written = Metrics.counter(NAMESPACE, "images_processed")
         self._failed = Metrics.counter(NAMESPACE, "images_failed")
@@ -114,76 +130,49 @@ class ProcessUnitFn(beam.DoFn):
 
     def setup(self):
         self._threads = self._check_threads or threads.default_threads()  # the cores of the worker's machine
+        pool = processes.shared_pool(self._processes) if self._processes else None
+        self._offloaded = _Offloaded(pool)
+
+    def start_bundle(self):
+        self._offloaded = _Offloaded(self._offloaded.pool)
 
     def process(self, unit: sources.WorkUnit, classes: ClassList | None = None):
         """``classes``: the run's class list (side input); None is ImageNet's 1000."""
-        classes = classes or imagenet_classes()
-        start = time.time()
-        spill_path = storage.join(self._temp_dir, unit.split, f"{unit.unit_id}.spill")
-        stats = collections.Counter()
-        class_counts = collections.Counter()
-        failures = []
-        bytes_read = 0
-        with storage.open_write(spill_path) as f:
-            writer = spill.SpillWriter(f)
-            for item, (checked, error) in threads.ordered_map(
-                check_item, of_the_classes(sources.read_unit(unit), classes), self._threads
-            ):
-                stats["read"] += 1
-                if item.error is None:
-                    bytes_read += len(item.data)
-                if error is not None:
-                    stats["failed"] += 1
-                    failures.append(Failure(item.split, item.source, error))
-                    continue
-                if checked.fix != images.FIX_NONE:
-                    stats[f"fixed_{checked.fix}"] += 1
-                untouched = checked.jpeg is item.data
-                writer.add(
-                    self._order_key(unit.split, item.filename),
-                    images.example_pieces(checked, item.filename, item.synset, classes.labels[item.synset]),
-                    checked.jpeg,
-                    item.at if untouched else None,  # an untouched image is read again from its archive
-                )
-                class_counts[item.synset] += 1
-                stats["processed"] += 1
-            written = writer.finish()
-        self._count(stats, bytes_read, written.spill_bytes)
-        logging.info(
-            "%s: %d images, %d fixed, %d failed (%.1fs)",
-            unit.description,
-            stats["read"],
-            sum(v for k, v in stats.items() if k.startswith("fixed_")),
-            stats["failed"],
-            time.time() - start,
-        )
-        if written.keys:
-            yield layout.UnitSpill(
-                split=unit.split,
-                path=spill_path,
-                order_key=written.keys[0],
-                count=len(written.keys),
-                num_bytes=written.record_bytes,
-                keys=tuple(written.keys) if unit.split == schema.VALIDATION else (),
-                source=unit.path,
-                index_at=written.index_at,
-                entry_size=written.entry_size,
-            )
-        for failure in failures:
-            yield beam.pvalue.TaggedOutput(self.FAILURES, failure)
-        yield beam.pvalue.TaggedOutput(self.STATS, (unit.split, dict(stats), dict(class_counts)))
+        if self._offloaded.pool is None:
+            task = work.UnitTask(unit, self._temp_dir, self._seed, self._threads, classes)
+            yield from self._outputs(work.process_unit(task))
+            return
+        task = work.UnitTask(unit, self._temp_dir, self._seed, 1, classes)
+        for outcome in self._offloaded.submit(work.process_unit, task):
+            yield from self._outputs(outcome)
 
-    def _count(self, stats: collections.Counter, bytes_read: int, bytes_spilled: int) -> None:
+    def finish_bundle(self):
+        for outcome in self._offloaded.drain():
+            for output in self._outputs(outcome):
+                yield _windowed(output)
+
+    def _outputs(self, outcome: work.UnitOutcome):
+        stats = collections.Counter(outcome.stats)
         self._read.inc(stats["read"])
         self._written.inc(stats["processed"])
         self._failed.inc(stats["failed"])
-        self._bytes_read.inc(bytes_read)
-        self._spilled.inc(bytes_spilled)
+        self._bytes_read.inc(outcome.bytes_read)
+        self._spilled.inc(outcome.spill_bytes)
         for kind, counter in self._fixed.items():
             counter.inc(stats[f"fixed_{kind}"])
-
-    def _order_key(self, split: str, filename: str) -> str:
-        return filename if split == schema.VALIDATION else train_sort_key(self._seed, filename)
+        logging.info(
+            "%s: %d images, %d fixed, %d failed (%.1fs)",
+            outcome.unit.description,
+            stats["read"],
+            outcome.fixed,
+            stats["failed"],
+            outcome.seconds,
+        )
+        if outcome.spill is not None:
+            yield outcome.spill
+        for failure in outcome.failures:
+            yield beam.pvalue.TaggedOutput(self.FAILURES, failure)
+        yield beam.pvalue.TaggedOutput(self.STATS, (outcome.unit.split, outcome.stats, outcome.class_counts))
 
 
 def build_layouts(spills: list[layout.UnitSpill], config: ShardingConfig) -> dict[str, layout.SplitLayout]:
@@ -203,6 +192,12 @@ def build_layouts(spills: list[layout.UnitSpill], config: ShardingConfig) -> dic
     return layouts
 
 
+def shard_path(config: ShardingConfig, split_layout: layout.SplitLayout, index: int) -> str:
+    """Where shard ``index`` of a split is written."""
+    name = schema.shard_name(split_layout.split, index, split_layout.num_shards)
+    return storage.join(config.split_dir(split_layout.split), name)
+
+
 def shard_tasks(layouts: dict[str, layout.SplitLayout]):
     """One (split, shard index) per shard to write."""
     for split, split_layout in layouts.items():
@@ -211,32 +206,44 @@ def shard_tasks(layouts: dict[str, layout.SplitLayout]):
 
 
 class WriteShardFn(beam.DoFn):
-    """Writes one shard: its records located through the layout, read from the spills and archives, in order."""
+    """Writes one shard: its records located through the layout, read from the spills and archives, in order
+    (``beam_preprocess.work.write_shard``; with ``worker_processes`` > 0 on a process of the worker's pool)."""
 
-    def __init__(self, config: ShardingConfig):
+    def __init__(self, config: ShardingConfig, worker_processes: int = 0):
         self._config = config
+        self._processes = worker_processes
         self._written = Metrics.counter(NAMESPACE, "images_written")
         self._bytes = Metrics.counter(NAMESPACE, "bytes_written")
         self._reread = Metrics.counter(NAMESPACE, "bytes_reread")
         self._shards = Metrics.counter(NAMESPACE, "shards_written")
 
+    def setup(self):
+        self._offloaded = _Offloaded(processes.shared_pool(self._processes) if self._processes else None)
+
+    def start_bundle(self):
+        self._offloaded = _Offloaded(self._offloaded.pool)
+
     def process(self, task: tuple[str, int], layouts: dict[str, layout.SplitLayout]):
         split, index = task
         split_layout = layouts[split]
-        name = schema.shard_name(split, index, split_layout.num_shards)
-        path = storage.join(self._config.split_dir(split), name)
-        reads = [(split_layout.units[k], ranks) for k, ranks in split_layout.shard_reads(index)]
-        read_threads = storage.read_threads({p for unit, _ in reads for p in (unit.path, unit.source)})
-        records = size = 0
-        with storage.open_write(path) as out, spill.RecordReader(read_threads) as reader:
-            for unit, entry, image in reader.shard_records(reads, keep_order=split_layout.sorted_by_name):
-                size += spill.write_record(out, entry, image, unit.source)
-                records += 1
-        self._reread.inc(reader.bytes_read)
-        self._written.inc(records)
-        self._bytes.inc(size)
+        shard = work.shard_task(split_layout, index, shard_path(self._config, split_layout, index))
+        if self._offloaded.pool is None:
+            yield self._output(work.write_shard(shard))
+            return
+        for outcome in self._offloaded.submit(work.write_shard, shard):
+            yield self._output(outcome)
+
+    def finish_bundle(self):
+        for outcome in self._offloaded.drain():
+            yield _windowed(self._output(outcome))
+
+    def _output(self, outcome: work.ShardOutcome) -> dict:
+        self._reread.inc(outcome.bytes_reread)
+        self._written.inc(outcome.records)
+        self._bytes.inc(outcome.bytes)
         self._shards.inc()
-        yield {"split": split, "index": index, "path": path, "records": records, "bytes": size}
+        logging.info("%s: %d records (%.1fs)", outcome.path, outcome.records, outcome.seconds)
+        return outcome.as_row()
 
 
 class WriteManifestFn(beam.DoFn):
@@ -298,8 +305,12 @@ def build_manifest(
 
 
 @beam.ptransform_fn
-def ShardImageNet(root, config: ShardingConfig):  # noqa: N802 - Beam transforms are named like classes
-    """ImageNet inputs -> balanced TFRecord shards under ``config.output_dir``; yields the ``Manifest``."""
+def ShardImageNet(root, config: ShardingConfig, worker_processes: int = 0):  # noqa: N802 - Beam transforms are named like classes
+    """ImageNet inputs -> balanced TFRecord shards under ``config.output_dir``; yields the ``Manifest``.
+
+    ``worker_processes``: the processes each Beam worker hands its units and shards to
+    (``beam_preprocess.processes``; 0: the Beam workers do the work themselves).
+    """
     units = (
         root
         | "Inputs" >> beam.Create(config.input_specs())
@@ -317,7 +328,7 @@ def ShardImageNet(root, config: ShardingConfig):  # noqa: N802 - Beam transforms
         | "SpreadUnits" >> beam.Reshuffle()
         | "ProcessUnits"
         >> beam.ParDo(
-            ProcessUnitFn(config.temp_dir, config.seed, config.check_threads), classes
+            ProcessUnitFn(config.temp_dir, config.seed, config.check_threads, worker_processes), classes
         ).with_outputs(ProcessUnitFn.FAILURES, ProcessUnitFn.STATS, main="spills")
     )
     as_list = beam.pvalue.AsList
@@ -330,7 +341,8 @@ def ShardImageNet(root, config: ShardingConfig):  # noqa: N802 - Beam transforms
         layouts
         | "ShardTasks" >> beam.FlatMap(shard_tasks)
         | "SpreadShards" >> beam.Reshuffle()
-        | "WriteShards" >> beam.ParDo(WriteShardFn(config), beam.pvalue.AsSingleton(layouts))
+        | "WriteShards"
+        >> beam.ParDo(WriteShardFn(config, worker_processes), beam.pvalue.AsSingleton(layouts))
     )
     return (
         root

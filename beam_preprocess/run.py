@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 import shutil
 
 import apache_beam as beam
 
-from beam_preprocess import pipeline
+from beam_preprocess import lean_imports, pipeline, processes
 from beam_preprocess.config import ShardingConfig
 from effnet_common import console, dataflow_jobs, schema, stopping, storage
 from effnet_common.manifest import Manifest
@@ -114,12 +115,33 @@ def leftovers_message(config: ShardingConfig) -> str:
     )
 
 
-def run_pipeline(beam_pipeline: beam.Pipeline, config: ShardingConfig):
+# The DirectRunner's modes whose workers are threads of the command's process (``in_memory``: one thread).
+THREAD_MODES = ("multi_threading", "in_memory")
+
+
+def resolve_worker_processes(config: ShardingConfig, options) -> int:
+    """The worker processes of the run (``config.worker_processes``, or when unset: one per core if Beam's
+    workers are threads of this process, the DirectRunner's ``multi_threading`` and ``in_memory`` modes; else 0,
+    as on Dataflow, whose workers are processes of their own, one per core)."""
+    if config.worker_processes is not None:
+        return config.worker_processes
+    from apache_beam.options.pipeline_options import DirectOptions, StandardOptions
+
+    runner = options.view_as(StandardOptions).runner
+    if runner is not None and not isinstance(runner, str):
+        runner = type(runner).__name__
+    on_threads = options.view_as(DirectOptions).direct_running_mode in THREAD_MODES
+    return (
+        os.cpu_count() or 1 if (runner is None or runner in lean_imports.DIRECT_RUNNERS) and on_threads else 0
+    )
+
+
+def run_pipeline(beam_pipeline: beam.Pipeline, config: ShardingConfig, worker_processes: int = 0):
     """Adds ShardImageNet to ``beam_pipeline``, runs it to completion and returns the Beam result.
 
     A run that fails logs one line naming its leftovers before the error propagates.
     """
-    _ = beam_pipeline | "ShardImageNet" >> pipeline.ShardImageNet(config)
+    _ = beam_pipeline | "ShardImageNet" >> pipeline.ShardImageNet(config, worker_processes)
     try:
         result = beam_pipeline.run()
         result.wait_until_finish()
@@ -178,11 +200,19 @@ def run(
     # Ctrl-C ends the command without unwinding this (``effnet_common.stopping``): nothing half-written stays, nor
     # the local temporary directory Beam made for the pipeline (it removes it when a run ends).
     local_tempdir = beam_pipeline.local_tempdir
+    worker_processes = resolve_worker_processes(config, beam_pipeline.options)
     with (
         stopping.cleanup(lambda: shutil.rmtree(local_tempdir, ignore_errors=True)),
         stopping.cleanup(lambda: remove_partial_output(config)),
     ):
-        result = run_pipeline(beam_pipeline, config)
+        try:
+            if worker_processes:
+                # Started now, the processes import what they need while Beam builds and starts the pipeline;
+                # the DoFns of this process find them ready (``processes.shared_pool``).
+                processes.shared_pool(worker_processes)
+            result = run_pipeline(beam_pipeline, config, worker_processes)
+        finally:
+            processes.close_shared_pools()
     manifest = Manifest.read(config.manifest_path)
     if len(manifest.failures) > config.max_failures:
         check_failure_budget(manifest, config.max_failures, discard_failed_output(config))

@@ -34,7 +34,7 @@ sys.path.insert(0, os.path.join(REPO_ROOT, "tests"))
 
 from gcs_emulator import GcsEmulator  # noqa: E402
 
-from beam_preprocess import layout, pipeline, sample_data, sources  # noqa: E402
+from beam_preprocess import pipeline, sample_data, sources, work  # noqa: E402
 from beam_preprocess.config import ShardingConfig  # noqa: E402
 from effnet_common import storage  # noqa: E402
 
@@ -47,9 +47,12 @@ def upload(local_path: str, url: str) -> str:
 
 def write_stage(config: ShardingConfig, layouts, threads: int) -> tuple[float, list[dict]]:
     storage.OBJECT_STORE_READ_THREADS = threads
-    writer = pipeline.WriteShardFn(config)
+    tasks = [
+        work.shard_task(layouts[split], index, pipeline.shard_path(config, layouts[split], index))
+        for split, index in pipeline.shard_tasks(layouts)
+    ]
     start = time.perf_counter()
-    shards = [shard for task in pipeline.shard_tasks(layouts) for shard in writer.process(task, layouts)]
+    shards = [work.write_shard(task).as_row() for task in tasks]
     return time.perf_counter() - start, shards
 
 
@@ -79,10 +82,9 @@ def main(argv=None) -> None:
             local = sample_data.write_archives(tmp, samples, val_fraction=0.0)
             train = upload(local.train_archive, f"{bucket}/in/ILSVRC2012_img_train.tar")
         config = ShardingConfig(output_dir=f"{bucket}/out", train_archive=train, train_shards=args.per_synset)
-        checker = pipeline.ProcessUnitFn(config.temp_dir, config.seed, check_threads=1)
-        checker.setup()
         units = [u for spec in config.input_specs() for u in sources.plan_units(spec, args.per_synset)]
-        spills = [out for unit in units for out in checker.process(unit) if isinstance(out, layout.UnitSpill)]
+        outcomes = [work.process_unit(work.UnitTask(unit, config.temp_dir, config.seed)) for unit in units]
+        spills = [outcome.spill for outcome in outcomes if outcome.spill is not None]
         layouts = pipeline.build_layouts(spills, config)
         records = sum(s.count for s in spills)
         print(f"{records} records from {len(spills)} units into {layouts['train'].num_shards} shards on {bucket},"

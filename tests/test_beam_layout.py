@@ -5,19 +5,19 @@ import random
 
 import pytest
 
-from beam_preprocess import layout, pipeline
+from beam_preprocess import layout, work
 from effnet_common import schema
 
 
 def _train_names(index: int, count: int, seed: int = 0) -> list[str]:
     """A synset's file names in the unit's output order (by seeded hash), as ProcessUnitFn orders them."""
     names = [f"n{index:08d}_{i}.JPEG" for i in range(count)]
-    return sorted(names, key=lambda n: pipeline.train_sort_key(seed, n))
+    return sorted(names, key=lambda n: work.train_sort_key(seed, n))
 
 
 def _train_unit(index: int, count: int, seed: int = 0) -> layout.UnitSpill:
     names = _train_names(index, count, seed)
-    key = pipeline.train_sort_key(seed, names[0]) if names else ""
+    key = work.train_sort_key(seed, names[0]) if names else ""
     return layout.UnitSpill(schema.TRAIN, f"spill/{index}", key, count, num_bytes=1000 * count)
 
 

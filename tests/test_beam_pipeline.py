@@ -16,7 +16,7 @@ from apache_beam.testing.test_pipeline import TestPipeline
 from apache_beam.testing.util import assert_that, equal_to
 
 from beam_preprocess import __main__ as cli
-from beam_preprocess import layout, pipeline, sources, spill, tfrecord
+from beam_preprocess import layout, pipeline, processes, sources, spill, tfrecord
 from effnet_common import schema
 from effnet_common.manifest import Manifest
 
@@ -60,17 +60,20 @@ def test_shard_count_is_a_multiple_of_hosts(total_mb, requested, shard_mb, hosts
     assert layout.choose_num_shards(total_mb * 2**20, requested, shard_mb, hosts) == expected
 
 
-def test_process_unit_spills_examples_and_reports_failures(quirky_archives, tmp_path):
+@pytest.mark.parametrize("worker_processes", [0, 2])
+def test_process_unit_spills_examples_and_reports_failures(quirky_archives, tmp_path, worker_processes):
+    """The same outputs whether the Beam worker checks its units itself or hands them to worker processes
+    (several units in flight, the last ones yielded at the bundle's end)."""
     spec = sources.InputSpec(schema.VALIDATION, sources.KIND_VAL_ARCHIVE, quirky_archives.val_archive)
-    units = list(sources.plan_units(spec, members_per_unit=1000))
+    units = list(sources.plan_units(spec, members_per_unit=3 if worker_processes else 1000))
     expected_names = sorted(quirky_archives.validation)
     with TestPipeline() as p:
         outputs = (
             p
             | beam.Create(units)
-            | beam.ParDo(pipeline.ProcessUnitFn(str(tmp_path), seed=0)).with_outputs(
-                pipeline.ProcessUnitFn.FAILURES, pipeline.ProcessUnitFn.STATS, main="spills"
-            )
+            | beam.ParDo(
+                pipeline.ProcessUnitFn(str(tmp_path), seed=0, worker_processes=worker_processes)
+            ).with_outputs(pipeline.ProcessUnitFn.FAILURES, pipeline.ProcessUnitFn.STATS, main="spills")
         )
         # One spill per unit; the validation names travel in their sorted order, images never do.
         names = outputs.spills | "Names" >> beam.FlatMap(lambda spill: spill.keys)
@@ -82,15 +85,25 @@ def test_process_unit_spills_examples_and_reports_failures(quirky_archives, tmp_
             equal_to([(truncated, "does not decod"), ("not_an_official_name.JPEG", "'not_an_offici")]),
             label="Failures",
         )
-        stats = outputs.stats | beam.MapTuple(
-            lambda split, stats, classes: (split, stats["read"], stats["failed"], stats["fixed_grayscale"])
+        counts = outputs.stats | beam.MapTuple(
+            lambda split, stats, classes: [stats.get(k, 0) for k in ("read", "failed", "fixed_grayscale")]
         )
-        assert_that(stats, equal_to([(schema.VALIDATION, len(expected_names) + 2, 2, 1)]), label="Stats")
-        located = outputs.spills | "CheckEntries" >> beam.Map(_check_spill_entries)
+        summed = counts | "SumStats" >> beam.CombineGlobally(_column_sums)
+        assert_that(summed, equal_to([[len(expected_names) + 2, 2, 1]]), label="Stats")
+        located = (
+            outputs.spills
+            | "CheckEntries" >> beam.Map(_check_spill_entries)
+            | "SumEntries" >> beam.CombineGlobally(_column_sums)
+        )
         # Every untouched image is located in the archive; only the re-encoded grayscale one is in the spill.
-        assert_that(located, equal_to([(len(expected_names) - 1, 1)]), label="Entries")
+        assert_that(located, equal_to([[len(expected_names) - 1, 1]]), label="Entries")
+    processes.close_shared_pools()
     spills = os.listdir(tmp_path / schema.VALIDATION)
-    assert len(spills) == 1 and spills[0].endswith(".spill")
+    assert len(spills) == len(units) and all(name.endswith(".spill") for name in spills)
+
+
+def _column_sums(rows) -> list[int]:
+    return [sum(column) for column in zip(*rows, strict=True)]
 
 
 def _check_spill_entries(unit_spill):
@@ -367,21 +380,21 @@ def test_an_archive_changed_between_checking_and_writing_fails_in_one_line(
     import tarfile
 
     # Shard writers read untouched images again from the archive: one replaced after its images were checked
-    # must not end up in the shards unchecked. One byte of an image changes as soon as its unit is checked.
+    # must not end up in the shards unchecked. One byte of an image changes once every unit is checked.
     archive = shutil.copy(clean_archives.val_archive, tmp_path / "ILSVRC2012_img_val.tar")
     with tarfile.open(archive) as tar:
         member = tar.getmembers()[5]
-    checked = pipeline.ProcessUnitFn.process
+    laid_out = pipeline.build_layouts
 
-    def check_then_change(self, unit, classes=None):
-        yield from checked(self, unit, classes)
+    def change_then_lay_out(spills, config):  # every unit is checked by then (the layout waits for them all)
         with open(archive, "r+b") as f:
             f.seek(member.offset_data + member.size // 2)
             byte = f.read(1)
             f.seek(-1, os.SEEK_CUR)
             f.write(bytes([byte[0] ^ 0xFF]))
+        return laid_out(spills, config)
 
-    monkeypatch.setattr(pipeline.ProcessUnitFn, "process", check_then_change)
+    monkeypatch.setattr(pipeline, "build_layouts", change_then_lay_out)
     out = tmp_path / "out"
     assert _run_cli(["--val-archive", archive, "--output-dir", out, "--direct_num_workers", 1]) == 1
     changed, leftovers = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
@@ -391,7 +404,8 @@ def test_an_archive_changed_between_checking_and_writing_fails_in_one_line(
 
 
 def _group_processes(group: int) -> list[str]:
-    """The command lines of the live processes in process group ``group``."""
+    """The live processes of process group ``group``: pid, parent, state and command line of each (what a
+    failed assertion needs to tell a process still tearing down from one left running)."""
     found = []
     for entry in os.listdir("/proc"):
         try:
@@ -402,7 +416,7 @@ def _group_processes(group: int) -> list[str]:
         except OSError:
             continue
         if entry.isdigit() and fields[0] != "Z" and int(fields[2]) == group:
-            found.append(command)
+            found.append(f"pid {entry} parent {fields[1]} state {fields[0]}: {command!r}")
     return found
 
 

@@ -58,10 +58,14 @@ def _digests(directory):
     return found
 
 
-def test_shards_are_byte_identical_for_any_number_of_check_threads(quirky_archives, tmp_path):
+def test_shards_are_byte_identical_for_any_number_of_check_threads_or_worker_processes(
+    quirky_archives, tmp_path
+):
+    """In the Beam worker on 1 or 3 check threads, or on 2 worker processes (beam_preprocess.processes): the same
+    shards, failures and fixes."""
     outputs = []
-    for count in (1, 3):
-        out = tmp_path / f"threads-{count}"
+    for count, worker_processes in ((1, 0), (3, 0), (0, 2)):
+        out = tmp_path / f"threads-{count}-processes-{worker_processes}"
         result = shard(
             ShardingConfig(
                 output_dir=str(out),
@@ -72,13 +76,19 @@ def test_shards_are_byte_identical_for_any_number_of_check_threads(quirky_archiv
                 members_per_unit=50,
                 max_failures=100,
                 check_threads=count,
+                worker_processes=worker_processes,
             )
         )
         assert result.manifest.failures  # the quirky archives' bad images are found either way
         digests = _digests(out)
-        digests.pop("manifest.json")  # records the options, check_threads included
+        digests.pop("manifest.json")  # records the options, check_threads and worker_processes included
         outputs.append((digests, result.manifest.failures, result.manifest.splits[schema.TRAIN].fixed))
-    assert outputs[0] == outputs[1] and len(outputs[0][0]) == 5
+    assert outputs[0] == outputs[1] == outputs[2] and len(outputs[0][0]) == 5
+
+
+def test_a_negative_worker_process_count_is_refused_naming_the_setting(tmp_path):
+    with pytest.raises(ValueError, match="worker_processes"):
+        ShardingConfig(output_dir=str(tmp_path), train_archive="a.tar", worker_processes=-1)
 
 
 def test_negative_thread_count_is_refused_naming_the_setting(tmp_path):

@@ -9,7 +9,7 @@ import pytest
 from tfx import v1 as tfx
 
 from beam_preprocess import __main__ as cli
-from beam_preprocess import layout, pipeline, sample_data, sources, tfrecord
+from beam_preprocess import layout, pipeline, sample_data, sources, tfrecord, work
 from beam_preprocess.config import ShardingConfig
 from components import imagenet_shards
 from effnet_common import schema, storage
@@ -123,15 +123,17 @@ def gcs_photo_archives(gcs_bucket, tmp_path_factory):
 
 def _check_stage(config, members_per_unit: int) -> list[layout.UnitSpill]:
     """The checking stage run on its own: every unit's spill, written to the config's temp dir."""
-    checker = pipeline.ProcessUnitFn(config.temp_dir, config.seed, check_threads=1)
-    checker.setup()
     units = [u for spec in config.input_specs() for u in sources.plan_units(spec, members_per_unit)]
-    return [out for unit in units for out in checker.process(unit) if isinstance(out, layout.UnitSpill)]
+    outcomes = [work.process_unit(work.UnitTask(unit, config.temp_dir, config.seed)) for unit in units]
+    return [outcome.spill for outcome in outcomes if outcome.spill is not None]
 
 
 def _write_stage(config, layouts) -> list[dict]:
-    writer = pipeline.WriteShardFn(config)
-    return [shard for task in pipeline.shard_tasks(layouts) for shard in writer.process(task, layouts)]
+    tasks = [
+        work.shard_task(layouts[split], index, pipeline.shard_path(config, layouts[split], index))
+        for split, index in pipeline.shard_tasks(layouts)
+    ]
+    return [work.write_shard(task).as_row() for task in tasks]
 
 
 def test_shard_writers_read_back_from_gcs_about_what_they_write(gcs_bucket, gcs_photo_archives, monkeypatch):

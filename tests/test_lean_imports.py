@@ -55,3 +55,42 @@ def test_install_changes_nothing_once_a_refused_package_is_imported():
     done = _python("import pandas\nfrom beam_preprocess import lean_imports\nprint(lean_imports.install())")
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "False"
+
+
+@pytest.mark.parametrize(
+    "argv, remote",
+    [
+        (["--train-archive", "a.tar", "--output-dir", "out"], False),
+        (["--train-archive", "gs://b/a.tar", "--output-dir", "out"], True),
+        (["--output-dir", "o", "--temp_location=gs://b/tmp"], True),
+        (["--train-dir", "hdfs://nn/train", "--output-dir", "o"], True),
+    ],
+)
+def test_remote_paths_read_from_the_command_line(argv, remote):
+    assert lean_imports.names_remote_paths(argv) is remote
+
+
+def test_a_local_only_run_imports_no_object_store_and_still_reads_and_writes_local_files(tmp_path):
+    """With ``local_only`` Beam imports without its GCS and HDFS file systems (as if their libraries were not
+    installed: no warning), local paths work, and a gs:// path is refused in Beam's own words."""
+    code = f"""
+import logging, sys
+logging.basicConfig(level=logging.WARNING)
+from beam_preprocess import lean_imports
+assert lean_imports.install(local_only=True)
+from apache_beam.io.filesystems import FileSystems
+from effnet_common import storage
+storage.write_text({str(tmp_path / "x.txt")!r}, "hello")
+print(FileSystems.exists({str(tmp_path / "x.txt")!r}))
+print(sorted(name for name in lean_imports.REFUSED + lean_imports.LOCAL_ONLY_REFUSED if name in sys.modules))
+try:
+    FileSystems.get_filesystem("gs://bucket/x")
+except ValueError as e:
+    print("refused:", e)
+"""
+    done = _python(code)
+    assert done.returncode == 0, done.stderr
+    exists, loaded, refusal = done.stdout.splitlines()
+    assert (exists, loaded) == ("True", "[]")
+    assert refusal.startswith("refused:") and "gs" in refusal
+    assert "Failed to import" not in done.stderr  # Beam skips the missing file systems without a warning
