@@ -220,11 +220,11 @@ class RangeReader:
         return data
 
 
-class _WindowRaw(io.RawIOBase):
-    """``size`` bytes at ``offset`` of a file as a seekable raw stream; each read fetches exactly what it asks."""
+class _Window:
+    """The position of a reader of ``_size`` bytes: seeking is clamped to the window."""
 
-    def __init__(self, path: str, offset: int, size: int):
-        self._reader, self._offset, self._size, self._pos = RangeReader(path), offset, size, 0
+    _size: int
+    _pos: int
 
     def readable(self) -> bool:
         return True
@@ -239,6 +239,13 @@ class _WindowRaw(io.RawIOBase):
         base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: self._size}[whence]
         self._pos = max(0, min(self._size, base + pos))
         return self._pos
+
+
+class _WindowRaw(_Window, io.RawIOBase):
+    """``size`` bytes at ``offset`` of a file as a seekable raw stream; each read fetches exactly what it asks."""
+
+    def __init__(self, path: str, offset: int, size: int):
+        self._reader, self._offset, self._size, self._pos = RangeReader(path), offset, size, 0
 
     def readinto(self, buffer) -> int:
         n = min(len(buffer), self._size - self._pos)
@@ -254,7 +261,7 @@ class _WindowRaw(io.RawIOBase):
         super().close()
 
 
-class _MappedWindow:
+class _MappedWindow(_Window):
     """``size`` bytes at ``offset`` of a local file, read through a memory map: a read is one copy of the bytes
     asked for (a buffered window copies each byte three times: file to bytes, bytes to buffer, buffer to the
     result; for the images of a work unit that was about a tenth of the checking stage's time beside decoding)."""
@@ -268,20 +275,6 @@ class _MappedWindow:
 
     def __exit__(self, *exc) -> None:
         self.close()
-
-    def readable(self) -> bool:
-        return True
-
-    def seekable(self) -> bool:
-        return True
-
-    def tell(self) -> int:
-        return self._pos
-
-    def seek(self, pos: int, whence: int = io.SEEK_SET) -> int:
-        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: self._size}[whence]
-        self._pos = max(0, min(self._size, base + pos))
-        return self._pos
 
     def read(self, n: int = -1) -> bytes:
         end = self._size if n is None or n < 0 else min(self._size, self._pos + n)
