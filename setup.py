@@ -16,6 +16,9 @@ INSTALL_REQUIRES = [
     # Dataflow's jobs API (list, read, cancel a run's jobs): the public GAPIC client. Its 0.8 line accepts
     # protobuf 4.25 (tfx 1.16 caps protobuf < 5).
     "google-cloud-dataflow-client==0.8.17",
+    # The Cloud TPU API (queued resources, nodes) for the Trainer on a multi-host TPU slice (components/tpu_vm.py):
+    # 1.25.0 is the newest release that accepts protobuf 4.25.5 (1.26 needs 4.25.8, 1.28 protobuf 6).
+    "google-cloud-tpu==1.25.0",
     "tensorflow-model-analysis==0.47.1",
     "protobuf>=4.25.2,<5",
     "pyarrow>=10,<11",

@@ -9,6 +9,7 @@ Model directories are local on a laptop and ``gs://`` on Vertex (``ram://`` in t
 from __future__ import annotations
 
 import json
+import os
 import posixpath
 
 import tensorflow as tf
@@ -26,6 +27,13 @@ is_local = whole.is_local
 def join(directory: str, *names: str) -> str:
     """``directory/name/...`` for local paths and URLs alike (URLs keep their ``//``)."""
     return posixpath.join(directory, *names)
+
+
+def dirname(path: str) -> str:
+    """The directory of ``path`` (a URL's up to its last '/')."""
+    if "://" in path:
+        return path.rstrip("/").rsplit("/", 1)[0]
+    return os.path.dirname(path.rstrip("/"))
 
 
 def _create(path: str):

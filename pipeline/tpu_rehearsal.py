@@ -1,0 +1,434 @@
+"""A Cloud TPU API on 127.0.0.1 whose slices are processes of this machine: a pod run rehearsed before paying.
+
+``components.tpu_vm`` talks to it exactly as to ``tpu.googleapis.com``: the real ``google-cloud-tpu`` client over
+REST (``http://127.0.0.1:PORT`` as its endpoint), the same paths, JSON (camelCase, integer enums, as the client
+asks), long-running operations and HTTP errors (409 for an id that exists, 404, 400 for a delete without
+``force`` of a slice that has nodes, 429 and 503 on cue). What it serves, the calls the backend makes:
+
+- ``queuedResources`` create / get / list / delete (``force``), ``nodes`` get / list, ``operations`` get.
+- A queued resource passes through its states as a real one does: WAITING_FOR_RESOURCES for
+  ``waiting_polls`` reads, PROVISIONING for one, then ACTIVE, when its node is READY and the slice's hosts
+  (``components.tpu_slices``) boot: each is a local process group running the node's ``startup-script`` with
+  ``EFFNET_TPU_WORKER`` (its number), ``EFFNET_TPU_HOME`` (its directory) and ``EFFNET_TPU_REHEARSAL`` (this
+  interpreter, whose libraries stand in for a worker's) set. Deleting it stops its hosts.
+- Scenarios (``Scenario``): a slice never provisioned (WAITING_FOR_RESOURCES until its
+  ``validUntilDuration`` passes, then FAILED with the stock-out error a real zone gives); a preemption once the
+  trainer of the slice has logged a given step (its hosts killed, the queued resource SUSPENDING then SUSPENDED
+  by the service, the node PREEMPTED); faults by call, in order (``"503"``, ``"429"``, ``"500"``: the service's
+  error answer; ``"lost"``: the call is done and its answer lost, the connection closed).
+
+Run on its own (``python -m pipeline.tpu_rehearsal --port 0``) it prints its endpoint; the local runner's
+``--rehearse-slice`` starts one for its run.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import http.server
+import json
+import logging
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.parse
+
+logger = logging.getLogger("pipeline.tpu_rehearsal")
+
+# The id rule the API documents for queued resources and nodes.
+ID_RULE = re.compile(r"^[A-Za-z0-9_.~+%-]+$")
+LABEL_KEY = re.compile(r"^[a-z][a-z0-9_-]{0,62}$")
+LABEL_VALUE = re.compile(r"^[a-z0-9_-]{0,63}$")
+STOCKOUT = "There is no more capacity in the zone {zone}; you can try in another zone where Cloud TPU Nodes are offered"
+ERROR_STATUS = {400: "INVALID_ARGUMENT", 404: "NOT_FOUND", 409: "ALREADY_EXISTS", 429: "RESOURCE_EXHAUSTED",
+                500: "INTERNAL", 503: "UNAVAILABLE"}  # fmt: skip
+
+
+@dataclasses.dataclass
+class Scenario:
+    """What the rehearsed service does beside serving: see the module's docstring."""
+
+    waiting_polls: int = 1
+    never_provision: bool = False
+    preempt_at_step: int = 0  # 0: never; else once, when the first slice's trainer has logged this step
+    faults: dict[str, list[str]] = dataclasses.field(default_factory=dict)
+
+
+class ApiError(Exception):
+    def __init__(self, code: int, message: str, status: str = ""):
+        super().__init__(message)
+        self.code, self.message, self.status = code, message, status or ERROR_STATUS.get(code, "UNKNOWN")
+
+
+def _json(message) -> dict:
+    return json.loads(type(message).to_json(message, use_integers_for_enums=True, indent=None))
+
+
+@dataclasses.dataclass
+class _Slice:
+    resource: object  # tpu_v2.QueuedResource
+    node: object  # tpu_v2.Node
+    created: float
+    reads: int = 0
+    hosts: list = dataclasses.field(default_factory=list)  # Popen of each host
+    deleting_reads: int = -1  # >= 0 once deleted: reads left before it is gone
+
+
+class RehearsalTpuApi:
+    """The service (see the module's docstring); ``endpoint`` is what the client takes as its api_endpoint."""
+
+    def __init__(self, workdir: str, scenario: Scenario | None = None, port: int = 0):
+        from google.cloud import tpu_v2
+
+        self._tpu = tpu_v2
+        self.workdir = workdir
+        self.scenario = scenario or Scenario()
+        self.requests: list[dict] = []
+        self.preemptions = 0
+        self._slices: dict[str, _Slice] = {}
+        self._operations: dict[str, dict] = {}
+        self._lock = threading.RLock()
+        self._server = http.server.ThreadingHTTPServer(("127.0.0.1", port), self._handler())
+        self._server.daemon_threads = True
+        self._threads = [
+            threading.Thread(target=self._server.serve_forever, daemon=True),
+            threading.Thread(target=self._watch, daemon=True),
+        ]
+        self._stopped = threading.Event()
+        for thread in self._threads:
+            thread.start()
+
+    @property
+    def endpoint(self) -> str:
+        return f"http://127.0.0.1:{self._server.server_address[1]}"
+
+    def close(self) -> None:
+        """Stops the service and every host it started (once)."""
+        if self._stopped.is_set():
+            return
+        self._stopped.set()
+        with self._lock:
+            for entry in self._slices.values():
+                self._stop_hosts(entry)
+        self._server.shutdown()
+        self._server.server_close()
+
+    def __enter__(self) -> RehearsalTpuApi:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # -- what tests and the runner read
+
+    def slices(self) -> dict[str, str]:
+        """Queued resource name -> state, of those the service still knows."""
+        with self._lock:
+            return {name: entry.resource.state.state.name for name, entry in self._slices.items()}
+
+    def calls(self, method: str, fragment: str = "") -> list[dict]:
+        return [r for r in self.requests if r["method"] == method and fragment in r["path"]]
+
+    # -- the service
+
+    def _fault(self, call: str) -> str | None:
+        faults = self.scenario.faults.get(call)
+        return faults.pop(0) if faults else None
+
+    def _create(self, parent: str, query: dict, body: dict) -> dict:
+        tpu_v2 = self._tpu
+        resource_id = query.get("queuedResourceId", [""])[0]
+        if not ID_RULE.match(resource_id):
+            raise ApiError(400, f"queued resource id {resource_id!r} is not valid")
+        name = f"{parent}/queuedResources/{resource_id}"
+        if name in self._slices:
+            raise ApiError(409, f"Resource '{name}' already exists")
+        resource = tpu_v2.QueuedResource.from_json(json.dumps(body), ignore_unknown_fields=True)
+        (spec,) = resource.tpu.node_spec
+        node = tpu_v2.Node(spec.node)
+        for key, value in node.labels.items():
+            if not LABEL_KEY.match(key) or not LABEL_VALUE.match(value):
+                raise ApiError(400, f"invalid label {key}={value!r}")
+        from components import tpu_slices
+
+        if f"tpu-{node.accelerator_type}" not in tpu_slices.SLICES:
+            raise ApiError(400, f"accelerator type {node.accelerator_type!r} is not offered in {parent}")
+        resource.name = name
+        resource.state = tpu_v2.QueuedResourceState(
+            state=tpu_v2.QueuedResourceState.State.WAITING_FOR_RESOURCES
+        )
+        resource.create_time = datetime.datetime.now(datetime.timezone.utc)
+        node.name = f"{spec.parent}/nodes/{spec.node_id}"
+        node.state = tpu_v2.Node.State.CREATING
+        node.queued_resource = name
+        self._slices[name] = _Slice(resource, node, time.monotonic())
+        return self._operation(
+            parent,
+            "create",
+            name,
+            {"@type": "type.googleapis.com/google.cloud.tpu.v2.QueuedResource", **_json(resource)},
+        )
+
+    def _operation(self, parent: str, verb: str, target: str, response: dict) -> dict:
+        name = f"{parent}/operations/operation-{len(self._operations) + 1}"
+        operation = {
+            "name": name,
+            "metadata": {"@type": "type.googleapis.com/google.cloud.tpu.v2.OperationMetadata", "target": target,
+                         "verb": verb, "apiVersion": "v2"},
+            "done": True,
+            "response": response,
+        }  # fmt: skip
+        self._operations[name] = operation
+        return operation
+
+    def _advance(self, entry: _Slice) -> None:
+        """A read moves a queued resource along its states (see the module's docstring)."""
+        tpu_v2 = self._tpu
+        states = tpu_v2.QueuedResourceState.State
+        entry.reads += 1
+        state = entry.resource.state.state
+        if state == states.WAITING_FOR_RESOURCES:
+            valid = entry.resource.queueing_policy.valid_until_duration
+            if self.scenario.never_provision:
+                if valid and time.monotonic() - entry.created > valid.total_seconds():
+                    zone = entry.resource.name.split("/")[3]
+                    entry.resource.state = tpu_v2.QueuedResourceState(
+                        state=states.FAILED,
+                        failed_data=tpu_v2.QueuedResourceState.FailedData(
+                            error={"code": 8, "message": STOCKOUT.format(zone=zone)}
+                        ),
+                    )
+            elif entry.reads > self.scenario.waiting_polls:
+                entry.resource.state = tpu_v2.QueuedResourceState(state=states.PROVISIONING)
+        elif state == states.PROVISIONING:
+            entry.resource.state = tpu_v2.QueuedResourceState(state=states.ACTIVE)
+            entry.node.state = tpu_v2.Node.State.READY
+            self._boot(entry)
+        elif state == states.SUSPENDING:
+            entry.resource.state = tpu_v2.QueuedResourceState(
+                state=states.SUSPENDED, state_initiator=tpu_v2.QueuedResourceState.StateInitiator.SERVICE
+            )
+
+    def _boot(self, entry: _Slice) -> None:
+        from components import tpu_slices
+
+        hosts = tpu_slices.SLICES[f"tpu-{entry.node.accelerator_type}"].hosts
+        node_id = entry.node.name.rsplit("/", 1)[1]
+        script = entry.node.metadata.get("startup-script", "")
+        for worker in range(hosts):
+            home = os.path.join(self.workdir, node_id, f"worker-{worker}")
+            os.makedirs(home, exist_ok=True)
+            env = {
+                **os.environ,
+                "EFFNET_TPU_WORKER": str(worker),
+                "EFFNET_TPU_HOME": home,
+                "EFFNET_TPU_REHEARSAL": sys.executable,
+            }
+            with open(os.path.join(home, "startup-script.log"), "ab") as log:
+                entry.hosts.append(
+                    subprocess.Popen(
+                        ["bash", "-c", script], env=env, stdout=log, stderr=subprocess.STDOUT,
+                        start_new_session=True,
+                    )
+                )  # fmt: skip
+        logger.info("rehearsed slice %s: %d hosts booted", entry.node.name, hosts)
+
+    @staticmethod
+    def _stop_hosts(entry: _Slice) -> None:
+        for host in entry.hosts:
+            if host.poll() is None:
+                try:
+                    os.killpg(host.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            host.wait()
+        entry.hosts.clear()
+
+    def _delete(self, name: str, force: bool) -> dict:
+        entry = self._slices.get(name)
+        if entry is None or entry.deleting_reads >= 0:
+            raise ApiError(404, f"Resource '{name}' was not found")
+        states = self._tpu.QueuedResourceState.State
+        if entry.resource.state.state == states.ACTIVE and not force:
+            raise ApiError(400, f"{name} has nodes: delete it with force=true", "FAILED_PRECONDITION")
+        self._stop_hosts(entry)
+        entry.resource.state = self._tpu.QueuedResourceState(state=states.DELETING)
+        entry.node.state = self._tpu.Node.State.DELETING
+        entry.deleting_reads = 1
+        parent = name.rsplit("/queuedResources/", 1)[0]
+        return self._operation(parent, "delete", name, {"@type": "type.googleapis.com/google.protobuf.Empty"})
+
+    def _read(self, name: str) -> dict:
+        entry = self._slices.get(name)
+        if entry is None:
+            raise ApiError(404, f"Resource '{name}' was not found")
+        if entry.deleting_reads >= 0:
+            if entry.deleting_reads == 0:
+                del self._slices[name]
+                raise ApiError(404, f"Resource '{name}' was not found")
+            entry.deleting_reads -= 1
+        else:
+            self._advance(entry)
+        return _json(entry.resource)
+
+    def _node(self, name: str) -> dict:
+        for entry in self._slices.values():
+            if entry.node.name == name and entry.deleting_reads < 0:
+                return _json(entry.node)
+        raise ApiError(404, f"Resource '{name}' was not found")
+
+    def _serve(self, method: str, path: str, query: dict, body: dict) -> tuple[str, dict]:
+        """(the call's name, its answer) of one request."""
+        found = re.fullmatch(
+            r"/v2/(projects/[^/]+/locations/[^/]+)/(queuedResources|nodes|operations)(?:/([^/]+))?", path
+        )
+        if not found:
+            raise ApiError(404, f"no such method {method} {path}")
+        parent, collection, item = found.groups()
+        name = f"{parent}/{collection}/{item}"
+        if collection == "queuedResources":
+            if method == "POST" and item is None:
+                return "create_queued_resource", self._create(parent, query, body)
+            if method == "GET" and item is None:
+                entries = [_json(e.resource) for n, e in self._slices.items() if n.startswith(parent + "/")]
+                return "list_queued_resources", {"queuedResources": entries}
+            if method == "GET":
+                return "get_queued_resource", self._read(name)
+            if method == "DELETE":
+                return "delete_queued_resource", self._delete(name, query.get("force", [""])[0] == "true")
+        if collection == "nodes" and method == "GET":
+            if item is None:
+                nodes = [_json(e.node) for e in self._slices.values() if e.node.name.startswith(parent + "/")]
+                return "list_nodes", {"nodes": nodes}
+            return "get_node", self._node(name)
+        if (
+            collection == "operations"
+            and method == "GET"
+            and item in (o.rsplit("/", 1)[1] for o in self._operations)
+        ):
+            return "get_operation", self._operations[name]
+        raise ApiError(404, f"no such method {method} {path}")
+
+    def _handler(self):
+        api = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args):  # quiet
+                pass
+
+            def _handle(self, method: str) -> None:
+                url = urllib.parse.urlsplit(self.path)
+                length = int(self.headers.get("Content-Length") or 0)
+                raw = self.rfile.read(length) if length else b""
+                body = json.loads(raw) if raw else {}
+                query = urllib.parse.parse_qs(url.query)
+                api.requests.append({"method": method, "path": url.path, "query": query, "body": body})
+                fault = api._fault(_call_name(method, url.path))
+                try:
+                    if fault and fault != "lost":  # refused before anything is done
+                        raise ApiError(int(fault), f"the service is rehearsing a {fault} on {method} {url.path}")
+                    with api._lock:
+                        _, answer = api._serve(method, url.path, query, body)
+                    code = 200
+                except ApiError as error:
+                    fault = None
+                    code = error.code
+                    answer = {"error": {"code": error.code, "message": error.message, "status": error.status}}
+                if fault == "lost":  # done, and the answer never arrives
+                    self.close_connection = True
+                    self.connection.shutdown(socket.SHUT_RDWR)
+                    return
+                data = json.dumps(answer).encode()
+                self.send_response(code)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def do_GET(self):  # noqa: N802 - http.server's interface
+                self._handle("GET")
+
+            def do_POST(self):  # noqa: N802 - http.server's interface
+                self._handle("POST")
+
+            def do_DELETE(self):  # noqa: N802 - http.server's interface
+                self._handle("DELETE")
+
+        return Handler
+
+    # -- preemption
+
+    def _watch(self) -> None:
+        """Preempts the first slice once its trainer has logged ``preempt_at_step`` (see ``Scenario``)."""
+        while not self._stopped.wait(0.5):
+            if not self.scenario.preempt_at_step or self.preemptions:
+                continue
+            with self._lock:
+                for entry in self._slices.values():
+                    if entry.hosts and _trainer_step(entry) >= self.scenario.preempt_at_step:
+                        self._preempt(entry)
+                        break
+
+    def _preempt(self, entry: _Slice) -> None:
+        tpu_v2 = self._tpu
+        self._stop_hosts(entry)
+        entry.resource.state = tpu_v2.QueuedResourceState(
+            state=tpu_v2.QueuedResourceState.State.SUSPENDING,
+            state_initiator=tpu_v2.QueuedResourceState.StateInitiator.SERVICE,
+        )
+        entry.node.state = tpu_v2.Node.State.PREEMPTED
+        self.preemptions += 1
+        logger.warning("rehearsed slice %s preempted", entry.node.name)
+
+
+def _call_name(method: str, path: str) -> str:
+    """The name of the client method a request comes from (what a fault schedule names)."""
+    collection = next((c for c in ("queuedResources", "nodes", "operations") if f"/{c}" in path), "")
+    item = not path.rstrip("/").endswith(collection)
+    verb = {"POST": "create", "DELETE": "delete"}.get(method, "get" if item else "list")
+    noun = {"queuedResources": "queued_resource", "nodes": "node", "operations": "operation"}.get(collection, "")
+    return f"{verb}_{noun}{'s' if verb == 'list' else ''}"
+
+
+def _trainer_step(entry: _Slice) -> int:
+    """The last step the slice's trainer logged (its run log beside the attempt's status directory), or 0."""
+    found = re.search(r"^ATTEMPT_DIR='([^']*)'", entry.node.metadata.get("startup-script", ""), re.M)
+    if not found:
+        return 0
+    status_dir = os.path.dirname(os.path.dirname(found.group(1).rstrip("/")))
+    try:
+        with open(os.path.join(status_dir, "run_log.jsonl")) as f:
+            steps = [json.loads(line).get("step", 0) for line in f if '"progress"' in line]
+    except (OSError, ValueError):
+        return 0
+    return max(steps, default=0)
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+
+    parser = argparse.ArgumentParser(
+        prog="python -m pipeline.tpu_rehearsal", description=__doc__.split("\n\n")[0]
+    )
+    parser.add_argument("--port", type=int, default=0)
+    parser.add_argument("--workdir", required=True, help="where the rehearsed hosts keep their files")
+    parser.add_argument("--preempt-at-step", type=int, default=0)
+    parser.add_argument("--never-provision", action="store_true")
+    args = parser.parse_args(argv)
+    scenario = Scenario(preempt_at_step=args.preempt_at_step, never_provision=args.never_provision)
+    with RehearsalTpuApi(args.workdir, scenario, args.port) as api:
+        print(api.endpoint, flush=True)
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+        signal.sigwait({signal.SIGINT, signal.SIGTERM})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
