@@ -30,6 +30,7 @@ import dataclasses
 import math
 import re
 
+from components import tpu_slices
 from effnet_common.registry import Registry
 
 ACCELERATORS = Registry("--accelerator")
@@ -69,12 +70,6 @@ FLEX_START_GPUS = frozenset(
 # Engine reservation can hold it (Vertex consumes reservations of CPU, GPU and TPU VMs only).
 CLOUD_TPU_MACHINE = "cloud-tpu"
 
-# Where a slice Vertex does not offer runs: the same config, on every worker of a TPU VM slice (README).
-TPU_VM_POINTER = (
-    "run it with the standalone trainer on a TPU VM slice (README: 'Slices Vertex does not offer')"
-)
-
-
 class AcceleratorMismatch(ValueError):
     """A preset or an accelerator request that cannot run; the message is one line for the user."""
 
@@ -96,6 +91,9 @@ class Accelerator:
       peak_tflops: the vendor's peak dense bfloat16 TFLOP/s of one machine (all its chips or GPUs), from
         which ``estimate`` derives a nominal run time.
       unit: what ``accelerator_hours`` counts on this machine (e.g. 'TPU v3 cores', 'H100 GPUs').
+      backend: what runs the Trainer: 'vertex' (a Vertex AI custom job) or 'tpu_vm' (a multi-host TPU slice
+        through the Cloud TPU API, ``components.tpu_vm``; its slice type in ``components.tpu_slices``).
+      hosts_per_machine: the hosts (VMs) of one machine: a slice's, else 1.
     """
 
     name: str
@@ -109,10 +107,26 @@ class Accelerator:
     env: tuple[tuple[str, str], ...] = ()
     peak_tflops: float = 0.0
     unit: str = ""
+    backend: str = "vertex"
+    hosts_per_machine: int = 1
+
+    @property
+    def hosts(self) -> int:
+        return self.hosts_per_machine * self.machines
+
+    @property
+    def slice_type(self):
+        """The TPU VM slice (``components.tpu_slices.SliceType``) of a 'tpu_vm' accelerator, else None."""
+        from components import tpu_slices
+
+        return tpu_slices.SLICES.get(self.name) if self.backend == "tpu_vm" else None
 
     @property
     def units(self) -> int:
-        """Accelerators the job holds (what it is billed by): TPU cores or chips, or GPUs, on every machine."""
+        """Accelerators the job holds (what it is billed by): TPU cores or chips, or GPUs, on every machine (a
+        slice's chips)."""
+        if self.backend == "tpu_vm":
+            return self.accelerator_count * self.machines
         return max(self.accelerator_count, self.replicas_per_machine) * self.machines
 
     @property
@@ -161,14 +175,24 @@ class Accelerator:
 
     def trainer_settings(self) -> dict[str, object]:
         """The settings that bind the trainer to this machine: its strategy and replicas per host."""
-        return {"loop.strategy": self.strategy, "data.replicas_per_host": self.replicas_per_machine}
+        per_host = self.replicas_per_machine // self.hosts_per_machine
+        return {"loop.strategy": self.strategy, "data.replicas_per_host": per_host}
 
     def check_region(self, region: str) -> None:
-        """Refuses a region where Vertex AI custom training does not offer this machine.
+        """Refuses a region where Vertex AI custom training (a slice: the Cloud TPU API) does not offer this
+        machine.
 
         Raises:
           AcceleratorMismatch: one line naming the region and the ones that offer the machine.
         """
+        if self.slice_type is not None:
+            zones = self.slice_type.generation.zones
+            if not any(zone.rsplit("-", 1)[0] == region for zone in zones):
+                raise AcceleratorMismatch(
+                    f"--region {region}: {self.name} is offered in the zones {', '.join(zones)} "
+                    f"(--skip-region-check if it is offered in {region} now)"
+                )
+            return
         offered = TRAINING_REGIONS.get(self.name)
         if offered is not None and region not in offered:
             raise AcceleratorMismatch(
@@ -183,8 +207,20 @@ class Accelerator:
 
     @property
     def takes_reservations(self) -> bool:
-        """Whether a Compute Engine reservation can hold this machine (every one but a Cloud TPU v2/v3 node)."""
+        """Whether a reservation can hold this machine (every one but a Cloud TPU v2/v3 node; a slice takes a
+        TPU reservation)."""
         return self.machine_type != CLOUD_TPU_MACHINE
+
+    def check_zone(self, zone: str) -> None:
+        """Refuses a zone that does not offer this slice (a Vertex machine has no zone to check).
+
+        Raises:
+          AcceleratorMismatch: one line naming the zone and the ones that offer the slice.
+        """
+        if self.slice_type is not None and zone not in self.slice_type.generation.zones:
+            raise AcceleratorMismatch(
+                f"--zone {zone}: {self.name} is offered in {', '.join(self.slice_type.generation.zones)}"
+            )
 
     def check(self, preset: str, config) -> None:
         """Refuses a trainer config made for another number of replicas (the config itself checks that its
@@ -194,8 +230,11 @@ class Accelerator:
           AcceleratorMismatch: one line naming the preset's size and this accelerator's.
         """
         if config.plan.replicas != self.replicas:
+            why = ""
+            if self.slice_type is not None and self.slice_type.generation.replicas_per_chip == 1:
+                why = f" (TensorFlow sees one device per {self.slice_type.generation.name} chip)"
             raise AcceleratorMismatch(
-                f"preset {preset} needs {config.plan.replicas} replicas; {self.describe()} has {self.replicas}"
+                f"preset {preset} needs {config.plan.replicas} replicas; {self.describe()} has {self.replicas}{why}"
             )
 
 
@@ -261,30 +300,45 @@ def _cpu(machines: int) -> Accelerator:
 _register_gpu("gpu-a100x8", "a2-highgpu-8g", "NVIDIA_TESLA_A100", 8, 312.0)
 _register_gpu("gpu-a100-80gbx8", "a2-ultragpu-8g", "NVIDIA_A100_80GB", 8, 312.0)
 
+
+def _register_slice(slice_type) -> None:
+    """A multi-host TPU slice, trained on through the Cloud TPU API (``components.tpu_vm``); one slice a run."""
+
+    @ACCELERATORS.register(slice_type.name)
+    def build(machines: int) -> Accelerator:
+        _single_machine_only(slice_type.name, machines)
+        return Accelerator(
+            name=slice_type.name, kind="tpu", machine_type="tpu-vm", accelerator_type=slice_type.api_type,
+            accelerator_count=slice_type.chips, replicas_per_machine=slice_type.replicas,
+            peak_tflops=slice_type.peak_tflops, unit=f"TPU {slice_type.generation.name} chips", backend="tpu_vm",
+            hosts_per_machine=slice_type.hosts,
+        )  # fmt: skip
+
+
+for _slice in tpu_slices.SLICES.values():
+    _register_slice(_slice)
+
 _TPU_SLICE = re.compile(r"^tpu-v(?P<version>2|3|4|5p|5litepod|6e)-(?P<size>\d+)$")
 
 
 def _not_offered(name: str) -> str | None:
-    """Why Vertex cannot run a well-formed TPU slice name that is not registered, or None."""
+    """Why a well-formed TPU name that is not registered cannot run, with the sizes that can, or None."""
     match = _TPU_SLICE.match(name)
     if not match:
         return None
     version, size = match["version"], int(match["size"])
-    if version in ("2", "3"):
-        return (
-            f"--accelerator {name}: Vertex AI custom training offers TPU v{version} only as tpu-v{version}-8"
-            f" (one host, 8 cores); for a {size}-core slice {TPU_VM_POINTER}"
-        )
-    if version == "5litepod":
-        return (
-            f"--accelerator {name}: a {size}-chip v5e slice spans several hosts, and TensorFlow on a multi-host"
-            f" TPU slice is not supported in Vertex containers (single-host: tpu-v5litepod-1/4/8); "
-            f"{TPU_VM_POINTER}"
-        )
-    return (
-        f"--accelerator {name}: Vertex AI custom training offers no TensorFlow training on TPU v{version}; "
-        f"{TPU_VM_POINTER}"
-    )
+    generation = tpu_slices.GENERATIONS.get(f"v{version}")
+    vertex = sorted(n for n in ACCELERATORS.names() if n.startswith(f"tpu-v{version}-"))
+    vertex = [n for n in vertex if n not in tpu_slices.SLICES]
+    offers = []
+    if vertex:
+        offers.append(f"{', '.join(vertex)} on Vertex AI (one host)")
+    if generation is not None:
+        sizes = ", ".join(str(s) for s in generation.sizes)
+        offers.append(f"slices of {sizes} {generation.size_counts} through the Cloud TPU API")
+    if not offers:
+        return f"--accelerator {name}: no TensorFlow training on TPU v{version} (no TensorFlow runtime for it)"
+    return f"--accelerator {name}: TPU v{version} comes as {' or '.join(offers)}, not {size}"
 
 
 def get(name: str, machines: int = 1) -> Accelerator:

@@ -7,8 +7,9 @@ presets), a Dataflow job of up to a hundred workers until it ends. On Vertex AI 
 the exit handler runs once every other task of the run has ended, whatever their state (but not while a person
 cancels the run: the schema's trigger strategy starts no task then, and the steps' own handling of SIGTERM
 cancels their jobs); it finds the run's jobs by the label every step puts on them (``components.run_label``):
-the Vertex AI custom jobs (training, tuning) of the project and region, and the Dataflow jobs (sharding,
-evaluation). Each one not ended is cancelled and followed until it ends (within ``CANCEL_WAIT_SECONDS`` of each
+the Vertex AI custom jobs (training, tuning) of the project and region, the Dataflow jobs (sharding,
+evaluation), and when the Trainer trains on a TPU VM slice, that slice's queued resources in its zone (the label is
+on their node: ``components.tpu_vm``), deleted with their nodes. Each one not ended is cancelled and followed until it ends (within ``CANCEL_WAIT_SECONDS`` of each
 module); the task logs one line per job and a summary, ``run RUN: cancelled ...`` or ``run RUN: no job left
 running``.
 
@@ -30,6 +31,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 from typing import Any
 
 from tfx.dsl.components.base import base_beam_component, base_beam_executor, executor_spec
@@ -40,6 +42,7 @@ from effnet_common import cloud_retry, dataflow_jobs
 
 PROJECT_KEY = "project"
 REGION_KEY = "region"
+TPU_ZONE_KEY = "tpu_zone"
 # Optional: the run's id (a placeholder the orchestrator fills in); without it, the id among the arguments.
 RUN_ID_KEY = "run_id"
 STEP_ID = "RunCleanup"
@@ -49,6 +52,7 @@ PERMISSIONS = {
     "cancel custom job": "aiplatform.customJobs.cancel (roles/aiplatform.user)",
     "list Dataflow jobs": "dataflow.jobs.list (roles/dataflow.developer)",
     "cancel Dataflow job": "dataflow.jobs.cancel (roles/dataflow.developer)",
+    "list queued resources": "tpu.queuedResources.list (roles/tpu.admin)",
 }
 
 logger = logging.getLogger("components.run_cleanup")
@@ -61,6 +65,7 @@ class CleanupReport:
     run: str
     custom_jobs: list[tuple[str, str]] = dataclasses.field(default_factory=list)
     dataflow_jobs: list[tuple[str, str]] = dataclasses.field(default_factory=list)
+    tpu_slices: list[tuple[str, str]] = dataclasses.field(default_factory=list)
     failures: list[str] = dataclasses.field(default_factory=list)
 
     def summary(self) -> str:
@@ -70,6 +75,7 @@ class CleanupReport:
             for kind, jobs in (
                 ("Vertex AI custom job", self.custom_jobs),
                 ("Dataflow job", self.dataflow_jobs),
+                ("TPU slice", self.tpu_slices),
             )
             if jobs
         ]
@@ -146,7 +152,33 @@ def cancel_dataflow_jobs(api: dataflow_jobs.DataflowApi, run: str, report: Clean
             report.failures.append(_failure(what, "cancel Dataflow job", error))
 
 
-def clean_up(project: str, region: str, run_id: str, beam_args: list[str]) -> CleanupReport:
+def delete_tpu_slices(project: str, zone: str, endpoint: str, run: str, report: CleanupReport) -> None:
+    """Deletes the run's TPU VM slices in ``zone`` (its queued resources, found by the run's label on their node:
+    ``components.tpu_vm``), each followed until the API no longer knows it."""
+    from components import tpu_vm
+
+    client = tpu_vm.client_for(endpoint)
+    try:
+        names = tpu_vm.run_resources(client, project, zone, run_label.RUN_LABEL, run)
+    except Exception as error:
+        report.failures.append(
+            _failure(f"the TPU slices of {project}/{zone}", "list queued resources", error)
+        )
+        return
+    for name in names:
+        gone = tpu_vm.delete(client, name)
+        if gone:
+            report.tpu_slices.append((name.rsplit("/", 1)[1], "DELETED"))
+        else:
+            report.failures.append(
+                f"TPU slice {name}: still there after its delete (delete it: gcloud compute tpus "
+                f"queued-resources delete {name.rsplit('/', 1)[1]} --zone {zone} --force)"
+            )
+
+
+def clean_up(
+    project: str, region: str, run_id: str, beam_args: list[str], tpu_zone: str = "", tpu_endpoint: str = ""
+) -> CleanupReport:
     """Cancels every job of run ``run_id`` still running in ``project`` / ``region``: its Vertex AI custom jobs,
     and its Dataflow jobs (reached with the Beam options ``beam_args``, as its Beam steps reach Dataflow).
 
@@ -158,7 +190,17 @@ def clean_up(project: str, region: str, run_id: str, beam_args: list[str]) -> Cl
     cancel_custom_jobs(project, region, run, report)
     api = dataflow_jobs.DataflowApi.from_args([*beam_args, f"--project={project}", f"--region={region}"])
     cancel_dataflow_jobs(api, run, report)
+    if tpu_zone:
+        delete_tpu_slices(project, tpu_zone, tpu_endpoint or tpu_endpoint_of_environment(), run, report)
     return report
+
+
+def tpu_endpoint_of_environment() -> str:
+    """The Cloud TPU API's endpoint: ``components.tpu_vm.API_ENDPOINT``, or the one the environment names
+    (``ENDPOINT_VARIABLE``: a rehearsal's or a test's server on this machine)."""
+    from components import tpu_vm
+
+    return os.environ.get(tpu_vm.ENDPOINT_VARIABLE) or tpu_vm.API_ENDPOINT
 
 
 class Executor(beam_executor.InstalledTfxOnLocalRunners, base_beam_executor.BaseBeamExecutor):
@@ -172,7 +214,13 @@ class Executor(beam_executor.InstalledTfxOnLocalRunners, base_beam_executor.Base
         beam_args = cloud_retry.take_patience(beam_args)[1]
         run_id = exec_properties.get(RUN_ID_KEY) or run_id
         try:
-            report = clean_up(exec_properties[PROJECT_KEY], exec_properties[REGION_KEY], run_id, beam_args)
+            report = clean_up(
+                exec_properties[PROJECT_KEY],
+                exec_properties[REGION_KEY],
+                run_id,
+                beam_args,
+                exec_properties.get(TPU_ZONE_KEY) or "",
+            )
         except run_label.NoRunId as error:
             summary = f"no clean-up: {error}"
             logger.error("%s", summary)
@@ -190,6 +238,7 @@ class RunCleanupSpec(component_spec.ComponentSpec):
         PROJECT_KEY: component_spec.ExecutionParameter(type=str),
         REGION_KEY: component_spec.ExecutionParameter(type=str),
         RUN_ID_KEY: component_spec.ExecutionParameter(type=str, optional=True),
+        TPU_ZONE_KEY: component_spec.ExecutionParameter(type=str, optional=True),
     }
     INPUTS = {}
     OUTPUTS = {}
@@ -203,8 +252,10 @@ class RunCleanup(base_beam_component.BaseBeamComponent):
     SPEC_CLASS = RunCleanupSpec
     EXECUTOR_SPEC = executor_spec.BeamExecutorSpec(Executor)
 
-    def __init__(self, project: str, region: str, run_id: str | None = None):
+    def __init__(self, project: str, region: str, run_id: str | None = None, tpu_zone: str = ""):
         parameters = {PROJECT_KEY: project, REGION_KEY: region}
         if run_id is not None:
             parameters[RUN_ID_KEY] = run_id
+        if tpu_zone:  # the Trainer trains on a TPU VM slice there
+            parameters[TPU_ZONE_KEY] = tpu_zone
         super().__init__(spec=RunCleanupSpec(**parameters))

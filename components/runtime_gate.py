@@ -180,6 +180,62 @@ class VertexTrainerExecutor(base_executor.BaseExecutor):
         vertex_training.run_job(request, patience=cloud_retry.take_patience(self._extra_flags or [])[0])
 
 
+class TpuVmTrainerExecutor(base_executor.BaseExecutor):
+    """Checks the runtime parameters, then runs ``TrainerExecutor`` on worker 0 of a multi-host TPU VM slice
+    (``components.tpu_vm``), with the run's label on the slice; the slice is deleted when the training ends,
+    fails, or this task is stopped, and a retried task re-attaches to its slice.
+
+    ``custom_config[tpu_vm.CONFIG_KEY]`` holds the slice's settings (``pipeline.cloud.CloudSettings.tpu_vm_config``
+    or the local runner's rehearsal). Worker 0 runs the command a Vertex job's pool would run (TFX's executor
+    entry point on this execution's inputs, outputs and parameters); the project's wheel and constraints are
+    written beside its model run for every worker to install (``components.tpu_worker``).
+    """
+
+    def Do(self, input_dict, output_dict, exec_properties):  # noqa: N802 - TFX's executor interface
+        import os
+
+        from tfx.types import artifact_utils
+
+        from components import tpu_slices, tpu_vm, tpu_worker
+
+        properties = _with_trainer_parameters(exec_properties)  # a bad value fails here, before any slice
+        custom_config = json_utils.loads(properties[standard_component_specs.CUSTOM_CONFIG_KEY])
+        settings = dict(custom_config[tpu_vm.CONFIG_KEY])
+        run_id, _ = run_label.take_run_id(self._extra_flags or [], output_dict)
+        labels = {
+            **settings.pop("labels", {}),
+            **run_label.labels(run_id),
+            vertex_training.TASK_LABEL: "trainer",
+        }
+        endpoint = settings.pop("api_endpoint", tpu_vm.API_ENDPOINT)
+        endpoint = os.environ.get(tpu_vm.ENDPOINT_VARIABLE) or endpoint  # a rehearsal's or a test's server
+        poll_seconds = settings.pop("poll_seconds", None)
+        (model_run,) = output_dict["model_run"]
+        command = [
+            "python", "-m", "tfx.scripts.run_executor",
+            "--executor_class_path", name_utils.get_full_name(TrainerExecutor),
+            "--inputs", artifact_utils.jsonify_artifact_dict(input_dict),
+            "--outputs", artifact_utils.jsonify_artifact_dict(output_dict),
+            "--exec-properties", json_utils.dumps(properties),
+        ]  # fmt: skip
+        tpu_worker.write_command(model_run.uri, command, {})
+        # Beside the execution's outputs: every attempt of this execution, and only it, installs it.
+        package_dir, wheel = tpu_worker.write_package(
+            f"{model_run.uri.rstrip('/')}/{tpu_vm.STATUS_DIR}/package"
+        )
+        request = tpu_vm.SliceRequest(
+            name=tpu_vm.slice_name(vertex_training.outputs_digest(output_dict)),
+            status_dir=model_run.uri,
+            startup_script=tpu_worker.startup_script(package_dir, wheel),
+            runtime_version=tpu_slices.POD_RUNTIME,
+            labels=labels,
+            api_endpoint=endpoint,
+            **settings,
+        )
+        patience = cloud_retry.take_patience(self._extra_flags or [])[0]
+        tpu_vm.run_slice(request, poll_seconds=poll_seconds, patience=patience)
+
+
 class VertexTunerExecutor(base_executor.BaseExecutor):
     """Runs TFX's distributed tuning flock (its chief oracle and workers, each running trials) as a Vertex AI
     custom job to its end, cancelled if this task is stopped or fails (``components.vertex_training``), with the
@@ -277,6 +333,12 @@ class VertexTrainer(Trainer):
     """The same Trainer run as a Vertex AI custom job (``custom_config`` carries the job, as for TFX's)."""
 
     EXECUTOR_SPEC = executor_spec.ExecutorClassSpec(VertexTrainerExecutor)
+
+
+class TpuVmTrainer(Trainer):
+    """The same Trainer run on a multi-host TPU VM slice (``custom_config`` carries the slice's settings)."""
+
+    EXECUTOR_SPEC = executor_spec.ExecutorClassSpec(TpuVmTrainerExecutor)
 
 
 class VertexTuner(tfx.extensions.google_cloud_ai_platform.Tuner):

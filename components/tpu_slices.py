@@ -138,8 +138,9 @@ class SliceType:
     def describe(self) -> str:
         kind = "torus" if self.torus else "mesh"
         grid = "x".join(map(str, self.grid))
+        cores = f" ({self.size} TensorCores)" if self.generation.size_counts == "TensorCores" else ""
         return (
-            f"{self.name}: {self.chips} chips ({self.size} {self.generation.size_counts}), {self.replicas} "
+            f"{self.name}: {self.chips} chips{cores}, {self.replicas} "
             f"TensorFlow replicas on {self.hosts} hosts, chips {grid} ({kind})"
         )
 
@@ -149,3 +150,48 @@ SLICES: dict[str, SliceType] = {
     for generation in GENERATIONS.values()
     for s in (SliceType(generation, n) for n in generation.sizes)
 }
+
+
+def slice_plan(
+    slice_type: SliceType,
+    global_batch: int,
+    bn_group_replicas: int,
+    train_shards: int,
+    chip_hours: float,
+) -> dict:
+    """What a run on ``slice_type`` holds per host, where its batch-norm groups lie, and what it costs.
+
+    ``bn_group_replicas``: replicas whose statistics one batch-norm group pools (the trainer's plan);
+    ``train_shards``: the training shards the hosts read (0: derived from the data, a multiple of the hosts);
+    ``chip_hours``: the run's estimate (``components.accelerators.estimate``).
+    """
+    generation = slice_type.generation
+    per_host = slice_type.replicas // slice_type.hosts
+    replicas_per_chip = generation.replicas_per_chip
+    if bn_group_replicas <= replicas_per_chip:
+        where = "the cores of one chip"
+    elif bn_group_replicas <= per_host:
+        where = f"{bn_group_replicas // replicas_per_chip} chips of one host"
+    else:
+        where = f"{bn_group_replicas // per_host} hosts, over the slice's interconnect"
+    return {
+        "slice": slice_type.describe(),
+        "zones": list(generation.zones),
+        "runtime_version": POD_RUNTIME,
+        "hosts": slice_type.hosts,
+        "replicas_per_host": per_host,
+        "per_host_batch": global_batch // slice_type.hosts,
+        "shards_per_host": train_shards // slice_type.hosts if train_shards else "derived from the data",
+        "batch_norm_groups": {
+            "replicas_per_group": bn_group_replicas,
+            "groups": slice_type.replicas // bn_group_replicas,
+            "each_on": where,
+        },
+        "cost_usd": {
+            "chip_hours": round(chip_hours, 1),
+            "on_demand": round(chip_hours * slice_type.chip_hour_usd(spot=False)),
+            "spot": round(chip_hours * slice_type.chip_hour_usd(spot=True)),
+            "per_chip_hour": {"on_demand": generation.chip_hour_usd, "spot": generation.spot_chip_hour_usd},
+            "prices": generation.price_source,
+        },
+    }

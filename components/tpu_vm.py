@@ -38,6 +38,10 @@ from effnet_common import cloud_retry
 logger = logging.getLogger("components.tpu_vm")
 
 API_ENDPOINT = "tpu.googleapis.com"
+# A rehearsal or test names its Cloud TPU API on this machine here (as STORAGE_EMULATOR_HOST does GCS's).
+ENDPOINT_VARIABLE = "EFFNET_TPU_API_ENDPOINT"
+# ``custom_config`` key of a Trainer that trains on a TPU VM slice (``SliceSettings``).
+CONFIG_KEY = "tpu_vm"
 POLL_SECONDS = 30.0
 # After a delete: how long the step follows the slice until the API no longer knows it. A stopped step has
 # Kubernetes' 30 s; the exit task deletes whatever is left.
@@ -74,7 +78,7 @@ class SliceRequest:
       startup_script: what every worker runs at boot (``components.tpu_worker.startup_script``) for an
         attempt: ``{attempt_dir}`` in it is replaced by that attempt's status directory.
       tier: 'spot', 'reserved' or 'on-demand'; ``reservation``: the reservation's name, with 'reserved'.
-      max_wait_seconds: how long a queued resource may wait to be provisioned.
+      max_wait_seconds: how long a queued resource may wait to be provisioned (0: as long as it takes).
       labels: the node's labels (the run's, the task's).
       service_account: what the VMs run as ('' is Compute Engine's default).
       max_recreations: how many times a preempted slice is created again.
@@ -160,12 +164,11 @@ def queued_resource(request: SliceRequest, attempt: int):
     spec = tpu_v2.QueuedResource.Tpu.NodeSpec(
         parent=request.parent, node_id=request.attempt_id(attempt), node=node
     )
-    resource = tpu_v2.QueuedResource(
-        tpu=tpu_v2.QueuedResource.Tpu(node_spec=[spec]),
-        queueing_policy=tpu_v2.QueuedResource.QueueingPolicy(
+    resource = tpu_v2.QueuedResource(tpu=tpu_v2.QueuedResource.Tpu(node_spec=[spec]))
+    if request.max_wait_seconds:  # 0: queued for as long as it takes
+        resource.queueing_policy = tpu_v2.QueuedResource.QueueingPolicy(
             valid_until_duration=duration_pb2.Duration(seconds=request.max_wait_seconds)
-        ),
-    )
+        )
     if request.tier == "spot":
         resource.spot = tpu_v2.QueuedResource.Spot()
     if request.tier == "reserved" and request.reservation:
@@ -339,7 +342,7 @@ class _Follower:
                 self.say(f"the slice is {state} (initiated by {resource.state.state_initiator.name})")
                 return "lost"
             if state in WAITING:
-                if time.monotonic() - started > bound:
+                if self.request.max_wait_seconds and time.monotonic() - started > bound:
                     raise SliceFailed(
                         _not_had(
                             self.request,
@@ -417,13 +420,23 @@ def run_slice(request: SliceRequest, poll_seconds: float | None = None, patience
         failed (one line).
     """
     from components.vertex_training import _StopSignals
+    from effnet_common import stopping
 
     client = client or client_for(request.api_endpoint)
     interval = POLL_SECONDS if poll_seconds is None else poll_seconds
     patience = patience or cloud_retry.Patience()
     stop = _StopSignals()
     current: str | None = None
-    with stop.installed():
+
+    def delete_current() -> None:
+        if current is not None:
+            delete(client, current, STOPPED_DELETE_WAIT_SECONDS)
+
+    # In a command of this project's own (the local runner's rehearsal), Ctrl-C stops the command as it stops
+    # any (``effnet_common.stopping``): the slice is deleted by a clean-up of the stop. In a pipeline task, the
+    # task's SIGTERM / SIGINT ends the step here (``_StopSignals``).
+    guard = stopping.cleanup(delete_current) if stopping.is_armed() else stop.installed()
+    with guard:
         try:
             attempt, exists = _current_attempt(client, request)
             while True:

@@ -146,6 +146,7 @@ if [ ! -f "$HOME_DIR/ready" ]; then
   fi
   touch "$HOME_DIR/ready"
 fi
+cd "$HOME_DIR" || exit 1  # the installed project, not one that happens to be in the working directory
 exec "$PYTHON" -m components.tpu_worker --worker "$WORKER" --attempt-dir "$ATTEMPT_DIR" --home "$HOME_DIR"
 """
 
@@ -187,9 +188,12 @@ def run_trainer(attempt_dir: str, home: str) -> int:
     spec = json.loads(files.read_text(command_path(attempt_dir)))
     node = attempt_dir.rstrip("/").rsplit("/", 1)[1]
     env = {**os.environ, **spec["env"], "TPU_NAME": node, "TPU_LOAD_LIBRARY": "0"}
+    command = list(spec["command"])
+    if command[:1] == ["python"]:  # the interpreter of the worker's environment, not the system's
+        command[0] = sys.executable
     log = os.path.join(home, "trainer.stderr")
     with open(log, "wb") as err:
-        code = subprocess.run(spec["command"], env=env, stderr=err, check=False).returncode
+        code = subprocess.run(command, env=env, stderr=err, check=False).returncode
     with open(log, "rb") as f:
         f.seek(max(0, os.path.getsize(log) - TAIL_BYTES))
         tail = f.read().decode(errors="replace")

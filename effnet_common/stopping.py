@@ -334,6 +334,11 @@ def arm(quiet: Callable[[], None], report: Callable[[str], None], finish: Callab
         _armed = _Armed(quiet, report, finish)
 
 
+def is_armed() -> bool:
+    """Whether Ctrl-C stops this process as ``arm`` says (a command of this project's own process)."""
+    return _armed is not None
+
+
 def disarm() -> None:
     """Ctrl-C back to what it was before ``arm`` (unless a stop has begun: it ends the process)."""
     global _armed

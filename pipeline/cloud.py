@@ -113,6 +113,8 @@ class CloudSettings:
       enable_cache: let Vertex reuse a step whose inputs, parameters and image are unchanged.
       api_outage_hours: how long a step following its job (and ``--wait``) waits out an outage of the job's API
         (``effnet_common.cloud_retry``); compiled into the steps' arguments when it is not the default.
+      zone: a TPU VM slice's zone ('' = the first zone of ``region`` that offers it; ``components.tpu_slices``).
+      max_recreations: how many times a preempted or lost TPU VM slice is created again.
     """
 
     project: str
@@ -135,6 +137,8 @@ class CloudSettings:
     check_region: bool = True
     enable_cache: bool = True
     api_outage_hours: float = OUTAGE_HOURS
+    zone: str = ""
+    max_recreations: int = 2
 
     def __post_init__(self):
         if not self.pipeline_root.startswith("gs://"):
@@ -163,10 +167,17 @@ class CloudSettings:
             raise ValueError(f"--api-outage-hours {self.api_outage_hours} must be > 0")
         if self.training_timeout_hours < 0:
             raise ValueError(f"--training-timeout-hours {self.training_timeout_hours} must be >= 0")
-        if self.max_wait_hours is not None and self.provisioning != "flex-start":
+        slice_type = self.machine.slice_type
+        if self.max_wait_hours is not None and self.provisioning != "flex-start" and slice_type is None:
             raise ValueError(
                 f"--max-wait-hours is flex-start's wait for machines; --provisioning {self.provisioning} does not wait"
             )
+        if self.zone and slice_type is None:
+            raise ValueError(
+                f"--zone is a TPU VM slice's zone; {self.accelerator} runs on Vertex AI in --region"
+            )
+        if self.max_recreations < 0:
+            raise ValueError(f"--max-recreations {self.max_recreations} must be >= 0")
         if self.max_wait_hours is not None and self.max_wait_hours < 0:
             raise ValueError(f"--max-wait-hours {self.max_wait_hours} must be >= 0 (0 waits indefinitely)")
         for flag, image in (("--image", self.image), ("--trainer-image", self.trainer_image)):
@@ -191,12 +202,52 @@ class CloudSettings:
             )
         if self.check_region:
             machine.check_region(self.region)
+        if slice_type is not None:
+            if self.tpu_zone.rsplit("-", 1)[0] != self.region:
+                raise ValueError(f"--zone {self.tpu_zone} is not in --region {self.region}")
+            if self.check_region:
+                machine.check_zone(self.tpu_zone)
 
     @property
     def machine(self):
         from components import accelerators
 
         return accelerators.get(self.accelerator, self.machines)
+
+    @property
+    def tpu_zone(self) -> str:
+        """The zone of a TPU VM slice: ``zone``, else the first of ``region`` that offers it."""
+        slice_type = self.machine.slice_type
+        if self.zone or slice_type is None:
+            return self.zone
+        offered = [zone for zone in slice_type.generation.zones if zone.rsplit("-", 1)[0] == self.region]
+        return offered[0] if offered else f"{self.region}-a"
+
+    def tpu_vm_config(self, pipeline_name: str, labels: dict[str, str]) -> dict:
+        """``custom_config`` entries of a Trainer on a TPU VM slice (``components.runtime_gate.TpuVmTrainer``):
+        the slice's project, zone, tier and bounds; its checkpoints
+        where they outlive the run (with ``checkpoint_root``)."""
+        from components import tpu_vm
+        from trainer_module import tfx_trainer
+
+        tier = {"spot": "spot"}.get(self.provisioning, "reserved" if self.reservation else "on-demand")
+        entries = {
+            tpu_vm.CONFIG_KEY: {
+                "project": self.project,
+                "zone": self.tpu_zone,
+                "accelerator": self.accelerator,
+                "tier": tier,
+                "reservation": self.reservation,
+                "max_wait_seconds": self.max_wait_seconds,
+                "service_account": self.service_account,
+                "max_recreations": self.max_recreations,
+                "labels": labels,
+                "api_endpoint": tpu_vm.API_ENDPOINT,
+            }
+        }
+        if self.checkpoint_root:
+            entries[tfx_trainer.CHECKPOINT_ROOT_KEY] = f"{self.checkpoint_root.rstrip('/')}/{pipeline_name}"
+        return entries
 
     @property
     def max_wait_seconds(self) -> int:
@@ -315,6 +366,12 @@ class CloudSettings:
         from components import accelerators
 
         machine = self.machine
+        if machine.slice_type is not None:
+            raise accelerators.AcceleratorMismatch(
+                f"--tune: the Tuner's trials run on Vertex AI machines, and {machine.name} is a TPU VM slice; tune "
+                "on tpu-v3-8 or GPU machines (or with python -m trainer_module tune), then train on the slice with "
+                "--set the values found"
+            )
         if machine.machines > 1:
             raise accelerators.AcceleratorMismatch(
                 f"--tune: Vertex runs each tuning trial on one machine and {machine.describe()} is "

@@ -222,7 +222,7 @@ def build_pipeline(
     """
     from tfx.orchestration import data_types
 
-    from components import run_label, runtime_gate
+    from components import run_label
     from effnet_common import cloud_retry
     from pipeline import pipeline_def
 
@@ -256,15 +256,23 @@ def build_pipeline(
             },
             enable_cache=settings.enable_cache,
             runtime=runtime,
-            trainer=pipeline_def.TrainerStep(
-                runtime_gate.VertexTrainer,
-                settings.vertex_training_config(compiled.resolved.trainer_config, name, labels),
-            ),
+            trainer=_trainer_step(compiled, settings, name, labels),
             tuning=_tuning_step(compiled, settings, name, labels),
             extra_pusher=vertex_push.component(settings, name, labels) if vertex_push else None,
             compare_with_latest_blessed=not for_kubeflow,
         )
     )
+
+
+def _trainer_step(compiled: Compiled, settings: CloudSettings, name: str, labels: dict):
+    """The Trainer: a Vertex AI custom job on the accelerator, or a TPU VM slice (``components.tpu_vm``)."""
+    from components import runtime_gate
+    from pipeline import pipeline_def
+
+    if settings.machine.slice_type is not None:
+        return pipeline_def.TrainerStep(runtime_gate.TpuVmTrainer, settings.tpu_vm_config(name, labels))
+    config = settings.vertex_training_config(compiled.resolved.trainer_config, name, labels)
+    return pipeline_def.TrainerStep(runtime_gate.VertexTrainer, config)
 
 
 def _tuning_step(compiled: Compiled, settings: CloudSettings, name: str, labels: dict):
@@ -297,6 +305,9 @@ def _tfx_compile(pipeline, settings: CloudSettings, defaults: dict, for_kubeflow
         )
     )
     run_id = run_label.RUN_ID_PLACEHOLDER if for_kubeflow else None
-    cleanup = run_cleanup.RunCleanup(settings.project, settings.region, run_id).with_id(run_cleanup.STEP_ID)
+    tpu_zone = settings.tpu_zone if settings.machine.slice_type is not None else ""
+    cleanup = run_cleanup.RunCleanup(settings.project, settings.region, run_id, tpu_zone).with_id(
+        run_cleanup.STEP_ID
+    )
     runner.set_exit_handler(cleanup.with_beam_pipeline_args(pipeline.beam_pipeline_args))
     return runner.run(pipeline, parameter_values=defaults, write_out=False)

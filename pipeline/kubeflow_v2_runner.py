@@ -124,7 +124,18 @@ def build_parser() -> argparse.ArgumentParser:
     )
     where.add_argument(
         "--max-wait-hours", type=float, default=CLOUD_DEFAULTS["max_wait_hours"],
-        help=f"flex-start: how long the job waits for machines (default {DEFAULT_MAX_WAIT_HOURS:g}; 0: indefinitely)",
+        help=f"flex-start: how long the job waits for machines; a TPU VM slice: how long it may stay queued (default "
+        f"{DEFAULT_MAX_WAIT_HOURS:g}; 0: indefinitely)",
+    )  # fmt: skip
+    where.add_argument(
+        "--zone", default=CLOUD_DEFAULTS["zone"],
+        help="a TPU VM slice's zone (multi-host slices: tpu-v3-32 and up, tpu-v4-16 and up, tpu-v5p-16 and up, "
+        "tpu-v5litepod-16 and up; default: the first zone of --region that offers it)",
+    )  # fmt: skip
+    where.add_argument(
+        "--max-recreations", type=int, default=CLOUD_DEFAULTS["max_recreations"],
+        help="times a preempted or lost TPU VM slice is created again, the training resuming from its checkpoint "
+        "(default %(default)s)",
     )  # fmt: skip
     where.add_argument(
         "--skip-region-check", action="store_true", help="compile for a region the accelerator table lacks"
@@ -235,6 +246,8 @@ def _settings(args) -> CloudSettings:
         check_region=not args.skip_region_check,
         enable_cache=not args.no_cache,
         api_outage_hours=args.api_outage_hours,
+        zone=args.zone,
+        max_recreations=args.max_recreations,
     )
 
 
@@ -248,12 +261,25 @@ def _print_plan(args) -> None:
     machine = accelerators.get(args.accelerator, args.machines)
     if args.region and not args.skip_region_check:
         machine.check_region(args.region)
-    config = presets.get(args.preset).resolve(parse_overrides(args.overrides), machine=machine).trainer_config
+    preset = presets.get(args.preset)
+    config = preset.resolve(parse_overrides(args.overrides), machine=machine).trainer_config
+    estimate = accelerators.estimate(config, machine)
     report = {
         "accelerator": {**dataclasses.asdict(machine), "units": machine.units},  # what a quota counts
-        "estimate": accelerators.estimate(config, machine).to_dict(),
+        "estimate": estimate.to_dict(),
         **plan_report(config, []),
     }
+    if machine.slice_type is not None:
+        from components import tpu_slices
+
+        plan = config.plan
+        report["tpu_vm"] = tpu_slices.slice_plan(
+            machine.slice_type,
+            config.data.global_batch_size,
+            plan.bn_group_replicas,
+            preset.train_shards,
+            estimate.accelerator_hours,
+        )
     print(json.dumps(report, indent=2))
 
 

@@ -103,6 +103,25 @@ def build_parser() -> argparse.ArgumentParser:
         max_epochs_help="the schedule of every trial, in epochs (default %(default)s)",
         max_trials=6,
     )
+    rehearsal = parser.add_argument_group(
+        "rehearsing a TPU pod run (the Trainer on a multi-host slice, here: pipeline/tpu_rehearsal.py)"
+    )
+    rehearsal.add_argument(
+        "--rehearse-slice",
+        default="",
+        metavar="ACCELERATOR",
+        help="train through the TPU VM backend on a rehearsed slice of this type (e.g. tpu-v4-32): a Cloud TPU API "
+        "on 127.0.0.1 whose hosts are local processes; every host sets up the project's wheel, worker 0 trains "
+        "(the preset's CPU strategy standing in for the TPU), and the slice is deleted at the end",
+    )
+    rehearsal.add_argument(
+        "--rehearse-preempt-at-step",
+        type=int,
+        default=0,
+        metavar="STEP",
+        help="with --rehearse-slice: the service preempts the slice once the trainer logged this step (the step "
+        "creates it again and the trainer resumes from its checkpoint)",
+    )
     parser.add_argument(
         "--verbose",
         action="store_true",
@@ -170,6 +189,22 @@ def preflight(args, preset):
         raise console.UsageError("--beam-workers", args.beam_workers, "must be at least 1")
     if args.max_failures < 0:
         raise console.UsageError("--max-failures", args.max_failures, "must be at least 0")
+    if args.rehearse_slice:
+        from components import tpu_slices
+
+        if args.rehearse_slice not in tpu_slices.SLICES:
+            raise console.UsageError(
+                "--rehearse-slice", args.rehearse_slice,
+                "is not a multi-host TPU slice; one of " + ", ".join(tpu_slices.SLICES),
+            )  # fmt: skip
+        if args.tune:
+            raise console.UsageError(
+                "--rehearse-slice", args.rehearse_slice, "rehearses the Trainer: leave out --tune"
+            )
+    if args.rehearse_preempt_at_step and not args.rehearse_slice:
+        raise console.UsageError(
+            "--rehearse-preempt-at-step", args.rehearse_preempt_at_step, "goes with --rehearse-slice"
+        )
     target = UNSET if args.target_top1 is None else args.target_top1
     try:
         changes = parse_overrides(args.overrides)
@@ -246,6 +281,16 @@ def run(args, session: console.Session) -> int:
     search = tune_flags.tuning_settings(args)
     tuning_dir = os.path.join(root, TUNING_DIR, name)
     artifacts = os.path.join(root, "artifacts")
+    trainer = pipeline_def.TrainerStep(custom_config={tfx_trainer.CHECKPOINT_ROOT_KEY: checkpoints})
+    rehearsal = None
+    if args.rehearse_slice:
+        from pipeline import tpu_rehearsal
+
+        rehearsal = tpu_rehearsal.Rehearsal.start(
+            args.rehearse_slice, root, tpu_rehearsal.Scenario(preempt_at_step=args.rehearse_preempt_at_step)
+        )
+        trainer = rehearsal.trainer_step(name, checkpoints)
+        console.say("rehearsing %s: the Cloud TPU API at %s", rehearsal.describe(), rehearsal.endpoint)
     pipeline = pipeline_def.create_pipeline(
         pipeline_def.PipelineSettings(
             name=name,
@@ -258,7 +303,7 @@ def run(args, session: console.Session) -> int:
             ),
             beam_pipeline_args=tuple(beam_args),
             # A stopped training resumes from its checkpoints, kept by settings and data outside the run.
-            trainer=pipeline_def.TrainerStep(custom_config={tfx_trainer.CHECKPOINT_ROOT_KEY: checkpoints}),
+            trainer=trainer,
             tuning=pipeline_def.TuningStep({**search, "directory": tuning_dir})
             if search is not None
             else None,
@@ -272,6 +317,10 @@ def run(args, session: console.Session) -> int:
             tfx.orchestration.LocalDagRunner().run(pipeline)
     finally:
         logging.getLogger().removeHandler(steps)
+        if rehearsal is not None:
+            rehearsal.close()
+    if rehearsal is not None:
+        console.say("%s", rehearsal.summary())
     result = outcome.read_outcome(metadata_path, name, target)
     for line in result.report(pushed_before=local_steps.PUSHER in steps.cached).splitlines():
         console.say("%s", line)

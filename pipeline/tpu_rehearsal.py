@@ -13,7 +13,7 @@ asks), long-running operations and HTTP errors (409 for an id that exists, 404, 
   interpreter, whose libraries stand in for a worker's) set. Deleting it stops its hosts.
 - Scenarios (``Scenario``): a slice never provisioned (WAITING_FOR_RESOURCES until its
   ``validUntilDuration`` passes, then FAILED with the stock-out error a real zone gives); a preemption once the
-  trainer of the slice has logged a given step (its hosts killed, the queued resource SUSPENDING then SUSPENDED
+  trainer of the slice has logged a given step, a few seconds later (its hosts killed, the queued resource SUSPENDING then SUSPENDED
   by the service, the node PREEMPTED); faults by call, in order (``"503"``, ``"429"``, ``"500"``: the service's
   error answer; ``"lost"``: the call is done and its answer lost, the connection closed).
 
@@ -30,6 +30,7 @@ import json
 import logging
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -56,6 +57,7 @@ class Scenario:
     waiting_polls: int = 1
     never_provision: bool = False
     preempt_at_step: int = 0  # 0: never; else once, when the first slice's trainer has logged this step
+    preempt_delay_seconds: float = 3.0  # ... this long after: mid-way through its next training call
     faults: dict[str, list[str]] = dataclasses.field(default_factory=dict)
 
 
@@ -238,8 +240,8 @@ class RehearsalTpuApi:
                 )  # fmt: skip
         logger.info("rehearsed slice %s: %d hosts booted", entry.node.name, hosts)
 
-    @staticmethod
-    def _stop_hosts(entry: _Slice) -> None:
+    def _stop_hosts(self, entry: _Slice) -> None:
+        """Stops the slice's hosts; their disks (directories) go with them."""
         for host in entry.hosts:
             if host.poll() is None:
                 try:
@@ -248,6 +250,7 @@ class RehearsalTpuApi:
                     pass
             host.wait()
         entry.hosts.clear()
+        shutil.rmtree(os.path.join(self.workdir, entry.node.name.rsplit("/", 1)[1]), ignore_errors=True)
 
     def _delete(self, name: str, force: bool) -> dict:
         entry = self._slices.get(name)
@@ -333,7 +336,9 @@ class RehearsalTpuApi:
                 fault = api._fault(_call_name(method, url.path))
                 try:
                     if fault and fault != "lost":  # refused before anything is done
-                        raise ApiError(int(fault), f"the service is rehearsing a {fault} on {method} {url.path}")
+                        raise ApiError(
+                            int(fault), f"the service is rehearsing a {fault} on {method} {url.path}"
+                        )
                     with api._lock:
                         _, answer = api._serve(method, url.path, query, body)
                     code = 200
@@ -366,13 +371,20 @@ class RehearsalTpuApi:
     # -- preemption
 
     def _watch(self) -> None:
-        """Preempts the first slice once its trainer has logged ``preempt_at_step`` (see ``Scenario``)."""
-        while not self._stopped.wait(0.5):
+        """Preempts the first slice ``preempt_delay_seconds`` after its trainer has logged ``preempt_at_step``
+        (see ``Scenario``): the trainer is then in its next training call, its checkpoint of the step logged
+        written."""
+        due: dict[str, float] = {}
+        while not self._stopped.wait(0.2):
             if not self.scenario.preempt_at_step or self.preemptions:
                 continue
             with self._lock:
-                for entry in self._slices.values():
-                    if entry.hosts and _trainer_step(entry) >= self.scenario.preempt_at_step:
+                for name, entry in self._slices.items():
+                    if not entry.hosts:
+                        continue
+                    if name not in due and _trainer_step(entry) >= self.scenario.preempt_at_step:
+                        due[name] = time.monotonic() + self.scenario.preempt_delay_seconds
+                    if name in due and time.monotonic() >= due[name]:
                         self._preempt(entry)
                         break
 
@@ -393,7 +405,9 @@ def _call_name(method: str, path: str) -> str:
     collection = next((c for c in ("queuedResources", "nodes", "operations") if f"/{c}" in path), "")
     item = not path.rstrip("/").endswith(collection)
     verb = {"POST": "create", "DELETE": "delete"}.get(method, "get" if item else "list")
-    noun = {"queuedResources": "queued_resource", "nodes": "node", "operations": "operation"}.get(collection, "")
+    noun = {"queuedResources": "queued_resource", "nodes": "node", "operations": "operation"}.get(
+        collection, ""
+    )
     return f"{verb}_{noun}{'s' if verb == 'list' else ''}"
 
 
@@ -432,3 +446,68 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+@dataclasses.dataclass
+class Rehearsal:
+    """The local runner's rehearsal of a pod run: the service, and the Trainer step that trains through it."""
+
+    accelerator: str
+    api: RehearsalTpuApi
+
+    @classmethod
+    def start(cls, accelerator: str, root: str, scenario: Scenario) -> Rehearsal:
+        """Starts the service for a run under pipeline root ``root``; the Trainer step finds it through the
+        environment (``components.tpu_vm.ENDPOINT_VARIABLE``), so that its compiled settings, and with them its
+        cache key, do not change with the service's port."""
+        from components import tpu_vm
+
+        api = RehearsalTpuApi(os.path.join(root, "tpu_rehearsal", "hosts"), scenario)
+        os.environ[tpu_vm.ENDPOINT_VARIABLE] = api.endpoint
+        return cls(accelerator, api)
+
+    @property
+    def endpoint(self) -> str:
+        return self.api.endpoint
+
+    def describe(self) -> str:
+        from components import tpu_slices
+
+        return tpu_slices.SLICES[self.accelerator].describe()
+
+    def trainer_step(self, pipeline_name: str, checkpoints: str):
+        """The Trainer on the rehearsed slice (``components.runtime_gate.TpuVmTrainer``), its checkpoints kept
+        where the local runner keeps them."""
+        from components import runtime_gate, tpu_slices, tpu_vm
+        from pipeline import pipeline_def
+        from trainer_module import tfx_trainer
+
+        settings = {
+            "project": "effnet-rehearsal",
+            "zone": tpu_slices.SLICES[self.accelerator].generation.zones[0],
+            "accelerator": self.accelerator,
+            "tier": "spot",
+            "reservation": "",
+            "max_wait_seconds": 600,
+            "service_account": "",
+            "max_recreations": 2,
+            "labels": {"effnet-pipeline": pipeline_name},
+            "poll_seconds": 1.0,
+        }
+        config = {tpu_vm.CONFIG_KEY: settings, tfx_trainer.CHECKPOINT_ROOT_KEY: checkpoints}
+        return pipeline_def.TrainerStep(runtime_gate.TpuVmTrainer, config)
+
+    def summary(self) -> str:
+        created = [r["query"]["queuedResourceId"][0] for r in self.api.calls("POST", "/queuedResources")]
+        left = self.api.slices()
+        return (
+            f"rehearsed {self.accelerator}: {len(created)} slice{'s' if len(created) != 1 else ''} created"
+            f"{' (' + ', '.join(created) + ')' if created else ''}, {self.api.preemptions} preempted, "
+            f"{len(left)} left{': ' + ', '.join(left) if left else ''}"
+        )
+
+    def close(self) -> None:
+        from components import tpu_vm
+
+        self.api.close()
+        os.environ.pop(tpu_vm.ENDPOINT_VARIABLE, None)

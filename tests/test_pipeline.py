@@ -401,3 +401,59 @@ def test_a_stopped_step_leaves_none_of_its_directories_and_the_stop_line_says_wh
     assert "Pusher did not finish (its partial output was removed), the steps before it are cached" in (
         steps.stop_description()
     )
+
+
+# Two evaluations (epochs 2 and 4); the target is first reached at the second, so the trainer trains both.
+PREEMPTIBLE = ["--preset", "demo", "--set", "loop.train_epochs=4", "--set", "loop.eval_every_epochs=2"]
+
+
+@pytest.mark.slow
+def test_a_rehearsed_pod_run_is_preempted_resumed_blessed_and_pushed_and_leaves_no_slice(tmp_path):
+    """``--rehearse-slice tpu-v4-32``: the Trainer trains through the TPU VM backend against the rehearsal Cloud
+    TPU API; its 4 hosts set up the project's wheel, worker 0 trains; preempted once past its first checkpoint,
+    the slice is created again and the trainer resumes at a step > 0; the model is blessed and pushed, its top-1
+    the same as an uninterrupted training's, and no slice is left."""
+    root = tmp_path / "root"
+    result = _run_cli(
+        "--pipeline-root", root, *PREEMPTIBLE, "--target-top1", "0.3",
+        "--rehearse-slice", "tpu-v4-32", "--rehearse-preempt-at-step", "40",
+    )  # fmt: skip
+    out = result.stdout
+    assert result.returncode == 0, result.stderr[-3000:] + out[-3000:]
+    (summary,) = [line for line in out.splitlines() if line.startswith("rehearsed tpu-v4-32: ")]
+    assert re.fullmatch(
+        r"rehearsed tpu-v4-32: 2 slices created \(\S+-0, \S+-1\), 1 preempted, 0 left", summary
+    )
+    assert "model BLESSED by the Evaluator" in out and len(os.listdir(root / SERVING)) == 1
+    outcome = json.loads(out.strip().splitlines()[-1])
+    model_run = pathlib.Path(outcome["model_run_uri"])
+    attempts = sorted((model_run / "slice").glob("effnet-*"))
+    assert [a.name[-2:] for a in attempts] == ["-0", "-1"]
+    for attempt in attempts:  # every host set up the wheel, not the checkout
+        reports = [json.loads((attempt / f"worker-{n}.json").read_text()) for n in range(4)]
+        assert all("/site/components/__init__.py" in r["package"] for r in reports), reports
+    # Worker 0 of the second slice trained to the end, after resuming where the first one's checkpoint was.
+    assert json.loads((attempts[1] / "trainer.json").read_text())["exit_code"] == 0
+    starts = [e for e in _run_log(model_run) if e["event"] == "start"]
+    assert [s["resumed"] for s in starts] == [False, True] and starts[1]["step"] > 0
+    assert not (root / "tpu_rehearsal" / "hosts").exists() or not os.listdir(root / "tpu_rehearsal" / "hosts")
+    # The same training without a slice or a preemption ends at the same top-1.
+    shards = pathlib.Path(_store(root).get_artifacts_by_type("Examples")[0].uri)
+    straight = subprocess.run(
+        [
+            sys.executable, "-m", "trainer_module", "--config", model_run / "config.json",
+            "--train-files", shards / "Split-train" / "*", "--eval-files", shards / "Split-validation" / "*",
+            "--model-dir", tmp_path / "straight",
+        ],
+        capture_output=True, text=True, cwd=REPO, timeout=1800, env=suite_env.child(),
+    )  # fmt: skip
+    assert straight.returncode == 0, straight.stderr[-3000:]
+    final = {
+        json.loads((directory / "metrics.json").read_text())["final_top1"]
+        for directory in (model_run, tmp_path / "straight")
+    }
+    assert len(final) == 1, final
+
+
+def _run_log(model_run: pathlib.Path) -> list[dict]:
+    return [json.loads(line) for line in (model_run / "run_log.jsonl").read_text().splitlines()]

@@ -311,10 +311,10 @@ def _quick_refusal_case(case, tmp_path):
             [*cloud, "--accelerator", "tpu-v9-8"],
             "error: --accelerator='tpu-v9-8' is not one of",
         ),
-        "cloud, accelerator Vertex does not offer": (
+        "cloud, a TPU size that does not exist": (
             runner,
-            [*cloud, "--accelerator", "tpu-v3-1024"],
-            "error: --accelerator tpu-v3-1024: Vertex AI custom training offers TPU v3 only as tpu-v3-8",
+            [*cloud, "--accelerator", "tpu-v3-48"],
+            "error: --accelerator tpu-v3-48: TPU v3 comes as tpu-v3-8 on Vertex AI (one host) or slices of",
         ),
         "cloud, preset too large for the accelerator": (
             runner,
@@ -397,7 +397,7 @@ QUICK_REFUSALS = (
     "cloud, unknown preset",
     "cloud, --prset",
     "cloud, unknown accelerator",
-    "cloud, accelerator Vertex does not offer",
+    "cloud, a TPU size that does not exist",
     "cloud, preset too large for the accelerator",
     "cloud, unknown setting",
     "cloud, unknown parameter",

@@ -95,7 +95,7 @@ def test_a_slice_is_queued_with_its_tier_runtime_and_labels_set_up_on_every_host
 
 
 def test_a_preempted_slice_is_created_again_and_the_training_resumes(tmp_path):
-    scenario = tpu_rehearsal.Scenario(preempt_at_step=3)
+    scenario = tpu_rehearsal.Scenario(preempt_at_step=3, preempt_delay_seconds=0)
     with tpu_rehearsal.RehearsalTpuApi(str(tmp_path / "hosts"), scenario) as api:
         tpu_vm.run_slice(_request(api, tmp_path, stand_in(steps=12)), poll_seconds=0.1)
         assert api.preemptions == 1
@@ -110,7 +110,7 @@ def test_a_preempted_slice_is_created_again_and_the_training_resumes(tmp_path):
 
 
 def test_a_slice_lost_more_often_than_allowed_fails_in_one_line_and_nothing_is_left(tmp_path):
-    scenario = tpu_rehearsal.Scenario(preempt_at_step=2)
+    scenario = tpu_rehearsal.Scenario(preempt_at_step=2, preempt_delay_seconds=0)
     with tpu_rehearsal.RehearsalTpuApi(str(tmp_path / "hosts"), scenario) as api:
         request = _request(api, tmp_path, stand_in(steps=30), max_recreations=0)
         with pytest.raises(

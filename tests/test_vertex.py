@@ -105,9 +105,10 @@ def test_accelerators_compile_to_vertex_machine_specs(name, machines, spec, repl
 @pytest.mark.parametrize(
     "name,machines,message",
     [
-        ("tpu-v3-512", 1, "offers TPU v3 only as tpu-v3-8 .*512-core slice .*standalone trainer on a TPU VM"),
-        ("tpu-v5litepod-16", 1, "16-chip v5e slice spans several hosts"),
+        ("tpu-v3-48", 1, "TPU v3 comes as tpu-v3-8 on Vertex AI .* or slices of 32, .* through the Cloud TPU API"),
+        ("tpu-v4-8", 1, "TPU v4 comes as slices of 16, 32, .*4096 TensorCores through the Cloud TPU API, not 8"),
         ("tpu-v6e-8", 1, "no TensorFlow training on TPU v6e"),
+        ("tpu-v3-512", 2, "--machines 2: tpu-v3-512 runs on one machine"),
         ("tpu-v3-8", 2, "--machines 2: tpu-v3-8 runs on one machine"),
         ("gpu-h100x8", 0, "--machines 0"),
         ("h100", 1, "--accelerator='h100' is not one of 'tpu-v2-8', 'tpu-v3-8'"),
@@ -137,7 +138,7 @@ def test_preset_is_checked_against_the_accelerator():
     "extra,message",
     [
         (["--preset", "b5-lars-1024x65536"], "error: preset b5-lars-1024x65536 needs 1024 replicas; tpu-v3-8 has 8"),
-        (["--accelerator", "tpu-v3-1024"], "error: --accelerator tpu-v3-1024: Vertex AI custom training offers"),
+        (["--accelerator", "tpu-v3-48"], "error: --accelerator tpu-v3-48: TPU v3 comes as tpu-v3-8"),
         (["--network", "effnet-vpc"], "error: --network 'effnet-vpc' must be projects/PROJECT_NUMBER/"),
         (["--param", "epochs=3"], "error: --param epochs: not a runtime parameter; declared: target_top1,"),
         (["--param", "train_epochs=three"], "error: --param train_epochs=three: train_epochs takes int"),
