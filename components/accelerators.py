@@ -70,6 +70,7 @@ FLEX_START_GPUS = frozenset(
 # Engine reservation can hold it (Vertex consumes reservations of CPU, GPU and TPU VMs only).
 CLOUD_TPU_MACHINE = "cloud-tpu"
 
+
 class AcceleratorMismatch(ValueError):
     """A preset or an accelerator request that cannot run; the message is one line for the user."""
 
@@ -337,7 +338,9 @@ def _not_offered(name: str) -> str | None:
         sizes = ", ".join(str(s) for s in generation.sizes)
         offers.append(f"slices of {sizes} {generation.size_counts} through the Cloud TPU API")
     if not offers:
-        return f"--accelerator {name}: no TensorFlow training on TPU v{version} (no TensorFlow runtime for it)"
+        return (
+            f"--accelerator {name}: no TensorFlow training on TPU v{version} (no TensorFlow runtime for it)"
+        )
     return f"--accelerator {name}: TPU v{version} comes as {' or '.join(offers)}, not {size}"
 
 

@@ -105,8 +105,16 @@ def test_accelerators_compile_to_vertex_machine_specs(name, machines, spec, repl
 @pytest.mark.parametrize(
     "name,machines,message",
     [
-        ("tpu-v3-48", 1, "TPU v3 comes as tpu-v3-8 on Vertex AI .* or slices of 32, .* through the Cloud TPU API"),
-        ("tpu-v4-8", 1, "TPU v4 comes as slices of 16, 32, .*4096 TensorCores through the Cloud TPU API, not 8"),
+        (
+            "tpu-v3-48",
+            1,
+            "TPU v3 comes as tpu-v3-8 on Vertex AI .* or slices of 32, .* through the Cloud TPU API",
+        ),
+        (
+            "tpu-v4-8",
+            1,
+            "TPU v4 comes as slices of 16, 32, .*4096 TensorCores through the Cloud TPU API, not 8",
+        ),
         ("tpu-v6e-8", 1, "no TensorFlow training on TPU v6e"),
         ("tpu-v3-512", 2, "--machines 2: tpu-v3-512 runs on one machine"),
         ("tpu-v3-8", 2, "--machines 2: tpu-v3-8 runs on one machine"),
