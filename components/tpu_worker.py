@@ -17,7 +17,9 @@ startup script every worker runs at boot, and the program the script starts (``p
 
 A rehearsal (``pipeline.tpu_rehearsal``) runs the same script on local processes: ``EFFNET_TPU_WORKER`` gives the
 worker number, ``EFFNET_TPU_HOME`` its directory, and ``EFFNET_TPU_REHEARSAL`` the interpreter whose installed
-libraries stand in for the worker's (the wheel is installed over them, without dependencies: no network).
+libraries stand in for the worker's (the wheel is installed over them, without dependencies: no network), and
+``EFFNET_TPU_STAND_IN`` the slice's replicas, which worker 0's trainer runs as logical CPUs
+(``pipeline.tpu_stand_in``).
 """
 
 from __future__ import annotations
@@ -36,6 +38,8 @@ import tempfile
 PROJECT = "effnet-pipeline"
 CONSTRAINTS = ("constraints.txt", "constraints-accelerators.txt")
 WORKER_STATUS = "worker-{n}.json"
+# Set by a rehearsal only: the slice's replicas, which the CPU stands in for (pipeline.tpu_stand_in).
+STAND_IN_VARIABLE = "EFFNET_TPU_STAND_IN"
 # The lines of the trainer's error output kept on the worker for its report (the last non-empty one is reported).
 TAIL_BYTES = 64 * 1024
 
@@ -191,6 +195,9 @@ def run_trainer(attempt_dir: str, home: str) -> int:
     command = list(spec["command"])
     if command[:1] == ["python"]:  # the interpreter of the worker's environment, not the system's
         command[0] = sys.executable
+    replicas = os.environ.get(STAND_IN_VARIABLE)
+    if replicas:
+        command = [sys.executable, "-m", "pipeline.tpu_stand_in", "--replicas", replicas, "--", *command]
     log = os.path.join(home, "trainer.stderr")
     with open(log, "wb") as err:
         code = subprocess.run(command, env=env, stderr=err, check=False).returncode

@@ -10,7 +10,8 @@ asks), long-running operations and HTTP errors (409 for an id that exists, 404, 
   ``waiting_polls`` reads, PROVISIONING for one, then ACTIVE, when its node is READY and the slice's hosts
   (``components.tpu_slices``) boot: each is a local process group running the node's ``startup-script`` with
   ``EFFNET_TPU_WORKER`` (its number), ``EFFNET_TPU_HOME`` (its directory) and ``EFFNET_TPU_REHEARSAL`` (this
-  interpreter, whose libraries stand in for a worker's) set. Deleting it stops its hosts.
+  interpreter, whose libraries stand in for a worker's) and ``EFFNET_TPU_STAND_IN`` (the slice's replicas, as
+  logical CPUs for worker 0's trainer: ``pipeline.tpu_stand_in``) set. Deleting it stops its hosts.
 - Scenarios (``Scenario``): a slice never provisioned (WAITING_FOR_RESOURCES until its
   ``validUntilDuration`` passes, then FAILED with the stock-out error a real zone gives); a preemption once the
   trainer of the slice has logged a given step, a few seconds later (its hosts killed, the queued resource SUSPENDING then SUSPENDED
@@ -59,6 +60,9 @@ class Scenario:
     preempt_at_step: int = 0  # 0: never; else once, when the first slice's trainer has logged this step
     preempt_delay_seconds: float = 3.0  # ... this long after: mid-way through its next training call
     faults: dict[str, list[str]] = dataclasses.field(default_factory=dict)
+    # The logical CPUs that stand in for a slice's TPU replicas (pipeline.tpu_stand_in); None: as many as the
+    # slice has. Fewer train the slice's global batch on fewer replicas: much cheaper to trace on a small machine.
+    stand_in_replicas: int | None = None
 
 
 class ApiError(Exception):
@@ -217,9 +221,10 @@ class RehearsalTpuApi:
             )
 
     def _boot(self, entry: _Slice) -> None:
-        from components import tpu_slices
+        from components import tpu_slices, tpu_worker
 
-        hosts = tpu_slices.SLICES[f"tpu-{entry.node.accelerator_type}"].hosts
+        slice_type = tpu_slices.SLICES[f"tpu-{entry.node.accelerator_type}"]
+        hosts = slice_type.hosts
         node_id = entry.node.name.rsplit("/", 1)[1]
         script = entry.node.metadata.get("startup-script", "")
         for worker in range(hosts):
@@ -230,6 +235,7 @@ class RehearsalTpuApi:
                 "EFFNET_TPU_WORKER": str(worker),
                 "EFFNET_TPU_HOME": home,
                 "EFFNET_TPU_REHEARSAL": sys.executable,
+                tpu_worker.STAND_IN_VARIABLE: str(self.scenario.stand_in_replicas or slice_type.replicas),
             }
             with open(os.path.join(home, "startup-script.log"), "ab") as log:
                 entry.hosts.append(

@@ -2,7 +2,10 @@
 and compiled for Vertex AI Pipelines and Kubeflow with the Trainer on a queued resource (components.tpu_vm)."""
 
 import json
+import pathlib
 
+import fake_vertex
+import kfp_launcher
 import pytest
 import yaml
 
@@ -142,3 +145,118 @@ def test_a_pod_run_compiles_its_trainer_onto_a_queued_resource_and_its_exit_task
     }
     cleanup = json.dumps(spec["root"]["dag"]["tasks"]) + json.dumps(spec.get("components", {}))
     assert '"tpu_zone"' in cleanup and "us-central2-b" in json.dumps(spec)
+
+
+# ---- the compiled steps, run as their containers run them, against the rehearsal Cloud TPU API ------------
+
+RUN_ID, OTHER_RUN = "4f1c2a3b-pod-run", "9e8d7c6b-other-run"
+
+
+@pytest.mark.slow
+def test_the_compiled_trainer_task_trains_on_the_slice_and_the_exit_task_deletes_the_runs_slices(
+    tmp_path, clean_archives
+):
+    """The Vertex job's Trainer task on ``tpu-v4-32``, as its container runs it, against the rehearsal: one
+    queued resource of that type with the TF pod runtime, Spot, the run's labels; every one of the 4 workers set
+    up from the step's wheel, the trainer on worker 0 only with TPU_NAME naming the slice (one logical CPU
+    standing in for its 16 replicas, with the slice's global batch). Its first attempt is killed outright while worker 0 trains: the retry
+    re-attaches to the slice, creates no second one, and its model is the Trainer's artifact; no slice is left.
+    A slice a killed task left behind is deleted by the run's exit task, by the run's label; another run's is
+    left alone."""
+    from fake_dataflow import FakeDataflow
+
+    from components import run_cleanup, run_label, tpu_vm
+    from pipeline import tpu_rehearsal
+
+    output = tmp_path / "pod.json"
+    argv = [arg for arg in SLICE_RUN]
+    argv[argv.index("--train-archive") + 1] = clean_archives.train_archive
+    argv[argv.index("--val-archive") + 1] = clean_archives.val_archive
+    argv += ["--set", "data.num_train_examples=300", "--param", "target_top1=0.0"]
+    assert kubeflow_v2_runner.main(["--output", str(output), *argv]) == 0
+    job = json.loads(output.read_text())
+    parameters = kfp_launcher.runtime_parameters(job)
+    root, scratch = str(tmp_path / "root"), str(tmp_path / "launcher")
+    # One logical CPU stands in for the slice's 16 replicas: tracing a step per replica takes minutes here.
+    scenario = tpu_rehearsal.Scenario(stand_in_replicas=1)
+    with tpu_rehearsal.RehearsalTpuApi(str(tmp_path / "hosts"), scenario) as api:
+        env = {tpu_vm.ENDPOINT_VARIABLE: api.endpoint}
+        shards = kfp_launcher.run_task(
+            job, "ImageNetShardGen", root, scratch, parameters, env=env, run_id=RUN_ID
+        )
+        seen = {}
+
+        def worker_0_trains(started) -> bool:
+            homes = sorted((tmp_path / "hosts").glob("*/worker-*"))
+            logs = [home / "trainer.stderr" for home in homes if (home / "trainer.stderr").exists()]
+            if not logs or "Training model." not in logs[0].read_text(errors="replace"):
+                return False
+            seen.update(homes=homes, logs=logs, text=logs[0].read_text(errors="replace"))
+            return True
+
+        trainer, attempts = kfp_launcher.run_task_retried(
+            job, "Trainer", root, scratch, parameters, {"ImageNetShardGen": shards}, kill_first_when=worker_0_trains,
+            backoff_scale=0.0, env=env, run_id=RUN_ID,
+        )  # fmt: skip
+        assert attempts == 2
+        # While it trained: four hosts, a trainer on worker 0 alone, which TPU_NAME named the slice.
+        assert [home.name for home in seen["homes"]] == [f"worker-{n}" for n in range(4)]
+        assert [log.parent.name for log in seen["logs"]] == ["worker-0"]
+        node_name = seen["logs"][0].parent.parent.name
+        assert f"stand in for the replicas of TPU slice {node_name}\n" in seen["text"]
+        (created,) = api.calls("POST", "/queuedResources")  # the retry re-attached
+        body = created["body"]
+        node = body["tpu"]["nodeSpec"][0]["node"]
+        assert (node["acceleratorType"], node["runtimeVersion"]) == ("v4-32", tpu_slices.POD_RUNTIME)
+        assert body["spot"] == {} and node["labels"][run_label.RUN_LABEL] == run_label.run_value(RUN_ID)
+        assert node["labels"]["effnet-pipeline"] == "effnet-smoke"
+        model_run = trainer.artifact("model_run")["uri"]
+        attempt_dir = pathlib.Path(model_run) / tpu_vm.STATUS_DIR / created["query"]["queuedResourceId"][0]
+        reports = {p.name: json.loads(p.read_text()) for p in attempt_dir.glob("*.json")}
+        assert sorted(reports) == ["trainer.json", *(f"worker-{n}.json" for n in range(4))]
+        assert reports["trainer.json"]["exit_code"] == 0
+        for n in range(4):  # each worker runs the installed wheel, not this checkout
+            assert reports[f"worker-{n}.json"]["package"].startswith(str(tmp_path / "hosts")), reports
+        command = json.loads((pathlib.Path(model_run) / tpu_vm.STATUS_DIR / "command.json").read_text())
+        assert "tfx.scripts.run_executor" in command["command"]
+        config = json.loads((pathlib.Path(model_run) / "config.json").read_text())["config"]
+        assert config["data"]["global_batch_size"] == 64  # the slice's batch, on its stand-in
+        model = trainer.artifact("model")["uri"]
+        assert (pathlib.Path(model) / "Format-Serving" / "saved_model.pb").is_file()
+        assert api.slices() == {} and list((tmp_path / "hosts").iterdir()) == []  # hosts and their disks gone
+
+        # Slices a killed task left (its pod evicted before it could delete them), of this run and another.
+        client = tpu_vm.client_for(api.endpoint)
+        requests = [
+            tpu_vm.SliceRequest(
+                project="p",
+                zone="us-central2-b",
+                accelerator="tpu-v4-32",
+                name=f"effnet-left-by-{run}",
+                status_dir=str(tmp_path / run),
+                startup_script="#!/bin/bash\nsleep 600\n",
+                runtime_version=tpu_slices.POD_RUNTIME,
+                tier="spot",
+                max_wait_seconds=60,
+                labels={run_label.RUN_LABEL: run_label.run_value(run)},
+                api_endpoint=api.endpoint,
+            )  # fmt: skip
+            for run in (RUN_ID, OTHER_RUN)
+        ]
+        for request in requests:
+            tpu_vm.create(client, request, 0)
+        mine, other = requests
+        dataflow = FakeDataflow()
+        try:
+            jobs_file = str(tmp_path / "custom_jobs.json")
+            fake_vertex.FakeProjectJobs(jobs_file, {"p": "123456789012"}).write([])
+            cleanup = kfp_launcher.run_task(
+                job, run_cleanup.STEP_ID, root, scratch, parameters, env=env, run_id=RUN_ID,
+                dataflow=dataflow.beam_args(),
+                wrapper=fake_vertex.project_jobs_wrapper(str(tmp_path / "vertex"), jobs_file),
+            )  # fmt: skip
+        finally:
+            dataflow.stop()
+        assert list(api.slices()) == [other.queued_resource_name(0)]  # another run's, left alone
+        log = pathlib.Path(cleanup.log_path).read_text()
+        assert f"run {RUN_ID}: cancelled 1 TPU slice ({mine.attempt_id(0)}: DELETED)" in log, log[-3000:]
