@@ -39,7 +39,7 @@ from tfx.dsl.components.base import base_executor, executor_spec
 from tfx.types import component_spec, standard_component_specs
 from tfx.utils import json_utils, name_utils
 
-from components import beam_executor, run_label, vertex_training
+from components import beam_executor, evaluation_results, run_label, vertex_training
 from components.parameters import TARGET_TOP1_KEY, TOP1_METRIC, TRAIN_EPOCHS_KEY
 from effnet_common import cloud_retry
 
@@ -272,7 +272,8 @@ class EvaluatorExecutor(
     beam_executor.StoppableBeamExecutor, beam_executor.InstalledTfxOnLocalRunners, evaluator_executor.Executor
 ):
     """TFMA's evaluator executor, after setting the top-1 gate to ``target_top1``; its blessing names the
-    pipeline (``baseline_scope``). On Dataflow, its job carries the run's label and is cancelled if the task is
+    pipeline (``baseline_scope``) and carries the evaluation's top-1, top-5 and example count
+    (``evaluation_results.BLESSING_METRICS``). On Dataflow, its job carries the run's label and is cancelled if the task is
     stopped (``beam_executor.StoppableBeamExecutor``)."""
 
     def Do(self, input_dict, output_dict, exec_properties):  # noqa: N802 - TFX's executor interface
@@ -283,9 +284,12 @@ class EvaluatorExecutor(
         properties[key] = gated_eval_config(properties[key], target)
         self.take_run_outputs(output_dict)  # TFMA's Do makes the Beam pipeline
         super().Do(input_dict, output_dict, properties)
-        if scope:
-            for blessing in output_dict.get(BLESSING_KEY, []):
+        (evaluation,) = output_dict[standard_component_specs.EVALUATION_KEY]
+        for blessing in output_dict.get(BLESSING_KEY, []):
+            if scope:
                 blessing.set_string_custom_property(BASELINE_SCOPE_PROPERTY, scope)
+            for name, value in evaluation_results.blessing_metrics(evaluation.uri).items():
+                blessing.set_float_custom_property(name, value)
 
 
 def _optional(kind: type) -> component_spec.ExecutionParameter:

@@ -45,6 +45,7 @@ from tfx.dsl.components.base import executor_spec
 from tfx.types import artifact_utils, standard_component_specs
 from tfx.utils import io_utils, json_utils
 
+from components import evaluation_results, run_label
 from effnet_common import cloud_retry
 
 logger = logging.getLogger(__name__)
@@ -175,6 +176,7 @@ class Pushed:
     deployed_model_id: str
     undeployed: tuple[str, ...] = ()
     uploaded: bool = True
+    evaluation: str = ""  # projects/.../models/N/evaluations/E, the version's imported evaluation
 
 
 def push_id(model_uri: str) -> str:
@@ -298,9 +300,74 @@ def _deployed(endpoint: aiplatform_v1.Endpoint, model: str, version_id: str):
     )
 
 
-def push(target: PushTarget, artifact_uri: str, push: str) -> Pushed:
+# The classification metrics schema of Vertex's model evaluations (the one Google's pipeline components import
+# classification results with): top-1 is the recall of the top-scoring label, top-5 the recall of five labels.
+EVALUATION_SCHEMA = "gs://google-cloud-aiplatform/schema/modelevaluation/classification_metrics_1.0.0.yaml"
+
+
+@dataclasses.dataclass(frozen=True)
+class Evaluation:
+    """The Evaluator's result the pushed version carries in the Model Registry (an imported model evaluation).
+
+    Attributes:
+      metrics: the blessing's ``evaluation_results.BLESSING_METRICS`` (top1, top5, evaluated_examples).
+      run: the pipeline run that produced it (its id), or "".
+      blessing_uri: the Evaluator's blessing of the model, or "".
+    """
+
+    metrics: dict
+    run: str = ""
+    blessing_uri: str = ""
+
+    def message(self, target: PushTarget, push: str) -> aiplatform_v1.ModelEvaluation:
+        top1, top5 = self.metrics.get("top1"), self.metrics.get("top5")
+        confidence = []
+        if top1 is not None:
+            confidence.append(
+                {"confidenceThreshold": 0.0, "maxPredictions": 1, "recall": top1, "recallAt1": top1,
+                 "precisionAt1": top1}
+            )  # fmt: skip
+        if top5 is not None:
+            confidence.append({"confidenceThreshold": 0.0, "maxPredictions": 5, "recall": top5})
+        metadata = {**self.metrics, "pipeline": target.pipeline, "push_id": push}
+        metadata.update({key: value for key, value in
+                         (("pipeline_job_id", self.run), ("blessing_uri", self.blessing_uri)) if value})  # fmt: skip
+        return aiplatform_v1.ModelEvaluation(
+            display_name=f"{target.pipeline} push {push}",
+            metrics_schema_uri=EVALUATION_SCHEMA,
+            metrics={"confidenceMetrics": confidence},
+            metadata=metadata,
+        )
+
+
+def _import_evaluation(models, version: str, evaluation: aiplatform_v1.ModelEvaluation) -> str:
+    """Imports ``evaluation`` as an evaluation of ``version`` (``MODEL@VERSION_ID``) once: a retried push, or an
+    import whose answer was lost, finds the one it made by its display name. Returns its name."""
+
+    def find():
+        listed = models.list_model_evaluations(
+            parent=version, **cloud_retry.call_policy(f"listing the evaluations of {version}")
+        )
+        return next((e.name for e in listed if e.display_name == evaluation.display_name), None)
+
+    found = find()
+    if found is not None:
+        return found
+    return _once(
+        lambda: (
+            models.import_model_evaluation(
+                parent=version, model_evaluation=evaluation, timeout=cloud_retry.CALL_TIMEOUT_SECONDS
+            ).name
+        ),
+        find,
+        f"importing the evaluation of {version}",
+    )
+
+
+def push(target: PushTarget, artifact_uri: str, push: str, evaluation: Evaluation | None = None) -> Pushed:
     """Uploads ``artifact_uri`` (a SavedModel directory) as a version of the pipeline's registry model (once per
-    ``push`` id), deploys it on the endpoint at 100% and undeploys the pipeline's other models there."""
+    ``push`` id) with ``evaluation`` as its model evaluation, deploys it on the endpoint at 100% and undeploys
+    the pipeline's other models there."""
     models = aiplatform_v1.ModelServiceClient(client_options=target.client_options)
     endpoints = aiplatform_v1.EndpointServiceClient(client_options=target.client_options)
     pipeline_models = _pipeline_models(models, target)
@@ -332,6 +399,11 @@ def push(target: PushTarget, artifact_uri: str, push: str) -> Pushed:
         )
         uploaded = True
         logger.info("uploaded %s as version %s of %s", artifact_uri, version_id, model_name)
+    evaluation_name = ""
+    if evaluation is not None:
+        message = evaluation.message(target, push)
+        evaluation_name = _import_evaluation(models, f"{model_name}@{version_id}", message)
+        logger.info("version %s of %s carries evaluation %s", version_id, model_name, evaluation_name)
 
     endpoint = _endpoint(endpoints, target)
     current = _deployed(endpoint, model_name, version_id)
@@ -379,7 +451,8 @@ def push(target: PushTarget, artifact_uri: str, push: str) -> Pushed:
             **cloud_retry.call_policy(f"undeploying {old.id} from {endpoint.name}"),
         ).result()
         logger.info("undeployed %s (%s) from %s", old.id, old.model, endpoint.name)
-    return Pushed(model_name, version_id, endpoint.name, current.id, tuple(d.id for d in replaced), uploaded)
+    replaced_ids = tuple(d.id for d in replaced)
+    return Pushed(model_name, version_id, endpoint.name, current.id, replaced_ids, uploaded, evaluation_name)
 
 
 class VertexPusherExecutor(pusher_executor.Executor):
@@ -403,11 +476,15 @@ class VertexPusherExecutor(pusher_executor.Executor):
             return
         model = artifact_utils.get_single_instance(input_dict[standard_component_specs.MODEL_KEY])
         io_utils.copy_dir(src=self.GetModelPath(input_dict), dst=model_push.uri)
-        pushed = push(target, model_push.uri, push_id(model.uri))
+        blessing = artifact_utils.get_single_instance(input_dict[standard_component_specs.MODEL_BLESSING_KEY])
+        run_id, _ = run_label.take_run_id(self._extra_flags or [], output_dict)
+        evaluation = Evaluation(evaluation_results.evaluated(blessing), run_id or "", blessing.uri)
+        pushed = push(target, model_push.uri, push_id(model.uri), evaluation)
         self._MarkPushed(model_push, pushed_destination=pushed.endpoint, pushed_version=pushed.version_id)
         model_push.set_string_custom_property("vertex_model", f"{pushed.model}@{pushed.version_id}")
         model_push.set_string_custom_property("vertex_deployed_model_id", pushed.deployed_model_id)
         model_push.set_string_custom_property("vertex_undeployed", ",".join(pushed.undeployed))
+        model_push.set_string_custom_property("vertex_model_evaluation", pushed.evaluation)
 
 
 class VertexPusher(tfx.components.Pusher):

@@ -7,7 +7,7 @@ import dataclasses
 from ml_metadata.metadata_store import metadata_store
 from ml_metadata.proto import metadata_store_pb2
 
-from pipeline import pipeline_def
+from components import evaluation_results
 
 
 @dataclasses.dataclass(frozen=True)
@@ -85,45 +85,6 @@ def _int_property(artifact, name: str) -> int | None:
     return artifact.custom_properties[name].int_value
 
 
-def _metrics(evaluation_uri: str) -> dict[str, float]:
-    import tensorflow_model_analysis as tfma
-
-    values = {}
-    for metrics_for_slice in tfma.load_metrics(evaluation_uri):
-        if metrics_for_slice.slice_key.single_slice_keys:
-            continue  # only the overall slice
-        for key_and_value in metrics_for_slice.metric_keys_and_values:
-            if not key_and_value.key.is_diff:  # the change against the baseline model is a separate key
-                values.setdefault(key_and_value.key.name, key_and_value.value.double_value.value)
-    return values
-
-
-def refusals(validation) -> tuple[str, ...]:
-    """Each blessing condition a TFMA ``ValidationResult`` says failed, in words: the top-1 below the target (a
-    value threshold), or worse than the last blessed model's (a change threshold against the baseline, whose
-    metric value is the difference)."""
-    reasons = []
-    for per_slice in validation.metric_validations_per_slice:
-        for failure in per_slice.failures:
-            if failure.metric_key.name != pipeline_def.TOP1:
-                reasons.append(failure.message or f"{failure.metric_key.name} failed its threshold")
-                continue
-            value = failure.metric_value.double_value.value
-            threshold = failure.metric_threshold
-            if failure.metric_key.is_diff:
-                reasons.append(f"its top-1 is {-value:.4f} below the last blessed model's")
-            else:
-                bound = threshold.value_threshold.lower_bound.value
-                reasons.append(f"top-1 {value:.4f} is below the target {bound:.4f}")
-    return tuple(reasons)
-
-
-def _refusals(evaluation_uri: str) -> tuple[str, ...]:
-    import tensorflow_model_analysis as tfma
-
-    return refusals(tfma.load_validation_result(evaluation_uri))
-
-
 def read_outcome(metadata_path: str, pipeline_name: str, target_top1: float) -> Outcome:
     """The latest Evaluator and Pusher outputs of ``pipeline_name`` in the SQLite store at ``metadata_path``."""
     store = _store(metadata_path)
@@ -136,21 +97,25 @@ def read_outcome(metadata_path: str, pipeline_name: str, target_top1: float) -> 
     pushed = _latest(store, artifacts, "PushedModel")
     model = _latest(store, artifacts, "Model")
     model_run = _latest(store, artifacts, "ModelRun")
-    metrics = _metrics(evaluation.uri) if evaluation else {}
+    metrics = evaluation_results.overall_metrics(evaluation.uri) if evaluation else {}
     destination = None
     if pushed is not None and "pushed_destination" in pushed.custom_properties:
         destination = pushed.custom_properties["pushed_destination"].string_value
     return Outcome(
         target_top1=target_top1,
-        top1=metrics.get(pipeline_def.TOP1),
-        top5=metrics.get(pipeline_def.TOP5),
+        top1=metrics.get(evaluation_results.TOP1),
+        top5=metrics.get(evaluation_results.TOP5),
         blessed=_int_property(blessing, "blessed") == 1,
         pushed=_int_property(pushed, "pushed") == 1,
         pushed_destination=destination,
         model_uri=model.uri if model else None,
         model_run_uri=model_run.uri if model_run else None,
         tuned=_tuned(model_run.uri) if model_run else {},
-        refusals=_refusals(evaluation.uri) if evaluation and _int_property(blessing, "blessed") != 1 else (),
+        refusals=(
+            evaluation_results.evaluation_refusals(evaluation.uri)
+            if evaluation and _int_property(blessing, "blessed") != 1
+            else ()
+        ),
     )
 
 

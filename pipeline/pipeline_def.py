@@ -13,7 +13,7 @@ import tensorflow_model_analysis as tfma
 from tfx import v1 as tfx
 
 from beam_preprocess.config import ShardingConfig
-from components import latest_blessed, parameters, runtime_gate
+from components import evaluation_results, latest_blessed, parameters, runtime_gate
 from components.imagenet_shards import ImageNetShardGen
 from effnet_common import schema
 from trainer_module import export, tfx_trainer
@@ -23,7 +23,7 @@ RUN_FN = "trainer_module.tfx_trainer.run_fn"
 TUNER_FN = "trainer_module.tfx_trainer.tuner_fn"
 TUNER_STEP = "Tuner"
 TOP1 = parameters.TOP1_KEY
-TOP5 = "top5_accuracy"
+TOP5 = evaluation_results.TOP5
 SHARDING_STEP = "ImageNetShardGen"
 EVALUATOR_STEP = "Evaluator"
 # The latest blessed model may tie; only a strictly worse model is refused.

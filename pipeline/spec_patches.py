@@ -24,7 +24,8 @@ def patch(
     pipeline root goes into ``defaultPipelineRoot`` (the serving directory and Dataflow's temp location are
     compiled under it, so a run must use it); ``labels`` onto the PipelineJob. Each task's caching is written
     (``set_caching``: the exit task never cached), and the steps that start cloud jobs get a retry policy
-    (``set_retry_policy``).
+    (``set_retry_policy``). The Trainer and the Evaluator get the outputs a run page shows
+    (``add_run_page_outputs``).
     """
     spec = job["pipelineSpec"]
     scope_baseline_query(spec, name)
@@ -32,8 +33,36 @@ def patch(
     bind_exit_dag_parameters(spec)
     set_caching(spec, enable_cache)
     set_retry_policy(spec)
+    add_run_page_outputs(spec)
     spec["defaultPipelineRoot"] = pipeline_root
     job["labels"] = {**job.get("labels", {}), **labels}
+
+
+def add_run_page_outputs(spec: dict) -> list[str]:
+    """Declares the ``system.Metrics`` and ``system.HTML`` outputs of ``components.run_page.OUTPUTS`` on the
+    Trainer and the Evaluator, and has their containers run ``components.run_page``, which makes them beside
+    the TFX outputs. Returns the components changed.
+
+    Only the components declare them (as the KFP SDK's own compiler does, with ``schemaTitle``); the
+    ``system.Metrics`` outputs are not lifted to the DAG's outputs, which no view needs (Vertex AI Experiments
+    reads every metrics artifact of the run).
+    """
+    from components import run_page
+
+    changed = []
+    for name, outputs in run_page.OUTPUTS.items():
+        component = spec["components"].get(name)
+        if component is None:
+            continue
+        declared = component.setdefault("outputDefinitions", {}).setdefault("artifacts", {})
+        for output, type_name in outputs.items():
+            declared[output] = {"artifactType": run_page.artifact_type(type_name)}
+        container = spec["deploymentSpec"]["executors"][component["executorLabel"]]["container"]
+        if container["command"][-1] != run_page.TFX_ENTRY_POINT:
+            raise ValueError(f"{name}: its container runs {container['command']}, not TFX's entry point")
+        container["command"] = [*container["command"][:-1], run_page.ENTRY_POINT]
+        changed.append(name)
+    return changed
 
 
 def scope_baseline_query(spec: dict, name: str) -> int:

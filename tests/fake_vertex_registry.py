@@ -35,6 +35,13 @@ where each comes from:
   the model being deployed); ``undeploy_model`` refuses a deployed model that still has traffic unless the
   request moves it elsewhere (``FailedPrecondition``);
 - long-running calls return an operation whose ``result()`` is the response.
+- **Model evaluations** (ModelService ``ImportModelEvaluation`` and ``ListModelEvaluations``, v1): an import
+  takes the model as ``parent`` (Google's own pipeline component passes ``MODEL@VERSION``, which attaches the
+  evaluation to that version; without ``@`` the default version), has no id of its own (each call makes a new
+  evaluation, named ``MODEL/evaluations/ID`` with its ``create_time``), and needs ``metrics_schema_uri`` and
+  ``metrics`` (not confirmed as required; the service's own evaluations always carry both). A list of
+  ``MODEL@VERSION`` returns that version's evaluations (what the service does with a versioned list is not
+  confirmed; ``evaluations`` keeps them by version).
 
 ``calls`` records every call by name, so a test can tell that a retried push uploaded nothing. ``faults`` (a
 ``faults.FaultSchedule``) gives each call, by its name (``upload_model``...), the service's transient faults.
@@ -42,6 +49,7 @@ where each comes from:
 
 from __future__ import annotations
 
+import datetime
 import functools
 import re
 
@@ -99,6 +107,7 @@ class FakeModelRegistry:
         self.projects = dict(PROJECTS if projects is None else projects)
         self.models: dict[str, list[aiplatform_v1.Model]] = {}  # model name -> versions, oldest first
         self.endpoints: dict[str, aiplatform_v1.Endpoint] = {}
+        self.evaluations: dict[str, list[aiplatform_v1.ModelEvaluation]] = {}  # MODEL@VERSION -> evaluations
         self.calls: list[str] = []
         self._ids = 100
 
@@ -276,6 +285,32 @@ class FakeModelRegistry:
                 target = registry.version(request.name)
                 registry._merge_aliases(bare, target, request.version_aliases)
                 return aiplatform_v1.Model(target)
+
+            def import_model_evaluation(self, request=None, parent=None, model_evaluation=None, **kwargs):
+                request = aiplatform_v1.ImportModelEvaluationRequest(
+                    request or {"parent": parent, "model_evaluation": model_evaluation}
+                )
+                registry.calls.append("import_model_evaluation")
+                version = registry.version(request.parent)
+                evaluation = request.model_evaluation
+                if not evaluation.metrics_schema_uri or "metrics" not in evaluation:
+                    raise exceptions.InvalidArgument(
+                        "a model evaluation needs metrics_schema_uri and metrics"
+                    )
+                bare = version.name
+                stored = aiplatform_v1.ModelEvaluation(
+                    evaluation, name=f"{bare}/evaluations/{registry._next_id()}"
+                )
+                stored.create_time = datetime.datetime.now(datetime.timezone.utc)
+                registry.evaluations.setdefault(f"{bare}@{version.version_id}", []).append(stored)
+                return aiplatform_v1.ModelEvaluation(stored)
+
+            def list_model_evaluations(self, request=None, parent=None, **kwargs):
+                request = aiplatform_v1.ListModelEvaluationsRequest(request or {"parent": parent})
+                registry.calls.append("list_model_evaluations")
+                version = registry.version(request.parent)
+                key = f"{version.name}@{version.version_id}"
+                return [aiplatform_v1.ModelEvaluation(e) for e in registry.evaluations.get(key, [])]
 
         class EndpointServiceClient:
             def __init__(self, client_options=None, **kwargs):

@@ -326,6 +326,7 @@ def test_the_local_baseline_is_the_latest_blessed_model_other_than_the_candidate
 def test_the_verdict_says_which_blessing_condition_failed():
     from tensorflow_model_analysis.proto import validation_result_pb2
 
+    from components.evaluation_results import refusals
     from pipeline import outcome
 
     validation = validation_result_pb2.ValidationResult(validation_ok=False)
@@ -338,13 +339,11 @@ def test_the_verdict_says_which_blessing_condition_failed():
     worse.metric_key.name = "sparse_categorical_accuracy"
     worse.metric_key.is_diff = True
     worse.metric_value.double_value.value = -0.0125
-    assert outcome.refusals(validation) == (
+    assert refusals(validation) == (
         "top-1 0.9412 is below the target 0.9500",
         "its top-1 is 0.0125 below the last blessed model's",
     )
-    verdict = outcome.Outcome(
-        0.95, 0.9412, None, False, False, None, None, refusals=outcome.refusals(validation)
-    )
+    verdict = outcome.Outcome(0.95, 0.9412, None, False, False, None, None, refusals=refusals(validation))
     assert (
         "model NOT blessed: top-1 0.9412 is below the target 0.9500; its top-1 is 0.0125 below"
         in verdict.report()

@@ -357,6 +357,43 @@ def test_kubeflow_yaml_spec_is_what_kfp_loads_typed_with_its_defaults(tmp_path):
     assert Template.read(str(output)).defaults["val_shards"] == 128
 
 
+@pytest.mark.parametrize("name", ["effnet.json", "effnet.yaml"])
+def test_the_trainer_and_evaluator_declare_what_the_run_page_shows_and_run_the_step_that_makes_it(
+    tmp_path, name
+):
+    """The Vertex and Kubeflow run pages show ``system.Metrics`` and ``system.HTML`` outputs: the compiled
+    Trainer declares both, the Evaluator a metrics output, typed as the KFP SDK types its own; their containers
+    run ``components.run_page`` (TFX's entry point with those outputs made beside), the other steps TFX's."""
+    from components import run_page
+
+    code, output = _compile(tmp_path, name=name)
+    assert code == 0
+    with open(output) as f:
+        spec = yaml.safe_load(f)  # JSON is YAML too
+    spec = spec.get("pipelineSpec", spec)
+    declared = {
+        component: {
+            key: definition["artifactType"]
+            for key, definition in spec["components"][component]["outputDefinitions"]["artifacts"].items()
+            if "schemaTitle" in definition["artifactType"]
+        }
+        for component in ("Trainer", "Evaluator", "Pusher")
+    }
+    metrics = {"schemaTitle": "system.Metrics", "schemaVersion": "0.0.1"}
+    assert declared == {
+        "Trainer": {"trainer_metrics": metrics, "run_report": {**metrics, "schemaTitle": "system.HTML"}},
+        "Evaluator": {"evaluator_metrics": metrics},
+        "Pusher": {},
+    }
+    commands = {
+        label.removesuffix("_executor"): executor["container"]["command"]
+        for label, executor in spec["deploymentSpec"]["executors"].items()
+        if "container" in executor
+    }
+    assert commands.pop("Trainer") == commands.pop("Evaluator") == ["python", "-m", run_page.ENTRY_POINT]
+    assert {tuple(command) for command in commands.values()} == {("python", "-m", run_page.TFX_ENTRY_POINT)}
+
+
 def test_tags_are_warned_about_and_the_vertex_pusher_is_optional(tmp_path, capsys):
     tagged = ["--image", "pipeline:latest", "--trainer-image", "trainer-tpu:latest"]
     serving = "us-docker.pkg.dev/vertex-ai/prediction/tf2-cpu.2-15:latest"

@@ -112,6 +112,33 @@ def test_a_retried_push_uploads_and_deploys_nothing_again(registry):
     assert not again.uploaded
 
 
+def test_the_evaluation_is_imported_once_through_faults_a_lost_answer_and_a_retried_push(
+    registry, monkeypatch
+):
+    """The pushed version's model evaluation: its listing meets a transient fault and its import is made but its
+    answer lost: the import is found by its name before it would be sent again; a retried push imports
+    nothing again; the next push's version carries its own."""
+    import fake_vertex
+    import faults
+
+    fake_vertex.fast_retries(monkeypatch.setattr)
+    evaluation = vertex_pusher.Evaluation({"top1": 0.75, "top5": 0.9}, run="run-1")
+    registry.faults = faults.FaultSchedule(
+        {"list_model_evaluations": ["503"], "import_model_evaluation": ["lost"]}
+    )
+    pushed = vertex_pusher.push(_target(), "gs://b/push/1", "push-1", evaluation)
+    assert not any(registry.faults.plan.values())  # every fault met
+    (imported,) = registry.evaluations[f"{pushed.model}@1"]
+    assert pushed.evaluation == imported.name and imported.metadata["pipeline_job_id"] == "run-1"
+    assert registry.calls.count("import_model_evaluation") == 1
+    again = vertex_pusher.push(_target(), "gs://b/push/1", "push-1", evaluation)
+    assert again.evaluation == imported.name and registry.calls.count("import_model_evaluation") == 1
+    second = vertex_pusher.push(_target(), "gs://b/push/2", "push-2", vertex_pusher.Evaluation({"top1": 0.8}))
+    (other,) = registry.evaluations[f"{pushed.model}@2"]
+    assert second.evaluation == other.name != imported.name
+    assert other.metrics["confidenceMetrics"][0]["recallAt1"] == 0.8
+
+
 def test_a_push_cut_off_after_its_upload_deploys_the_uploaded_version(registry, monkeypatch):
     class Cut(Exception):
         pass
@@ -160,6 +187,8 @@ def _executor_inputs(tmp_path, blessed: bool):
     blessing = standard_artifacts.ModelBlessing()
     blessing.uri = str(tmp_path / "Evaluator" / "blessing" / "8")
     blessing.set_int_custom_property("blessed", int(blessed))
+    for name, value in {"top1": 0.9412, "top5": 0.9977, "evaluated_examples": 1000.0}.items():
+        blessing.set_float_custom_property(name, value)  # as the Evaluator leaves them
     pushed = standard_artifacts.PushedModel()
     pushed.uri = str(tmp_path / "VertexPusher" / "pushed_model" / "9")
     inputs = {
@@ -192,6 +221,18 @@ def test_the_executor_pushes_a_blessed_model_and_nothing_else(registry, tmp_path
     )
     with open(os.path.join(pushed.uri, "saved_model.pb"), "rb") as f:
         assert f.read() == b"a saved model"
+    # The version carries the Evaluator's result as its model evaluation.
+    (evaluation,) = registry.evaluations[f"{name}@1"]
+    assert pushed.get_string_custom_property("vertex_model_evaluation") == evaluation.name
+    assert evaluation.name.startswith(f"{name}/evaluations/")
+    assert evaluation.metrics_schema_uri == vertex_pusher.EVALUATION_SCHEMA
+    top1, top5 = evaluation.metrics["confidenceMetrics"]
+    assert (top1["maxPredictions"], top1["recallAt1"], top5["maxPredictions"], top5["recall"]) == (
+        1, 0.9412, 5, 0.9977
+    )  # fmt: skip
+    assert (
+        evaluation.metadata["evaluated_examples"] == 1000 and evaluation.metadata["pipeline"] == "effnet-b0"
+    )
 
 
 def test_the_executor_names_a_missing_push_config(tmp_path):

@@ -271,11 +271,49 @@ def test_evaluator_gates_at_the_run_target(local_run, trainer, evaluator):
     assert top1 < COMPILED["target_top1"]  # the compiled gate would refuse this model...
     blessing = evaluator.artifact("blessing")
     assert blessing["metadata"]["blessed"] == 1  # ...the run's target blesses it
+    assert blessing["metadata"]["top1"] == top1  # what the Pusher hands on to the Model Registry
     assert os.path.exists(os.path.join(blessing["uri"], "BLESSED"))
     assert blessing["metadata"]["current_model_id"] == trainer.artifact("model")["name"]
     # The blessing names its pipeline: the compiled latest-blessed-model lookup asks for this pipeline's only.
     assert blessing["metadata"][runtime_gate.BASELINE_SCOPE_PROPERTY] == "effnet-smoke"
     assert tfma.load_validation_result(evaluation).validation_ok
+
+
+@pytest.mark.slow
+def test_the_run_page_gets_the_trainers_and_evaluators_metrics_and_the_report(local_run, trainer, evaluator):
+    """The compiled Trainer and Evaluator declare ``system.Metrics`` outputs and the Trainer a ``system.HTML``
+    one (what the Vertex and Kubeflow run pages show); their containers write them: the metrics as the
+    artifacts' metadata, the Evaluator's top-1 TFMA's, the report one self-contained HTML file at its URI."""
+    components = kfp_launcher.pipeline_spec(local_run.job)["components"]
+    declared = {
+        name: {
+            key: d["artifactType"].get("schemaTitle")
+            for key, d in components[name]["outputDefinitions"]["artifacts"].items()
+        }
+        for name in (TRAINER, EVALUATOR)
+    }
+    assert declared[TRAINER]["trainer_metrics"] == "system.Metrics"
+    assert declared[TRAINER]["run_report"] == "system.HTML"
+    assert declared[EVALUATOR]["evaluator_metrics"] == "system.Metrics"
+
+    trained = trainer.artifact("trainer_metrics")["metadata"]
+    with open(os.path.join(trainer.artifact("model_run")["uri"], "metrics.json")) as f:
+        result = json.load(f)
+    assert trained["trainer_top1"] == result["final_top1"] and trained["steps"] == result["steps"]
+    assert trained["display_name"] == "Trainer: the training run"
+    gate = evaluator.artifact("evaluator_metrics")["metadata"]
+    evaluation = overall_metrics(evaluator.artifact("evaluation")["uri"])
+    assert gate["evaluator_top1"] == evaluation["sparse_categorical_accuracy"]
+    assert gate["blessed"] == 1.0 and "not_blessed_because" not in gate
+    assert gate["gate_top1"] == RUN["target_top1"]
+    # Experiments merges a run's metrics artifacts into one row: no key but the label is in both.
+    assert set(trained) & set(gate) == {"display_name"}
+
+    report = trainer.artifact("run_report")["uri"]
+    with open(report) as f:  # the file itself, at the artifact's URI
+        page = f.read()
+    assert page.startswith("<!doctype html>")
+    assert "data:image/png;base64," in page and 'src="report_' not in page
 
 
 @pytest.mark.slow

@@ -72,6 +72,11 @@ def read_text(path: str) -> str:
         return f.read()
 
 
+def read_bytes(path: str) -> bytes:
+    with tf.io.gfile.GFile(path, "rb") as f:
+        return f.read()
+
+
 def read_json(path: str):
     return json.loads(read_text(path))
 

@@ -18,6 +18,7 @@ redraws the report of a finished or running run where it lies. The PNGs sit besi
 
 from __future__ import annotations
 
+import base64
 import dataclasses
 import html
 import io
@@ -686,3 +687,16 @@ def write_report(model_dir: str, pipeline: dict | None = None) -> str:
     path = files.join(model_dir, REPORT_FILE)
     files.write_text(path, render_html(record, state, drawn, pipeline))
     return path
+
+
+def self_contained_report(model_dir: str) -> str:
+    """``report.html`` of ``model_dir`` with its plots inlined as ``data:`` URIs: one file that shows whole where
+    nothing beside it can be fetched (a pipeline run page's HTML view, which renders the file alone)."""
+    text = files.read_text(files.join(model_dir, REPORT_FILE))
+    for name in PLOTS.values():
+        source = f'src="{name}"'
+        path = files.join(model_dir, name)
+        if source in text and files.exists(path):
+            data = base64.b64encode(files.read_bytes(path)).decode("ascii")
+            text = text.replace(source, f'src="data:image/png;base64,{data}"')
+    return text
