@@ -30,6 +30,11 @@ polled, and:
   (the step then fails with one line and cancels the job if Vertex lets it). A create that failed with a
   transient error may have made the job: the jobs with this execution's labels are looked up before it is
   sent again.
+- **its logs stream to Vertex AI TensorBoard** when the compiled job names an instance (``--tensorboard``): the
+  compiled ``base_output_directory`` is the step's logs root under the pipeline root, to which the job adds its
+  run (the run's id, else a digest of its outputs), so that each run's jobs get an ``AIP_TENSORBOARD_LOG_DIR``
+  of their own (``<directory>/logs/``; a retried task's job the same one); the step logs the TensorBoard page of
+  the job (``tensorboard_url``: Vertex names the instance's experiment after the job's id).
 - **the timeout is the run's.** ``TimeoutRule`` (compiled into ``custom_config`` under ``TIMEOUT_KEY``) sets the
   job's ``scheduling.timeout`` from the config this execution trains (its epochs, its data, the accelerator;
   for the Tuner's job, the search's epochs over its parallel trials on that data), at most the compiled upper
@@ -48,6 +53,7 @@ import signal
 import time
 from typing import Any
 
+from components import run_label
 from effnet_common import cloud_retry
 
 logger = logging.getLogger("components.vertex_training")
@@ -60,6 +66,9 @@ CANCEL_POLL_SECONDS = 2.0
 SUCCEEDED = "JOB_STATE_SUCCEEDED"
 ENDED = ("JOB_STATE_SUCCEEDED", "JOB_STATE_FAILED", "JOB_STATE_CANCELLED", "JOB_STATE_EXPIRED")
 CONSOLE = "https://console.cloud.google.com/vertex-ai/locations/{region}/training/{job}/cpu?project={project}"
+# A custom job's page in the Vertex AI TensorBoard it streams to: the instance's experiment named after the job's id
+# (google-cloud-aiplatform's ``console_utils.custom_job_tensorboard_console_uri``).
+TENSORBOARD_PAGE = "https://{region}.tensorboard.googleusercontent.com/experiment/{experiment}"
 # The labels that find an execution's job again (label keys and values: lowercase letters, digits, '_', '-').
 TASK_LABEL = "effnet_task"
 OUTPUTS_LABEL = "effnet_outputs"
@@ -153,9 +162,10 @@ def job_request(
     """The CustomJob whose worker pools run ``executor_class_path`` on this execution, as TFX builds it.
 
     ``custom_config`` holds TFX's Vertex keys: the region, and under ``args_key`` (the Trainer's training args
-    by default; the Tuner's tuning args) the job's ``project``, ``job_spec`` (worker pools, ``scheduling``),
-    ``display_name`` and ``labels``. The job gets the labels of ``task`` and of this execution's outputs, and,
-    when given, ``timeout_seconds`` as its ``scheduling.timeout``.
+    by default; the Tuner's tuning args) the job's ``project``, ``job_spec`` (worker pools, ``scheduling``, and
+    with a TensorBoard its ``tensorboard`` and ``base_output_directory``), ``display_name`` and ``labels``. The job
+    gets the labels of ``task`` and of this execution's outputs, a ``base_output_directory`` of its run under the
+    compiled one, and, when given, ``timeout_seconds`` as its ``scheduling.timeout``.
     """
     from tfx import v1 as tfx
     from tfx.extensions.google_cloud_ai_platform import training_clients
@@ -172,6 +182,11 @@ def job_request(
         job_args.setdefault("job_spec", {}).setdefault("scheduling", {})["timeout"] = f"{timeout_seconds}s"
     find_labels = {TASK_LABEL: task, OUTPUTS_LABEL: outputs_digest(output_dict)}
     job_args["labels"] = {**job_args.get("labels", {}), **find_labels}
+    output = job_args.get("job_spec", {}).get("base_output_directory")
+    if output:  # the compiled logs root of the step: the run's own directory under it
+        run = job_args["labels"].get(run_label.RUN_LABEL) or find_labels[OUTPUTS_LABEL]
+        prefix = output["output_uri_prefix"].rstrip("/")
+        job_args["job_spec"]["base_output_directory"] = {"output_uri_prefix": f"{prefix}/{run}"}
     builder = training_clients.VertexJobClient(region)
     custom_job = builder.create_training_job(
         input_dict, output_dict, exec_properties, executor_class_path, job_args, None, None
@@ -184,6 +199,14 @@ def console_url(job_name: str) -> str:
     parts = job_name.split("/")
     fields = dict(zip(parts[0::2], parts[1::2], strict=False))
     return CONSOLE.format(region=fields["locations"], job=fields["customJobs"], project=fields["projects"])
+
+
+def tensorboard_url(tensorboard: str, job_name: str) -> str:
+    """The page of CustomJob ``job_name`` in Vertex AI TensorBoard instance ``tensorboard``
+    (``projects/P/locations/L/tensorboards/T``): its experiment ``{tensorboard}/experiments/{job id}``."""
+    region = tensorboard.split("/locations/", 1)[1].split("/", 1)[0]
+    experiment = f"{tensorboard}/experiments/{job_name.rsplit('/', 1)[-1]}"
+    return TENSORBOARD_PAGE.format(region=region, experiment=experiment.replace("/", "+"))
 
 
 class _StopSignals:
@@ -256,6 +279,12 @@ def run_job(
             if job is None:
                 job = _create(client, request, stop)
                 logger.info("training job %s created: %s", job.name, console_url(job.name))
+            if job.job_spec.tensorboard:
+                logger.info(
+                    "TensorBoard of training job %s: %s",
+                    job.name,
+                    tensorboard_url(job.job_spec.tensorboard, job.name),
+                )
             job = follow(client, job.name, interval, patience or cloud_retry.Patience())
         except cloud_retry.Unanswered as error:  # its state could not be read for too long: the step gives up
             stop.ignore()

@@ -4,8 +4,8 @@ One frozen object holds the project, region, images, pipeline root, identity and
 the training job and how it is provisioned, and the Dataflow workers of each Beam step. It is checked when it
 is built (each problem one line naming the flag), and it builds what the compiled pipeline carries: the
 Dataflow options of each Beam step, the Vertex custom job of the Trainer (worker pools, scheduling with a
-timeout from the run's estimate and the provisioning its machine can have, labels, display name) and the labels
-of the jobs.
+timeout from the run's estimate and the provisioning its machine can have, labels, display name, the Vertex AI
+TensorBoard it streams its logs to) and the labels of the jobs.
 """
 
 from __future__ import annotations
@@ -22,6 +22,11 @@ DEFAULT_REGION = "us-central1"
 _NETWORK = re.compile(r"^projects/[^/]+/global/networks/(?P<name>[^/]+)$")
 _DIGEST = re.compile(r"@sha256:[0-9a-f]{64}$")
 _RESERVATION = re.compile(r"^projects/[^/]+/zones/[^/]+/reservations/[^/]+$")
+# A Vertex AI TensorBoard instance (``CustomJobSpec.tensorboard``).
+TENSORBOARD_NAME = re.compile(r"^projects/[^/]+/locations/(?P<location>[^/]+)/tensorboards/[^/]+$")
+# Under the pipeline root: the TensorBoard logs of the training and tuning jobs, by pipeline, step and run
+# (``_job_args``; the step adds the run: ``components.vertex_training.job_request``).
+TENSORBOARD_DIR = "tensorboard"
 PIPELINE_LABEL = "effnet-pipeline"
 PRESET_LABEL = "effnet-preset"
 
@@ -115,6 +120,10 @@ class CloudSettings:
         (``effnet_common.cloud_retry``); compiled into the steps' arguments when it is not the default.
       zone: a TPU VM slice's zone ('' = the first zone of ``region`` that offers it; ``components.tpu_slices``).
       max_recreations: how many times a preempted or lost TPU VM slice is created again.
+      tensorboard: ``projects/P/locations/REGION/tensorboards/ID``, a Vertex AI TensorBoard instance the training
+        and tuning jobs stream their logs to ('' = none). Vertex requires a service account with it, and takes
+        logs only from jobs of the instance's region; each job also gets a ``base_output_directory`` under the
+        pipeline root (``TENSORBOARD_DIR``), where Vertex points ``AIP_TENSORBOARD_LOG_DIR``.
     """
 
     project: str
@@ -139,6 +148,7 @@ class CloudSettings:
     api_outage_hours: float = OUTAGE_HOURS
     zone: str = ""
     max_recreations: int = 2
+    tensorboard: str = ""
 
     def __post_init__(self):
         if not self.pipeline_root.startswith("gs://"):
@@ -200,6 +210,7 @@ class CloudSettings:
                 f"--reservation: {machine.name} runs on a Cloud TPU node, which no Compute Engine reservation holds "
                 f"(Vertex takes reservations of CPU, GPU and TPU VMs)"
             )
+        self._check_tensorboard(slice_type)
         if self.check_region:
             machine.check_region(self.region)
         if slice_type is not None:
@@ -207,6 +218,32 @@ class CloudSettings:
                 raise ValueError(f"--zone {self.tpu_zone} is not in --region {self.region}")
             if self.check_region:
                 machine.check_zone(self.tpu_zone)
+
+    def _check_tensorboard(self, slice_type) -> None:
+        """``tensorboard``'s form and what Vertex requires of a job writing to it (the research of
+        ``docs/run-page-research.md``, 2): a service account, the instance in the job's region, a Vertex job."""
+        if not self.tensorboard:
+            return
+        match = TENSORBOARD_NAME.match(self.tensorboard)
+        if not match:
+            raise ValueError(
+                f"--tensorboard {self.tensorboard!r} must be projects/PROJECT/locations/REGION/tensorboards/ID"
+            )
+        if match["location"] != self.region:
+            raise ValueError(
+                f"--tensorboard {self.tensorboard} is in {match['location']}: Vertex AI takes a training job's logs "
+                f"only into a TensorBoard of the job's region (--region {self.region}); name one in {self.region}"
+            )
+        if not self.service_account:
+            raise ValueError(
+                "--tensorboard needs --service-account: Vertex AI runs a job that writes to a TensorBoard only as a "
+                "service account given to it (one with roles/aiplatform.user and roles/storage.admin)"
+            )
+        if slice_type is not None:
+            raise ValueError(
+                f"--tensorboard attaches Vertex AI training jobs; --accelerator {self.accelerator} trains on a TPU VM "
+                "slice, outside Vertex AI"
+            )
 
     @property
     def machine(self):
@@ -314,7 +351,15 @@ class CloudSettings:
             **PROVISIONING.build(self.provisioning, self.machine, self.max_wait_seconds),
         }
 
-    def _job_args(self, pools: list[dict], timeout_seconds: int, display_name: str, labels: dict) -> dict:
+    def tensorboard_root(self, pipeline_name: str, task: str) -> str:
+        """Where the ``task`` ("trainer", "tuner") jobs of pipeline ``pipeline_name`` keep their TensorBoard logs,
+        a directory a run each (``components.vertex_training.job_request``): ``tensorboard --logdir`` on it shows
+        the runs side by side."""
+        return f"{self.pipeline_root.rstrip('/')}/{TENSORBOARD_DIR}/{pipeline_name}/{task}"
+
+    def _job_args(
+        self, pools: list[dict], timeout_seconds: int, pipeline_name: str, task: str, labels: dict
+    ) -> dict:
         if self.reservation:
             for pool in pools:
                 pool["machine_spec"]["reservation_affinity"] = {
@@ -327,6 +372,12 @@ class CloudSettings:
             job_spec["service_account"] = self.service_account
         if self.network:
             job_spec["network"] = self.network
+        if self.tensorboard:
+            job_spec["tensorboard"] = self.tensorboard
+            job_spec["base_output_directory"] = {
+                "output_uri_prefix": self.tensorboard_root(pipeline_name, task)
+            }
+        display_name = f"{pipeline_name}-{task}"
         return {"project": self.project, "display_name": display_name, "labels": labels, "job_spec": job_spec}
 
     def vertex_training_config(self, trainer_config, pipeline_name: str, labels: dict[str, str]) -> dict:
@@ -347,7 +398,7 @@ class CloudSettings:
             vertex.ENABLE_VERTEX_KEY: True,
             vertex.VERTEX_REGION_KEY: self.region,
             vertex.TRAINING_ARGS_KEY: self._job_args(
-                pools, self.timeout_seconds(hours), f"{pipeline_name}-trainer", labels
+                pools, self.timeout_seconds(hours), pipeline_name, "trainer", labels
             ),
             vertex_training.TIMEOUT_KEY: rule.to_config(),
         }
@@ -408,7 +459,7 @@ class CloudSettings:
             vertex.ENABLE_VERTEX_KEY: True,
             vertex.VERTEX_REGION_KEY: self.region,
             vertex.experimental.TUNING_ARGS_KEY: self._job_args(
-                pools, self.timeout_seconds(hours), f"{pipeline_name}-tuner", labels
+                pools, self.timeout_seconds(hours), pipeline_name, "tuner", labels
             ),
             vertex_training.TIMEOUT_KEY: rule.to_config(),  # the search's timeout on the run's data
         }

@@ -15,7 +15,8 @@ pipeline (``--param NAME=VALUE`` at compile time sets their defaults; with ``--s
         --trainer-image us-docker.pkg.dev/P/effnet/trainer-tpu@sha256:... \\
         --pipeline-root gs://BUCKET/pipelines --accelerator tpu-v3-8 --preset b0-rmsprop-8x2048 \\
         --train-archive gs://BUCKET/ILSVRC2012_img_train.tar --val-archive gs://BUCKET/ILSVRC2012_img_val.tar \\
-        --service-account effnet@P.iam.gserviceaccount.com --submit
+        --service-account effnet@P.iam.gserviceaccount.com \\
+        --tensorboard projects/P/locations/us-central1/tensorboards/ID --submit --experiment effnet-b0
     python -m pipeline.kubeflow_v2_runner --template effnet.json --project P --region us-central1 \\
         --pipeline-root gs://BUCKET/pipelines --param train_epochs=30 --param target_top1=0.5 --submit
     python -m pipeline.kubeflow_v2_runner --preset b0-rmsprop-8x2048 --accelerator gpu-h100x8 --plan
@@ -93,6 +94,11 @@ def build_parser() -> argparse.ArgumentParser:
     what.add_argument(
         "--wait", action="store_true", help="with --submit: follow the run to its end; exit 0 if it succeeded"
     )
+    what.add_argument(
+        "--experiment", default="", metavar="NAME",
+        help="with --submit to Vertex AI: put the run into this Vertex AI experiment (created if missing; 4-128 "
+        "of a-z, 0-9, '-'), where runs compare side by side",
+    )  # fmt: skip
     where = parser.add_argument_group("where it runs")
     where.add_argument("--project", default="", help="compiling: required; with --template: as compiled")
     where.add_argument(
@@ -117,6 +123,11 @@ def build_parser() -> argparse.ArgumentParser:
     where.add_argument("--service-account", default="", help="for the pipeline, training and Dataflow jobs")
     where.add_argument("--network", default="", help="projects/PROJECT_NUMBER/global/networks/NAME")
     where.add_argument("--subnetwork", default="", help="Dataflow workers' regions/REGION/subnetworks/NAME")
+    where.add_argument(
+        "--tensorboard", default=CLOUD_DEFAULTS["tensorboard"], metavar="NAME",
+        help="projects/P/locations/REGION/tensorboards/ID: a Vertex AI TensorBoard of --region the training and "
+        "tuning jobs stream their curves and profiles to (needs --service-account)",
+    )  # fmt: skip
     where.add_argument(
         "--provisioning",
         default=CLOUD_DEFAULTS["provisioning"],
@@ -248,6 +259,7 @@ def _settings(args) -> CloudSettings:
         api_outage_hours=args.api_outage_hours,
         zone=args.zone,
         max_recreations=args.max_recreations,
+        tensorboard=args.tensorboard,
     )
 
 
@@ -306,7 +318,11 @@ def _template_for(args):
 
     template = Template.read(args.template)
     mismatch = template.target.mismatch(
-        project=args.project, region=args.region, service_account=args.service_account, network=args.network
+        project=args.project,
+        region=args.region,
+        service_account=args.service_account,
+        network=args.network,
+        tensorboard=args.tensorboard,
     )
     if mismatch:
         raise ValueError(mismatch)
@@ -341,6 +357,23 @@ def _check_destination(args, kubeflow: bool, path: str) -> None:
                 raise ValueError(f"{flag} goes with --kfp-host (a Kubeflow Pipelines endpoint)")
 
 
+def _check_experiment(args) -> None:
+    """``--experiment`` names a Vertex AI experiment a submitted Vertex run goes into (a Kubeflow run goes into
+    the experiment named after the pipeline): refused in one line otherwise, before anything is loaded."""
+    if not args.experiment:
+        return
+    from pipeline import submission
+
+    if not args.submit:
+        raise ValueError("--experiment puts a submitted run into a Vertex AI experiment: add --submit")
+    if args.kfp_host:
+        raise ValueError(
+            "--experiment is a Vertex AI experiment; a Kubeflow Pipelines run goes into the experiment named after "
+            "the pipeline"
+        )
+    submission.check_experiment_name(args.experiment)
+
+
 def submit(template, args) -> int:
     """Checks the run's parameter values against the template, submits it, and with ``--wait`` follows the run
     to its end. Returns the exit status: 0 once submitted (or, with ``--wait``, when the run succeeded), 1 when
@@ -359,9 +392,11 @@ def submit(template, args) -> int:
                 template, params, args.kfp_host, not args.no_cache, args.kfp_namespace, args.kfp_token_file
             )
         else:
-            run = submission.submit_vertex(template, params, not args.no_cache)
+            run = submission.submit_vertex(template, params, not args.no_cache, experiment=args.experiment)
     print(f"submitted {run.description}")
     print(f"follow it at {run.url}")
+    for note in run.notes:
+        print(note)
     if not args.wait:
         return 0
     with stopping.describe(
@@ -388,6 +423,7 @@ def run(args) -> int:
         )
     if args.wait and not args.submit:
         raise ValueError("--wait follows a submitted run: add --submit")
+    _check_experiment(args)
     if args.template:
         if not args.submit:
             raise ValueError("--template submits a compiled pipeline: add --submit")

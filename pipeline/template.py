@@ -4,7 +4,7 @@ A compiled Vertex ``PipelineJob`` (``.json``) or Kubeflow ``PipelineSpec`` (``.y
 everything a run is made of: its runtime parameters with their types and defaults, the trainer and sharding
 configs its executors read (constants of the Trainer and sharding tasks), the pipeline root its serving directory
 and Dataflow's temp location sit under, and where its jobs run (the training job's project, region, service
-account and network; Dataflow's are compiled from the same values). ``Template`` reads those back, so that a run
+account and network, and its TensorBoard; Dataflow's are compiled from the same values). ``Template`` reads those back, so that a run
 is submitted where its jobs run and its parameter values are checked, by the same functions the executors apply,
 before anything is submitted or paid for.
 """
@@ -25,12 +25,14 @@ SHARDING_TASK = "ImageNetShardGen"
 @dataclasses.dataclass(frozen=True)
 class JobTarget:
     """Where a compiled pipeline's jobs run: the training job's (and Dataflow's) project, region, identity and
-    network, as compiled into the Trainer's ``custom_config``."""
+    network, and the Vertex AI TensorBoard its training jobs stream to, as compiled into the Trainer's
+    ``custom_config``."""
 
     project: str
     region: str
     service_account: str = ""
     network: str = ""
+    tensorboard: str = ""
 
     def mismatch(self, **given: str) -> str | None:
         """One line naming the first given value that differs from the compiled one, or None."""
@@ -38,10 +40,14 @@ class JobTarget:
             compiled = getattr(self, name)
             if value and value != compiled:
                 flag = "--" + name.replace("_", "-")
+                where = (
+                    "which its training jobs stream their logs to"
+                    if name == "tensorboard"
+                    else "where its training job and Dataflow run"
+                )
                 return (
                     f"{flag} {value}: the template was compiled for {name.replace('_', ' ')} "
-                    f"{compiled or '(none)'}, where its training job and Dataflow run; compile it again "
-                    f"with {flag} {value}"
+                    f"{compiled or '(none)'}, {where}; compile it again with {flag} {value}"
                 )
         return None
 
@@ -214,6 +220,7 @@ class Template:
             region=config.get(vertex.VERTEX_REGION_KEY, ""),
             service_account=job_spec.get("service_account", ""),
             network=job_spec.get("network", ""),
+            tensorboard=job_spec.get("tensorboard", ""),
         )
 
     def check_values(self, values: dict) -> None:

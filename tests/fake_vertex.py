@@ -49,7 +49,8 @@ cancels those jobs, with the service's rules (see the class).
 Pipeline jobs: ``FakePipelineService.install(monkeypatch)`` replaces the three calls of ``aiplatform_v1``'s
 ``PipelineServiceClient`` that the SDK's ``PipelineJob`` makes (create, get, cancel) in this process: requests
 are recorded as the API's own messages, checked against the service's rules for labels and service accounts,
-and the job moves through the states the test scripts.
+and the job moves through the states the test scripts; a read of a started job carries its run's metadata context
+(``fake_vertex_metadata`` holds the metadata store, the experiments and the TensorBoard instances).
 """
 
 from __future__ import annotations
@@ -124,6 +125,7 @@ FLEX_START_GPUS = (
 )  # fmt: skip
 MAX_TIMEOUT_SECONDS = 7 * 24 * 3600
 RESERVATION_KEY = "compute.googleapis.com/reservation-name"
+TENSORBOARD_NAME = re.compile(r"^projects/[^/]+/locations/(?P<location>[^/]+)/tensorboards/[^/]+$")
 
 
 class Refused(ValueError):
@@ -189,8 +191,15 @@ def check_custom_job(parent: str, job) -> None:
       ``projects/P/zones/Z/reservations/N`` in the job's region; not on a ``cloud-tpu`` node (Vertex consumes
       reservations of CPU, GPU and TPU VMs; that a v2/v3 node has none is inferred, not stated).
 
-    Not checked, as no current source could be read: which GPUs each region offers for training. Not
-    modelled: multi-host v5e topologies (refused here; the service runs them, one container per host).
+    - a TensorBoard (``job_spec.tensorboard``, docs/run-page-research.md 2): named
+      ``projects/P/locations/L/tensorboards/T``, in the job's region (Vertex takes a job's logs only into an
+      instance of its region), with a ``service_account`` (the SDK: "service_account is required with provided
+      tensorboard"); ``base_output_directory`` a gs:// prefix.
+
+    Not checked, as no current source could be read: which GPUs each region offers for training; whether the
+    TensorBoard exists when the job is created (the job service of a task's process holds no instances; the
+    submission looks it up: ``fake_vertex_metadata.FakeTensorboardService``). Not modelled: multi-host v5e
+    topologies (refused here; the service runs them, one container per host).
     """
     region = parent.rsplit("/", 1)[-1]
     pools = [pool for pool in job.job_spec.worker_pool_specs if pool.replica_count]
@@ -219,6 +228,7 @@ def check_custom_job(parent: str, job) -> None:
             raise Refused("FLEX_START needs a timeout of at most 7 days")
     if reserved and strategy in ("FLEX_START", "SPOT"):
         raise Refused(f"a {strategy} job cannot consume a reservation")
+    _check_tensorboard(region, job.job_spec)
     for pool in reserved:
         affinity = pool.machine_spec.reservation_affinity
         if pool.machine_spec.machine_type == "cloud-tpu":
@@ -230,6 +240,22 @@ def check_custom_job(parent: str, job) -> None:
         zone = affinity.values[0].split("/zones/")[-1].split("/")[0]
         if zone.rsplit("-", 1)[0] != region:
             raise Refused(f"reservation {affinity.values[0]} is not in region {region}")
+
+
+def _check_tensorboard(region: str, spec) -> None:
+    """``check_custom_job``'s TensorBoard rules."""
+    output = spec.base_output_directory.output_uri_prefix
+    if output and not output.startswith("gs://"):
+        raise Refused(f"base_output_directory {output!r} must be a gs:// prefix")
+    if not spec.tensorboard:
+        return
+    match = TENSORBOARD_NAME.match(spec.tensorboard)
+    if not match:
+        raise Refused(f"tensorboard {spec.tensorboard!r} is not projects/P/locations/L/tensorboards/T")
+    if match["location"] != region:
+        raise Refused(f"tensorboard {spec.tensorboard} is not in the job's region {region}")
+    if not spec.service_account:
+        raise Refused("service_account is required with tensorboard")
 
 
 def _matches(job, term: str) -> bool:
@@ -276,9 +302,24 @@ def fast_retries(setattr=setattr) -> None:
         setattr(cloud_retry, name, value)
 
 
+def output_environment(job_spec: dict) -> dict[str, str]:
+    """What Vertex sets in every container of a job with a ``base_output_directory`` (``custom_job.proto``):
+    ``AIP_MODEL_DIR``, ``AIP_CHECKPOINT_DIR`` and ``AIP_TENSORBOARD_LOG_DIR`` under it."""
+    base = (job_spec.get("base_output_directory") or {}).get("output_uri_prefix", "")
+    if not base:
+        return {}
+    base = base.rstrip("/")
+    return {
+        "AIP_MODEL_DIR": f"{base}/model/",
+        "AIP_CHECKPOINT_DIR": f"{base}/checkpoints/",
+        "AIP_TENSORBOARD_LOG_DIR": f"{base}/logs/",
+    }
+
+
 def replica_environments(job_spec: dict, pool_sizes: list[int]) -> dict[str, dict[str, str]]:
     """``CLUSTER_SPEC`` and ``TF_CONFIG`` of every replica, by its name ``workerpoolP-I``, as Vertex sets them:
-    pool 0 (one replica) is TensorFlow's ``chief``, pool 1's replicas are ``worker`` 0, 1..."""
+    pool 0 (one replica) is TensorFlow's ``chief``, pool 1's replicas are ``worker`` 0, 1...; with a
+    ``base_output_directory``, the ``AIP_*`` directories under it (``output_environment``)."""
     ports = iter(free_ports(sum(pool_sizes)))
     addresses = [[f"127.0.0.1:{next(ports)}" for _ in range(size)] for size in pool_sizes]
     cluster_spec = {f"workerpool{p}": pool for p, pool in enumerate(addresses)}
@@ -290,6 +331,7 @@ def replica_environments(job_spec: dict, pool_sizes: list[int]) -> dict[str, dic
         for index in range(len(pool)):
             task = {"type": "chief" if p == 0 else "worker", "index": index}
             environments[f"workerpool{p}-{index}"] = {
+                **output_environment(job_spec),
                 "CLUSTER_SPEC": json.dumps(
                     {
                         "cluster": cluster_spec,
@@ -607,15 +649,26 @@ class FakePipelineService:
     A created job carries the labels it was sent, with the service's own ``BILLING_LABEL`` set by the service. A
     job's id is unique in its location: a second create of the same id is ``ALREADY_EXISTS``. Both calls are GAPIC
     methods (``faults.gapic_method``): the SDK's ``retry=`` applies, and each attempt meets ``faults`` first.
+
+    The run's metadata context (``job_detail.pipeline_run_context``, schema ``system.PipelineRun``, named after the
+    job's id in the location's ``default`` metadata store) is made asynchronously, as the run starts: a read of the
+    job carries it from the ``run_context_after``-th read on. With ``metadata`` (a
+    ``fake_vertex_metadata.FakeMetadataService``), the context is made in that store, with the run's parameters as
+    Vertex records them (``input:NAME``).
     """
 
     def __init__(
         self,
         states=("PIPELINE_STATE_RUNNING", "PIPELINE_STATE_SUCCEEDED"),
         act_as=(),
+        metadata=None,
+        run_context_after: int = 1,
     ):
         self.states = list(states)
         self.act_as = tuple(act_as)
+        self.metadata = metadata
+        self.run_context_after = run_context_after
+        self.reads: dict[str, int] = {}  # reads of each job, by name
         self.created: list = []  # (parent, PipelineJob message, job id) as sent
         self.refused: list[str] = []
         self.gets = 0
@@ -637,6 +690,23 @@ class FakePipelineService:
         if errors:
             self.refused.append("; ".join(errors))
             raise exceptions.InvalidArgument("; ".join(errors))
+
+    def start_run(self, job) -> None:
+        """What Vertex does as the run starts: its ``system.PipelineRun`` context, in the job's record (and in
+        ``metadata``'s store, with the run's parameters)."""
+        from google.cloud import aiplatform_v1
+
+        parent, job_id = job.name.split("/pipelineJobs/")
+        context = aiplatform_v1.Context(
+            name=f"{parent}/metadataStores/default/contexts/{job_id}",
+            display_name=job_id,
+            schema_title="system.PipelineRun",
+            schema_version="0.0.1",
+        )
+        if self.metadata is not None:
+            parameters = dict(job.runtime_config.parameter_values)
+            context = self.metadata.start_run(context, {f"input:{k}": v for k, v in parameters.items()})
+        job.job_detail.pipeline_run_context = context
 
     def install(self, monkeypatch) -> FakePipelineService:
         from google.cloud.aiplatform_v1.services.pipeline_service import PipelineServiceClient
@@ -668,6 +738,12 @@ class FakePipelineService:
                 raise exceptions.NotFound(f"PipelineJob {name} not found")
             state = fake.states[min(fake.gets, len(fake.states) - 1)]
             fake.gets += 1
+            fake.reads[name] = fake.reads.get(name, 0) + 1
+            if (
+                fake.reads[name] >= fake.run_context_after
+                and not fake.jobs[name].job_detail.pipeline_run_context
+            ):
+                fake.start_run(fake.jobs[name])
             job = aiplatform_v1.PipelineJob(fake.jobs[name])
             job.state = aiplatform_v1.PipelineState[state]
             return job

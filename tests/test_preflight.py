@@ -356,6 +356,33 @@ def _quick_refusal_case(case, tmp_path):
             [*cloud, "--tune", "--tune-parallel-trials", "0"],
             "error: --tune-parallel-trials 0 must be at least 1",
         ),
+        "cloud, a TensorBoard in another region": (
+            runner,
+            [
+                *cloud,
+                "--service-account",
+                "sa@p.iam.gserviceaccount.com",
+                "--tensorboard",
+                "projects/p/locations/europe-west4/tensorboards/1",
+            ],
+            "error: --tensorboard projects/p/locations/europe-west4/tensorboards/1 is in europe-west4: Vertex AI takes "
+            "a training job's logs only into a TensorBoard of the job's region (--region us-central1)",
+        ),
+        "cloud, a TensorBoard without a service account": (
+            runner,
+            [*cloud, "--tensorboard", "projects/p/locations/us-central1/tensorboards/1"],
+            "error: --tensorboard needs --service-account",
+        ),
+        "cloud, an experiment's name Vertex refuses": (
+            runner,
+            [*cloud, "--submit", "--experiment", "EffNet B0"],
+            "error: --experiment 'EffNet B0': a Vertex AI experiment's name is 4 to 128 lowercase letters",
+        ),
+        "cloud, an experiment without --submit": (
+            runner,
+            [*cloud, "--experiment", "effnet-b0"],
+            "error: --experiment puts a submitted run into a Vertex AI experiment: add --submit",
+        ),
         "local, unknown preset": (
             local_runner,
             [*local, "--preset", "nope"],
@@ -406,6 +433,10 @@ QUICK_REFUSALS = (
     "cloud, --plan of an unknown preset",
     "cloud, unknown search",
     "cloud, no parallel trials",
+    "cloud, a TensorBoard in another region",
+    "cloud, a TensorBoard without a service account",
+    "cloud, an experiment's name Vertex refuses",
+    "cloud, an experiment without --submit",
     "local, unknown preset",
     "local, --beam_workers",
     "local, unknown setting",

@@ -1,5 +1,5 @@
 """The step profiler: which calls it cuts, the trace it writes (local, and copied where Vertex's TensorBoard
-directory is), the flag that sets it, and the run report's line."""
+directory is), the flag that sets it, and the run report's line; where a run's summaries go on Vertex."""
 
 import argparse
 import os
@@ -57,3 +57,21 @@ def test_the_flag_reads_first_and_last_step(text, expected):
 def test_the_flag_refuses_what_is_not_a_range(text):
     with pytest.raises(argparse.ArgumentTypeError):
         _step_range(text)
+
+
+def test_on_vertex_the_summaries_go_where_the_job_is_told_each_trial_to_a_directory_of_its_own(monkeypatch):
+    """A Vertex AI job attached to a TensorBoard is told where its logs stream from (``AIP_TENSORBOARD_LOG_DIR``):
+    the run writes its summaries (and traces) there unless given a directory; each trial of a search gets a
+    directory of its own under it, named as its trial directory (the trials would otherwise write one run)."""
+    from trainer_module.train import RunPaths
+    from trainer_module.tuning import trials
+
+    monkeypatch.delenv(profiling.VERTEX_TENSORBOARD_ENV, raising=False)
+    assert RunPaths("gs://b/run").resolved_tensorboard_dir == "gs://b/run/tensorboard"
+    assert trials.trial_environment("gs://b/search/trial_0003") == {}
+    monkeypatch.setenv(profiling.VERTEX_TENSORBOARD_ENV, "gs://b/tensorboard/effnet/tuner/r1/logs/")
+    assert RunPaths("gs://b/run").resolved_tensorboard_dir == "gs://b/tensorboard/effnet/tuner/r1/logs/"
+    assert RunPaths("gs://b/run", tensorboard_dir="/tmp/tb").resolved_tensorboard_dir == "/tmp/tb"
+    assert trials.trial_environment("gs://b/search/trial_0003/") == {
+        profiling.VERTEX_TENSORBOARD_ENV: "gs://b/tensorboard/effnet/tuner/r1/logs/trial_0003"
+    }

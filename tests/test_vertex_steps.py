@@ -427,14 +427,14 @@ def test_multi_worker_training_through_the_cloud_executor(tmp_path, clean_archiv
 
 @pytest.mark.slow
 def test_tuning_step_runs_parallel_trials_as_a_vertex_job_and_the_trainer_takes_the_best(
-    tmp_path, clean_archives
+    tmp_path, clean_archives, shards
 ):
     """``--tune``: the compiled Tuner task starts one Vertex job of two machines (TFX's tuning flock: the
     chief runs the search's oracle and trials, the worker trials), each trial a run of the trainer; the
-    Trainer task then trains with the best values."""
+    Trainer task then trains with the best values. (The shards are the module's: the sharding step is the
+    same whatever follows it.)"""
     tune = ["--tune", "--tune-search", "random", "--tune-max-trials", "2", "--tune-max-epochs", "1"]
     run = smoke_run(tmp_path, clean_archives, *tune, "--tune-parallel-trials", "2")
-    shards = run.run(SHARDS)
     vertex = tmp_path / "vertex"
     tuner = run.run("Tuner", [shards], wrapper=fake_vertex.wrapper(str(vertex)))
     with open(vertex / fake_vertex.RECORD_FILE.format(n=1)) as f:

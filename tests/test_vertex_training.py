@@ -1,6 +1,6 @@
 """The Vertex training job of a task: found again by a retried task, cancelled when the task is stopped while
 it is being created, its timeout from the run that is actually run, its checkpoints kept by the run's settings,
-and the training service's rules in the fake that stands for it.
+its logs streamed to a Vertex AI TensorBoard, and the training service's rules in the fake that stands for it.
 
 Vertex AI is ``fake_vertex.FakeJobServiceClient`` in this process (``gapic.JobServiceClient`` replaced);
 everything up to the network call is this project's and TFX's code. Jobs run real replica processes (a short
@@ -8,6 +8,7 @@ everything up to the network call is this project's and TFX's code. Jobs run rea
 """
 
 import json
+import logging
 import os
 import signal
 import time
@@ -28,6 +29,8 @@ from trainer_module.config import TrainerConfig, with_overrides
 
 PROJECT, REGION = "my-project", "us-central1"
 PARENT = f"projects/{PROJECT}/locations/{REGION}"
+TENSORBOARD = f"projects/{PROJECT}/locations/{REGION}/tensorboards/1234"
+SERVICE_ACCOUNT = f"effnet@{PROJECT}.iam.gserviceaccount.com"
 IMAGE = "us-docker.pkg.dev/my-project/effnet/trainer-cpu@sha256:" + "c" * 64
 INPUTS = ["--train-archive", "gs://b/train.tar", "--val-archive", "gs://b/val.tar"]
 
@@ -419,6 +422,95 @@ def test_on_kubeflow_the_training_job_is_labelled_with_the_run_id_in_its_output_
     assert record["custom_job"]["labels"][run_label.RUN_LABEL] == run
 
 
+# ---- Vertex AI TensorBoard ------------------------------------------------------------------------------------
+
+
+def test_the_training_and_tuning_jobs_stream_to_the_tensorboard_each_run_in_a_directory_of_its_own(
+    vertex, tmp_path, monkeypatch, caplog
+):
+    """Compiled with ``--tensorboard``: both jobs name the instance (with the service account Vertex requires) and
+    the step's logs root under the pipeline root, which the service's rules accept. The steps add the run (its
+    id; outside a pipeline run, a digest of the step's outputs), so every run's job is told a directory of its own
+    (``AIP_TENSORBOARD_LOG_DIR``), and the training step logs the job's page in Vertex AI TensorBoard."""
+    from google.cloud import aiplatform_v1
+    from tfx import v1 as tfx
+
+    monkeypatch.setattr(fake_vertex, "RUN_REPLICAS", False)
+    output = tmp_path / "effnet.json"
+    argv = [
+        "--output", str(output), "--project", PROJECT, "--region", REGION, "--pipeline-root", "gs://b/p",
+        "--image", IMAGE, *INPUTS, "--tune", "--tune-parallel-trials", "1",
+        "--service-account", SERVICE_ACCOUNT, "--tensorboard", TENSORBOARD,
+    ]  # fmt: skip
+    assert kubeflow_v2_runner.main(argv) == 0
+    tasks = pipeline_tasks(json.loads(output.read_text())["pipelineSpec"])
+    properties = {
+        task: {
+            k: v["runtimeValue"]["constant"]
+            for k, v in tasks[task]["inputs"]["parameters"].items()
+            if "runtimeValue" in v
+        }
+        for task in ("Trainer", "Tuner")
+    }
+    vertex_keys = tfx.extensions.google_cloud_ai_platform
+    logs_root = "gs://b/p/tensorboard/effnet-b0-rmsprop-8x2048"
+    for task, key in (
+        ("Trainer", vertex_keys.TRAINING_ARGS_KEY),
+        ("Tuner", vertex_keys.experimental.TUNING_ARGS_KEY),
+    ):
+        job_args = json.loads(properties[task]["custom_config"])[key]
+        spec = job_args["job_spec"]
+        assert (spec["tensorboard"], spec["service_account"]) == (TENSORBOARD, SERVICE_ACCOUNT)
+        assert spec["base_output_directory"] == {"output_uri_prefix": f"{logs_root}/{task.lower()}"}
+        compiled = aiplatform_v1.CustomJob({k: v for k, v in job_args.items() if k != "project"})
+        fake_vertex.check_custom_job(PARENT, compiled)
+
+    run_id = "0b6e7d0c-3d51-4c5e-9a43-8d2b7f1e6a90"
+    context = runtime_gate.VertexTrainerExecutor.Context(extra_flags=[f"{run_label.RUN_FLAG}={run_id}"])
+    examples = imagenet_shards(tmp_path / "examples")
+    with caplog.at_level(logging.INFO, logger=vertex_training.logger.name):
+        runtime_gate.VertexTrainerExecutor(context).Do(
+            {"examples": [examples]}, outputs(run_id), properties["Trainer"]
+        )
+    (record,) = created(vertex)
+    spec = record["custom_job"]["job_spec"]
+    assert spec["tensorboard"] == TENSORBOARD
+    assert spec["base_output_directory"] == {"output_uri_prefix": f"{logs_root}/trainer/{run_id}"}
+    assert (
+        fake_vertex.output_environment(spec)["AIP_TENSORBOARD_LOG_DIR"]
+        == f"{logs_root}/trainer/{run_id}/logs/"
+    )
+    page = (
+        "https://us-central1.tensorboard.googleusercontent.com/experiment/"
+        "projects+my-project+locations+us-central1+tensorboards+1234+experiments+1"
+    )
+    assert f"TensorBoard of training job {PARENT}/customJobs/1: {page}" in caplog.messages
+
+    best = standard_artifacts.HyperParameters()
+    best.uri = "gs://bucket/root/run-1/Tuner/best_hyperparameters"
+    runtime_gate.VertexTunerExecutor().Do(
+        {"examples": [examples]}, {"best_hyperparameters": [best]}, properties["Tuner"]
+    )
+    spec = created(vertex)[-1]["custom_job"]["job_spec"]
+    # No run id outside a pipeline run: the directory is named by the step's outputs.
+    digest = vertex_training.outputs_digest({"best_hyperparameters": [best]})
+    assert (spec["tensorboard"], spec["base_output_directory"]) == (
+        TENSORBOARD,
+        {"output_uri_prefix": f"{logs_root}/tuner/{digest}"},
+    )
+
+
+def test_a_job_with_an_output_directory_tells_its_replicas_where_the_tensorboard_logs_go(vertex):
+    """Vertex sets ``AIP_MODEL_DIR``, ``AIP_CHECKPOINT_DIR`` and ``AIP_TENSORBOARD_LOG_DIR`` under a job's
+    ``base_output_directory`` in each of its containers; so do the fake's replicas."""
+    code = "import os; print('logs at', os.environ['AIP_TENSORBOARD_LOG_DIR'])"
+    output = {"output_uri_prefix": "gs://b/p/tensorboard/effnet-smoke/trainer/run-1"}
+    job = vertex_training.run_job(request(code=code, base_output_directory=output))
+    assert job.state.name == "JOB_STATE_SUCCEEDED"
+    log = (vertex / fake_vertex.LOG_FILE.format(n=1, replica="workerpool0-0")).read_text()
+    assert "logs at gs://b/p/tensorboard/effnet-smoke/trainer/run-1/logs/" in log
+
+
 # ---- checkpoints that outlive the run ----------------------------------------------------------------------
 
 
@@ -481,13 +573,22 @@ def digit_examples(tmp_path_factory):
 
 
 @pytest.mark.slow
-def test_a_rerun_with_the_same_settings_resumes_from_the_checkpoint_root(digit_examples, tmp_path):
+def test_a_rerun_with_the_same_settings_resumes_from_the_checkpoint_root(
+    digit_examples, tmp_path, monkeypatch
+):
     """Two pipeline runs: each has model directories of its own, the checkpoints are kept under the root. The
     first run stops after its first epoch (as a run killed there would); the second, with the same settings,
-    starts from that checkpoint."""
+    starts from that checkpoint. The jobs are attached to a Vertex AI TensorBoard: the summaries go where Vertex
+    tells the job (``AIP_TENSORBOARD_LOG_DIR``), not into the model run."""
+    import tensorflow as tf
     from tfx.components.trainer.fn_args_utils import FnArgs
 
+    from trainer_module.profiling import VERTEX_TENSORBOARD_ENV
     from trainer_module.recorder import RUN_LOG_FILE, read_run_log
+
+    streamed = tmp_path / "tensorboard" / "trainer" / "run" / "logs"
+    # As Vertex sets it: <base_output_directory>/logs/.
+    monkeypatch.setenv(VERTEX_TENSORBOARD_ENV, f"{streamed}/")
 
     config = with_overrides(
         presets.get_preset("smoke"),
@@ -523,6 +624,8 @@ def test_a_rerun_with_the_same_settings_resumes_from_the_checkpoint_root(digit_e
     assert second["resumed"] and second["step"] == first["stop_step"]
     assert os.listdir(root) == [key]
     assert os.path.isfile(tmp_path / "run-2" / "model" / "saved_model.pb")
+    assert tf.io.gfile.glob(f"{streamed}/events.out.tfevents.*")
+    assert not any(os.path.exists(tmp_path / run / "model_run" / "tensorboard") for run in ("run-1", "run-2"))
 
 
 # ---- the fake's rules: what the service refuses --------------------------------------------------------------
@@ -569,6 +672,14 @@ RESERVED = {
         (_job({**H100, **RESERVED}), "us-central1", None),
         (_job({**H100, **RESERVED}), "europe-west4", "is not in region europe-west4"),
         (_job({**V3, **RESERVED}), "us-central1", "a cloud-tpu machine cannot consume a Compute Engine reservation"),
+        (_job(V3, tensorboard=TENSORBOARD, service_account=SERVICE_ACCOUNT,
+              base_output_directory={"output_uri_prefix": "gs://b/p/tensorboard/x/trainer/r"}), "us-central1", None),
+        (_job(V3, tensorboard=TENSORBOARD, service_account=SERVICE_ACCOUNT), "us-east1",
+         "tensorboard projects/my-project/locations/us-central1/tensorboards/1234 is not in the job's region us-east1"),
+        (_job(V3, tensorboard=TENSORBOARD), "us-central1", "service_account is required with tensorboard"),
+        (_job(V3, tensorboard="tensorboards/1234", service_account=SERVICE_ACCOUNT), "us-central1",
+         "is not projects/P/locations/L/tensorboards/T"),
+        (_job(V3, base_output_directory={"output_uri_prefix": "/tmp/out"}), "us-central1", "must be a gs:// prefix"),
     ],
 )  # fmt: skip
 def test_the_fake_service_refuses_what_vertex_refuses(job, region, refusal):

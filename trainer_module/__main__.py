@@ -17,7 +17,8 @@ hands each trial) instead of a preset.
 
 A training run writes MODEL_DIR/export/ (SavedModel: serving_default on JPEG bytes, serve_tf_examples for TFMA),
 MODEL_DIR/metrics.json (final and peak top-1, evaluation history, time to accuracy, images/s),
-MODEL_DIR/run_log.jsonl, MODEL_DIR/config.json, TensorBoard summaries (MODEL_DIR/tensorboard) and checkpoints.
+MODEL_DIR/run_log.jsonl, MODEL_DIR/config.json, TensorBoard summaries (MODEL_DIR/tensorboard; in a Vertex AI job
+attached to a TensorBoard, AIP_TENSORBOARD_LOG_DIR) and checkpoints.
 Re-running with the same MODEL_DIR resumes from the last checkpoint. The console shows one line per
 evaluation; the libraries' logs go to MODEL_DIR/logs/trainer-<time>.log (--verbose: live on stderr).
 

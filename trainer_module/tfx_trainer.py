@@ -72,7 +72,8 @@ def checkpoint_key(config: TrainerConfig, train_files, eval_files) -> str:
 def run_fn(fn_args) -> None:
     """TFX Trainer entry: trains with in-loop evaluation, writes TensorBoard summaries, checkpoints and
     metrics.json to ``fn_args.model_run_dir`` (the checkpoints under ``CHECKPOINT_ROOT_KEY`` when the config
-    names one) and the SavedModel to ``fn_args.serving_model_dir``; the values a Tuner found
+    names one; the summaries where a Vertex AI job attached to a TensorBoard is told to write them:
+    ``train.RunPaths``) and the SavedModel to ``fn_args.serving_model_dir``; the values a Tuner found
     (``fn_args.hyperparameters``) override the config."""
     from trainer_module import resolve
 
@@ -90,7 +91,6 @@ def run_fn(fn_args) -> None:
         logger.info("checkpoints of this run's settings: %s", checkpoints)
     paths = train.RunPaths(
         model_dir=fn_args.model_run_dir,
-        tensorboard_dir=files.join(fn_args.model_run_dir, "tensorboard"),
         export_dir=fn_args.serving_model_dir,
         checkpoints=checkpoints,
     )

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import os
 import time
 
 import keras
@@ -34,7 +35,7 @@ from trainer_module.distribute.batchnorm import GroupedBatchNormalization
 from trainer_module.models.efficientnet import efficientnet
 from trainer_module.optim import optimizers, schedules
 from trainer_module.optim.averaging import WeightAverage, averaged_variables
-from trainer_module.profiling import StepProfiler
+from trainer_module.profiling import VERTEX_TENSORBOARD_ENV, StepProfiler
 from trainer_module.recorder import STEP_RECORDS, Recorder, RunResult, TrainingCall
 
 CHECKPOINT_DIR = "checkpoints"
@@ -50,6 +51,10 @@ class RunPaths:
 
     ``checkpoints`` puts the checkpoints (and the evaluation history beside them) in a directory of their own
     instead of ``model_dir/checkpoints``: one that outlives the run, which a later run resumes from.
+
+    The TensorBoard summaries (and profiles) go to ``tensorboard_dir``, else where a Vertex AI job attached to a
+    TensorBoard instance is told to write them (``AIP_TENSORBOARD_LOG_DIR``, streamed to the instance), else
+    ``model_dir/tensorboard``.
     """
 
     model_dir: str
@@ -63,7 +68,8 @@ class RunPaths:
 
     @property
     def resolved_tensorboard_dir(self) -> str:
-        return self.tensorboard_dir or files.join(self.model_dir, "tensorboard")
+        vertex = os.environ.get(VERTEX_TENSORBOARD_ENV, "")
+        return self.tensorboard_dir or vertex or files.join(self.model_dir, "tensorboard")
 
     @property
     def resolved_export_dir(self) -> str:

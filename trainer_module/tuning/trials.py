@@ -6,6 +6,10 @@ trains, the same file ``train --config`` reads), ``run/`` (its model directory: 
 ``trainer.out`` (the trainer's console output, every attempt's) and ``attempts.json`` (each attempt's exit
 status, CPU and wall seconds; whether the run diverged). A trial killed with its search is run again from its
 own checkpoints; a Hyperband continuation starts from a copy of its source trial's run.
+
+In a Vertex AI job attached to a TensorBoard (``AIP_TENSORBOARD_LOG_DIR`` set: the Tuner's job), each trial
+writes its summaries to a directory of its own under that one, named as its trial directory: TensorBoard shows
+the trials as runs side by side.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ import time
 
 from effnet_common import stopping
 from trainer_module import files
+from trainer_module.profiling import VERTEX_TENSORBOARD_ENV
 from trainer_module.recorder import HISTORY_FILE, METRICS_FILE, RUN_LOG_FILE, read_run_log
 from trainer_module.resolve import ResolvedRun
 from trainer_module.train import CHECKPOINT_DIR
@@ -60,12 +65,21 @@ def train_trial(run: ResolvedRun, trial_dir: str, train_files, eval_files, cpu_d
     (resuming the run's checkpoints, if any) and records the attempt."""
     model_dir = files.join(trial_dir, RUN_DIR)
     command = trainer_command(write_run_file(run, trial_dir), model_dir, train_files, eval_files, cpu_devices)
-    attempt = _run_logged(command, files.join(trial_dir, OUTPUT_FILE))
+    attempt = _run_logged(command, files.join(trial_dir, OUTPUT_FILE), trial_environment(trial_dir))
     record = read_record(trial_dir)
     record["attempts"].append(dataclasses.asdict(attempt))
     record["diverged"] = attempt.exit_code != 0 and diverged(model_dir)
     files.write_json(files.join(trial_dir, RECORD_FILE), record)
     return Outcome(attempt, record["diverged"], read_evaluations(model_dir))
+
+
+def trial_environment(trial_dir: str) -> dict[str, str]:
+    """The variables a trial's trainer gets besides this process's: in a Vertex AI job attached to a TensorBoard,
+    its own directory under the job's ``AIP_TENSORBOARD_LOG_DIR`` (else the trials would write one mixed run)."""
+    vertex = os.environ.get(VERTEX_TENSORBOARD_ENV, "")
+    if not vertex:
+        return {}
+    return {VERTEX_TENSORBOARD_ENV: files.join(vertex, trial_dir.rstrip("/").rsplit("/", 1)[-1])}
 
 
 def write_run_file(run: ResolvedRun, trial_dir: str) -> str:
@@ -132,28 +146,29 @@ def diverged(model_dir: str) -> bool:
     return files.exists(path) and any(e["event"] == "non_finite_loss" for e in read_run_log(path))
 
 
-def _run_logged(command: list[str], output_path: str) -> Attempt:
-    """One attempt; the child's console output is added to ``output_path`` (written from a local file when it
-    is a URL)."""
+def _run_logged(command: list[str], output_path: str, env: dict[str, str] | None = None) -> Attempt:
+    """One attempt (``env``: variables besides this process's); the child's console output is added to
+    ``output_path`` (written from a local file when it is a URL)."""
     if files.is_local(output_path):
-        return _run(command, output_path)
+        return _run(command, output_path, env)
     with tempfile.TemporaryDirectory() as scratch:
         local = os.path.join(scratch, OUTPUT_FILE)
         if files.exists(output_path):
             with open(local, "w") as f:
                 f.write(files.read_text(output_path))
-        attempt = _run(command, local)
+        attempt = _run(command, local, env)
         with open(local, encoding="utf-8", errors="replace") as f:
             files.write_text(output_path, f.read())
     return attempt
 
 
-def _run(command: list[str], output_path: str) -> Attempt:
+def _run(command: list[str], output_path: str, env: dict[str, str] | None = None) -> Attempt:
     """``command`` as a process of its own, its output added to the local file ``output_path``. The child
     imports this very package (PYTHONPATH), wherever it was started, and dies with this process
     (``stopping.die_with_parent``, which ``python -m trainer_module`` calls as it starts)."""
     env = {
         **os.environ,
+        **(env or {}),
         "PYTHONPATH": os.pathsep.join(filter(None, (_package_root(), os.environ.get("PYTHONPATH")))),
     }
     os.makedirs(os.path.dirname(output_path), exist_ok=True)
