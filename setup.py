@@ -3,7 +3,7 @@
 The pins mirror constraints.txt: the newest versions of the stack that install together on
 Debian 12 / CPython 3.11. tfx 1.16 declares Requires-Python <3.11 although all its compiled
 dependencies ship cp311 wheels, so a pip install needs ``--ignore-requires-python``; uv (what
-scripts/setup_env.sh installs with) does not enforce that upper bound (see README, "Set-up").
+scripts/setup_env.sh installs with) does not enforce that upper bound (see docs/architecture.md, "The pinned stack and its installer").
 """
 
 from setuptools import find_packages, setup
@@ -55,6 +55,8 @@ setup(
     # ruff: pinned so that every machine lints and formats alike (a ruff release changes the formatter's style
     # and adds rules; scripts/test.sh fails on any file the pinned release would format otherwise); moved to
     # the current release by hand, with the reformat it brings in a commit of its own.
+    # mkdocs, mkdocs-material: the documentation site (mkdocs.yml), built with broken links as errors by
+    # tests/test_docs.py; pinned like ruff, so that every machine builds and checks the docs alike.
     extras_require={
         "tfds": TFDS,
         "dev": [
@@ -64,6 +66,8 @@ setup(
             "gcp-storage-emulator==2026.7.19",
             "pytest-xdist==3.8.0",
             "tensorboard-plugin-profile==2.16.0",
+            "mkdocs==1.6.1",
+            "mkdocs-material==9.8.1",
         ],
     },
 )

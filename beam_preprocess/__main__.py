@@ -2,7 +2,7 @@
 
 Options not listed here are Beam pipeline options and go to the runner unchanged, for example
 ``--direct_num_workers 2 --direct_running_mode multi_threading`` here (threads of this process, which leaves out
-the connectors sharding never uses: faster than Beam's ``multi_processing`` workers, see the README), or
+the connectors sharding never uses: faster than Beam's ``multi_processing`` workers, see docs/sharding.md), or
 ``--runner DataflowRunner --project P --region R --temp_location gs://... --setup_file ./setup.py`` at scale;
 an option that is neither this program's nor Beam's is refused (Beam would drop it and run without it).
 

@@ -7,7 +7,7 @@
 not fit is refused before anything is compiled, written or paid for.
 
 What Vertex AI custom training offers, from Google's documentation and the ``aiplatform_v1`` API (sources in
-docs/accelerators-research.md and the README):
+docs/accelerators-research.md and docs/vertex.md):
 
 - TPU v2 and v3 only as single-host ``cloud-tpu`` machines with 8 cores (``tpu-v2-8``, ``tpu-v3-8``): the API
   has no v2/v3 pod accelerator type, so the paper's v3-512 and v3-1024 slices are not offered.

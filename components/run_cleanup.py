@@ -46,7 +46,7 @@ TPU_ZONE_KEY = "tpu_zone"
 # Optional: the run's id (a placeholder the orchestrator fills in); without it, the id among the arguments.
 RUN_ID_KEY = "run_id"
 STEP_ID = "RunCleanup"
-# What each call needs of the service account (IAM permission, and the role of the README's set-up that has it).
+# What each call needs of the service account (IAM permission, and the role of the set-up in docs/vertex.md that has it).
 PERMISSIONS = {
     "list custom jobs": "aiplatform.customJobs.list (roles/aiplatform.user)",
     "cancel custom job": "aiplatform.customJobs.cancel (roles/aiplatform.user)",

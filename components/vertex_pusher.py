@@ -20,7 +20,7 @@ The serving image is checked when the pipeline is compiled (``check_serving_imag
 (``trainer_module.export``) is written by TensorFlow 2.16, and the newest prebuilt Vertex TensorFlow image in
 the pinned google-cloud-aiplatform's list runs TensorFlow 2.15: the export was loaded with TensorFlow 2.15.1's
 C++ ``LoadSavedModel`` (the loader TensorFlow Serving calls) and answered exactly as under 2.16
-(docs/status.md), so that image serves it. A prebuilt image the pinned SDK does not list, or one older than
+(docs/serving.md), so that image serves it. A prebuilt image the pinned SDK does not list, or one older than
 ``OLDEST_SERVING_TENSORFLOW``, is refused, naming the listed image to use instead.
 
 Every call goes through ``google.cloud.aiplatform_v1``'s ModelServiceClient and EndpointServiceClient with the

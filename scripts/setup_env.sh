@@ -4,7 +4,7 @@
 #
 # The installer is uv (from PyPI, pinned in constraints.txt, installed into .venv by the venv's own pip): a
 # fresh clone to a pushed model took 260 and 289 s with it against 496 and 409 s with pip on a loaded 2-core
-# machine (README, "Set-up"). It installs the same pins (-c constraints.txt) and, unlike pip, needs no
+# machine (docs/performance.md, "Set-up"). It installs the same pins (-c constraints.txt) and, unlike pip, needs no
 # --ignore-requires-python: tfx 1.16.0 and ml-pipelines-sdk 1.16.0 declare Requires-Python <3.11, an upper
 # bound uv does not enforce (every compiled library under them, ml-metadata, tfx-bsl,
 # tensorflow-data-validation, ships cp311 wheels and declares 3.11 support; TFX 1.17+ needs glibc 2.38+ wheels

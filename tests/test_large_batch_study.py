@@ -232,15 +232,16 @@ def _finished_runs(study, large_top1):
     return runs
 
 
-def test_the_committed_summary_and_the_readme_state_the_verdict_the_script_computes(study):
-    """The verdict in the results file and the README is the script's, recomputed here from the per-run figures."""
+def test_the_committed_summary_and_the_performance_page_state_the_verdict_the_script_computes(study):
+    """The verdict in the results file and on the performance page is the script's, recomputed here from the
+    per-run figures."""
     results = _committed_results()
     third = study.epoch_multiplier.MULTIPLIER
     summary = study.report_figures(study.DESIGN, third, results["runs"], results["reference"])["summary"]
     assert json.loads(json.dumps(summary)) == results["summary"]  # as the file holds it (tuples as lists)
-    with open(os.path.join(REPO, "README.md")) as f:
-        readme = f.read()
-    paragraph = readme[readme.index("`benchmarks/large_batch_study.py` tests") :].split("\n\n", 1)[0]
+    with open(os.path.join(REPO, "docs", "performance.md")) as f:
+        page = f.read()
+    paragraph = page[page.index("`benchmarks/large_batch_study.py` tests") :].split("\n\n", 1)[0]
     stated = {v for v in ("reproduces", "refutes", "budget-limited") if f"**{v}**" in paragraph}
     assert stated == {summary["verdict"]}
 

@@ -4,8 +4,8 @@ Each preset is a function returning a ``TrainerConfig``. Only the recipe's input
 global batch, optimizer, learning rate per 256 examples, warmup epochs, target); the peak learning rate, warmup
 steps, per-replica batch and batch-norm group size are derived by the config (``config.plan``).
 
-The paper's rows run as the reference code did, including what this project does not do by default (see the
-README's "Exact reproduction" section): AutoAugment policy v0, the paper-era evaluation crop (constant 32 px
+The paper's rows run as the reference code did, including what this project does not do by default (see
+docs/training.md, "Exact reproduction of the paper's runs"): AutoAugment policy v0, the paper-era evaluation crop (constant 32 px
 padding), L2 in the loss as well as LARS' own weight decay, and, for the RMSProp rows, batch-norm groups
 sized by tensorflow/tpu's rule (16 replicas at 128 cores) rather than by 128 examples.
 

@@ -135,7 +135,7 @@ def fused_virtual_batch_norm(x, virtual_batch, scale, offset, epsilon):
 
     Folding the sub-batches into channels (``[G * v, H, W, C]`` to ``[v, H, W, G * C]``, one kernel call) computes
     the same, but its four transposes (two forward, two backward) cost more than the slicing here in 10 of 12
-    shapes measured on this project's 2-core CPU (``benchmarks/ghost_batch_norm.py``, docs/status.md), 32
+    shapes measured on this project's 2-core CPU (``benchmarks/ghost_batch_norm.py``, docs/performance.md), 32
     sub-batches included.
 
     Args:
