@@ -6,7 +6,9 @@ the other. Metadata goes to a SQLite store under the pipeline root, so a second 
 unchanged model is neither evaluated nor pushed again). Ends by printing the top-1 the Evaluator measured, whether
 the model was blessed (or which condition failed), and where it was pushed; exits 0 when a model was pushed, 3
 when the model missed the target (nothing pushed), 2 with one ``error:`` line when a flag is wrong (checked before
-anything runs) or a step fails for a known reason, 130 on Ctrl-C.
+anything runs) or a step fails for a known reason, 130 on Ctrl-C. Every run that got as far as running the
+pipeline, failed and stopped ones too, adds a row to the page of the root's runs, PIPELINE_ROOT/runs/index.html
+(``pipeline.runs_page``), which the last lines name.
 
 The console shows a short account: each step as it starts and ends, one line per training evaluation, the
 verdict. The libraries' logs go to PIPELINE_ROOT/logs/local_runner-<time>.log (``--verbose``: live on stderr).
@@ -261,7 +263,7 @@ def run(args, session: console.Session) -> int:
     session.keep_log(os.path.join(root, LOG_DIR, console.log_name("local_runner")))
     from tfx import v1 as tfx
 
-    from pipeline import local_steps, outcome, pipeline_def
+    from pipeline import local_steps, outcome, pipeline_def, runs_page
     from trainer_module import tfx_trainer
 
     if not (args.train_archive or args.val_archive or args.train_dir or args.val_dir):
@@ -312,8 +314,13 @@ def run(args, session: console.Session) -> int:
     )
     steps = local_steps.StepLines(len(pipeline.components), artifacts, checkpoints, tuning_dir, serving_dir)
     logging.getLogger().addHandler(steps)
+    row = runs_page.Row(preset.name, target)  # a failed or stopped run adds its row too
     try:
-        with stopping.describe(steps.stop_description), stopping.cleanup(steps.remove_unfinished):
+        with (
+            runs_page.unfinished(root, row),
+            stopping.describe(steps.stop_description),
+            stopping.cleanup(steps.remove_unfinished),
+        ):
             tfx.orchestration.LocalDagRunner().run(pipeline)
     finally:
         logging.getLogger().removeHandler(steps)
@@ -322,17 +329,19 @@ def run(args, session: console.Session) -> int:
     if rehearsal is not None:
         console.say("%s", rehearsal.summary())
     result = outcome.read_outcome(metadata_path, name, target)
-    for line in result.report(pushed_before=local_steps.PUSHER in steps.cached).splitlines():
+    pushed_before = local_steps.PUSHER in steps.cached
+    for line in result.report(pushed_before=pushed_before).splitlines():
         console.say("%s", line)
+    report_path = tensorboard = None
     if result.model_run_uri:
         from trainer_module import report
 
-        console.say(
-            "run report: %s", report.write_report(result.model_run_uri, pipeline=result.report_lines())
-        )
-        console.say(
-            "TensorBoard: %s", console.tensorboard_command(os.path.join(result.model_run_uri, "tensorboard"))
-        )
+        report_path = report.write_report(result.model_run_uri, pipeline=result.report_lines())
+        tensorboard = console.tensorboard_command(os.path.join(result.model_run_uri, "tensorboard"))
+        console.say("run report: %s", report_path)
+        console.say("TensorBoard: %s", tensorboard)
+    row = runs_page.finished(row, result, report_path, tensorboard, pushed_before)
+    console.say("runs of this root: %s", runs_page.add(root, row))
     print(json.dumps(result.as_dict()))
     return 0 if result.pushed else NOT_BLESSED_EXIT
 

@@ -15,7 +15,7 @@ from ml_metadata.metadata_store import metadata_store
 from ml_metadata.proto import metadata_store_pb2
 
 from effnet_common import console
-from pipeline import local_runner, presets
+from pipeline import local_runner, presets, runs_page
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # A short demo run: 5 epochs reach about 0.4-0.6 top-1 on the embedded digits.
@@ -59,6 +59,15 @@ def _console_lines(result) -> list[str]:
     return [line for line in (result.stdout + result.stderr).splitlines() if line.strip()]
 
 
+def _runs(root: pathlib.Path, out: str) -> tuple[list[runs_page.Row], str]:
+    """The root's runs, newest first, and its page, which the console names."""
+    page = root / runs_page.RUNS_DIR / runs_page.PAGE_FILE
+    assert f"runs of this root: {page}" in out.splitlines()
+    rows, skipped = runs_page.parse_rows((page.parent / runs_page.ROWS_FILE).read_text())
+    assert not skipped
+    return runs_page.newest_first(rows), page.read_text()
+
+
 @pytest.fixture(scope="module")
 def blessed_run(tmp_path_factory):
     root = tmp_path_factory.mktemp("local_pipeline")
@@ -84,6 +93,16 @@ def test_local_pipeline_trains_evaluates_blesses_and_pushes(blessed_run):
     model_run = max(store.get_artifacts_by_type("ModelRun"), key=lambda a: a.id)
     page = (pathlib.Path(model_run.uri) / "report.html").read_text()
     assert "TFMA top-1 (validation split)" in page and "blessed by the Evaluator" in page
+    # The page of the root's runs lists the run: its top-1, its blessing, its version, a link to its report.
+    outcome = json.loads(result.stdout.strip().splitlines()[-1])
+    (row,), runs = _runs(root, result.stdout)
+    assert (row.preset, row.target_top1, row.state, row.blessed) == ("demo", 0.2, runs_page.FINISHED, True)
+    assert row.top1 == outcome["top1"] and row.top5 == outcome["top5"] and round(row.epochs) == 5
+    assert row.pushed_destination == str(root / SERVING / pushed[0]) and row.report == result_report_path(
+        result.stdout
+    )
+    assert f"<td>{outcome['top1']:.4f}</td>" in runs and '<span class="blessed">blessed</span>' in runs
+    assert f">{pushed[0]}</span>" in runs and f'href="../{os.path.relpath(row.report, root)}"' in runs
 
 
 @pytest.mark.slow
@@ -140,6 +159,17 @@ def test_unreachable_target_stops_nothing_early_blesses_nothing_and_pushes_nothi
         assert json.load(f)["config"]["loop"]["target_top1"] == 0.999
     assert "Going to run a new execution" in result.stderr and "apache_beam" in result.stderr
     assert "full log: " not in out and len(os.listdir(root / "logs")) == 1  # the first run's log only
+    # The page lists both runs, this one first, with why it was not blessed.
+    (row, first), runs = _runs(root, out)
+    assert (row.target_top1, row.blessed, row.top1, row.pushed_destination) == (
+        0.999,
+        False,
+        outcome["top1"],
+        None,
+    )
+    assert row.why_not.startswith("top-1 ") and first.target_top1 == 0.2 and first.blessed
+    assert runs.index(f"<td>{outcome['top1']:.4f}</td>") < runs.index('<span class="blessed">blessed</span>')
+    assert f'<span class="refused">not blessed: {row.why_not}</span>' in runs
 
 
 def test_paper_presets_shard_for_their_hosts():
@@ -226,15 +256,10 @@ def test_ctrl_c_during_training_stops_in_one_line_and_the_next_run_resumes_then_
     few lines, nothing temporary left under the root, the checkpoint kept; the next run resumes the training
     from it and pushes; a run after that reuses every step and pushes no second version."""
     root = tmp_path / "root"
-    args = ["--pipeline-root", root, "--preset", "demo", "--set", "loop.train_epochs=2"]
-    args += [
-        "--set",
-        "loop.eval_every_epochs=1",
-        "--set",
-        "schedule.warmup_epochs=0.5",
-        "--target-top1",
-        "0.1",
-    ]
+    # Stopped after its first evaluation (epoch 1, near chance: 0.1 on ten digits), the training goes on to
+    # epoch 4 (about 0.4 top-1), where the target is: no evaluation before the stop can reach it.
+    args = ["--pipeline-root", root, "--preset", "demo", "--set", "loop.train_epochs=4"]
+    args += ["--set", "loop.eval_every_epochs=1", "--target-top1", "0.3"]
     command = [sys.executable, "-m", "pipeline.local_runner", *map(str, args)]
     process = subprocess.Popen(
         command,
@@ -284,6 +309,11 @@ def test_ctrl_c_during_training_stops_in_one_line_and_the_next_run_resumes_then_
     assert "already pushed to " in again.stdout and len(os.listdir(root / SERVING)) == 1
     store = _store(root)
     assert len(store.get_artifacts_by_type("PushedModel")) == 1
+    # The stopped run has its row too, added by the stop; the last run's push is the resumed run's.
+    rows, runs = _runs(root, again.stdout)
+    assert [row.state for row in rows] == [runs_page.FINISHED, runs_page.FINISHED, runs_page.STOPPED]
+    assert rows[0].pushed_before and rows[0].pushed_destination == rows[1].pushed_destination
+    assert not rows[1].pushed_before and rows[2].top1 is None and "(pushed before)" in runs
 
 
 def test_the_local_baseline_is_the_latest_blessed_model_other_than_the_candidate():
