@@ -124,12 +124,10 @@ def finished(
 
 def _training(model_run_uri: str) -> tuple[float | None, float | None]:
     """The epoch and the training time (the train-and-eval loop's clock, over resumed attempts) of the last
-    evaluation the Trainer recorded in its ``metrics.json``."""
-    from trainer_module import files
-    from trainer_module.recorder import METRICS_FILE
+    evaluation the Trainer recorded."""
+    from trainer_module.tuning.trials import read_evaluations
 
-    path = files.join(model_run_uri, METRICS_FILE)
-    history = files.read_json(path).get("history") if files.exists(path) else None
+    history = read_evaluations(model_run_uri)
     if not history:
         return None, None
     return history[-1]["epoch"], history[-1]["elapsed_seconds"]

@@ -419,16 +419,18 @@ def _call_name(method: str, path: str) -> str:
 
 def _trainer_step(entry: _Slice) -> int:
     """The last step the slice's trainer logged (its run log beside the attempt's status directory), or 0."""
+    from trainer_module import files
+    from trainer_module.recorder import RUN_LOG_FILE, read_run_log
+
     found = re.search(r"^ATTEMPT_DIR='([^']*)'", entry.node.metadata.get("startup-script", ""), re.M)
     if not found:
         return 0
-    status_dir = os.path.dirname(os.path.dirname(found.group(1).rstrip("/")))
+    path = files.join(files.dirname(files.dirname(found.group(1))), RUN_LOG_FILE)
     try:
-        with open(os.path.join(status_dir, "run_log.jsonl")) as f:
-            steps = [json.loads(line).get("step", 0) for line in f if '"progress"' in line]
-    except (OSError, ValueError):
+        events = read_run_log(path) if files.exists(path) else []
+    except ValueError:  # its last line half written
         return 0
-    return max(steps, default=0)
+    return max((event.get("step", 0) for event in events if event.get("event") == "progress"), default=0)
 
 
 def main(argv: list[str] | None = None) -> int:
