@@ -242,4 +242,6 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from effnet_common import quick_exit
+
+    quick_exit.exit_with(main())

@@ -20,7 +20,6 @@ import collections
 import dataclasses
 import io
 import random
-import sys
 import tarfile
 
 import numpy as np
@@ -391,4 +390,6 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from effnet_common import quick_exit
+
+    quick_exit.exit_with(main())

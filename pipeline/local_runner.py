@@ -347,4 +347,6 @@ def run(args, session: console.Session) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from effnet_common import quick_exit
+
+    quick_exit.exit_with(main())

@@ -23,10 +23,10 @@ unset PYTHONWARNINGS PYTHONOPTIMIZE PYTHONDEVMODE PYTHONINSPECT PYTHONPATH
 export PYTEST_DEBUG_TEMPROOT=${PYTEST_DEBUG_TEMPROOT:-${TMPDIR:-/tmp}}
 run_tmp=$(mktemp -d "${TMPDIR:-/tmp}/effnet-tests.XXXXXX")
 trap 'rm -rf "$run_tmp"' EXIT
-# Two workers, a test module each at a time (modules longest first, tests/conftest.py): most tests spend
-# their time tracing TensorFlow functions on one core.
+# Two workers, each taking the next unit of work when free: a module's tests, or a long test on its own, longest
+# first (tests/conftest.py). Most tests spend their time tracing TensorFlow functions on one core.
 status=0
-TMPDIR=$run_tmp .venv/bin/python -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder --durations=25 \
+TMPDIR=$run_tmp .venv/bin/python -m pytest -q -n 2 --dist loadgroup --no-loadscope-reorder --durations=25 \
   ${tier[@]+"${tier[@]}"} ${args[@]+"${args[@]}"} || status=$?
 # TensorFlow removes the sources it generates for autograph when its process exits; pytest-xdist stops a worker
 # that has not exited 10 s after the run (execnet), before those exit handlers run, which a loaded machine

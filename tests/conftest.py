@@ -90,37 +90,78 @@ def digit_shards(tmp_path_factory):
     }
 
 
-# The suite runs on two pytest-xdist workers, a test module at a time on one worker (``--dist loadfile`` in
-# scripts/test.sh: a module's fixtures, such as a trained pipeline, are built once). Modules are handed out in
-# collection order, so the long ones go first and the short ones fill the gaps at the end; the figures are
-# seconds of the whole suite on 2 loaded cores (2026-11-26), the order is all that matters. Unlisted modules
-# keep their order, after.
-LONG_MODULES_FIRST = (
-    "test_vertex_steps.py",  # 520 s: the compiled pipeline's steps as their containers run them
-    "test_tuning.py",  # 355 s: searches whose trials are trainer processes, a killed search resumed, TFX
-    "test_pipeline.py",  # 327 s: the demo pipeline, its cached rerun, the tuned pipeline
-    "test_train.py",  # 277 s: replicas in BN groups, SIGKILL and resume, multi-worker over loopback
-    "test_run_cleanup.py",  # 102 s: a failed run's jobs cancelled by the exit task
-    "test_faults.py",  # the fault tier: every cloud step under injected faults, two Beam steps on Dataflow
-    "test_console.py",  # 90 s
-    "test_efficientnet.py",  # 89 s
-    "test_overfit.py",  # 88 s
-    "test_preflight.py",  # 80 s
-    "test_determinism.py",  # 76 s
-    "test_gcs_storage.py",  # 59 s
-    "test_export.py",  # 55 s
-    "test_cloud_paths.py",  # 47 s
-    "test_vertex.py",  # 41 s
-    "test_vertex_training.py",  # 33 s
-)
+# The suite runs on two pytest-xdist workers (``--dist loadgroup`` in scripts/test.sh), each taking the next unit
+# of work when it is free. A unit is a module's tests, which share the module's fixtures (a trained pipeline is
+# built once), except that a slow test using no fixture of its module's scope is a unit of its own: the long
+# tests spread over both workers instead of queueing behind each other in one module. Units go out longest
+# first, so the short ones fill the gaps at the end. The figures order them: seconds on 2 loaded cores as the
+# whole suite measured them (``--durations``); unlisted units come after, in their order.
+LONGEST_FIRST = {
+    # 2026-11-28, before this ordering: the whole suite, 49 min on 2 cores also running other work.
+    "test_vertex_steps.py": 503,  # the compiled steps as their containers run them, one retried Trainer
+    "tests/test_tuning.py::test_hyperband_continues_trials_from_their_checkpoints_and_a_killed_search_resumes": 309,
+    "tests/test_train.py::test_mirrored_replicas_in_bn_groups_count_every_eval_example": 304,
+    "tests/test_tpu_pods.py::test_the_compiled_trainer_task_trains_on_the_slice_and_the_exit_task_deletes_the_runs_slices": 277,
+    "test_pipeline.py": 260,  # the demo stopped, resumed and run again, then with a target it cannot reach
+    "tests/test_pipeline.py::test_a_rehearsed_pod_run_is_preempted_resumed_blessed_and_pushed_and_leaves_no_slice": 253,
+    "tests/test_pipeline.py::test_tuning_step_chooses_the_values_the_trainer_trains_with": 253,
+    "tests/test_vertex_steps.py::test_multi_worker_training_through_the_cloud_executor": 193,
+    "test_gcs_storage.py": 179,
+    "tests/test_train.py::test_sigkill_and_resume_finishes_bit_for_bit_like_an_uninterrupted_run": 168,
+    "tests/test_tuning.py::test_a_truncated_run_resumed_to_the_end_equals_a_straight_run_bit_for_bit": 163,
+    "tests/test_vertex_steps.py::test_sharding_step_reads_and_writes_gcs": 161,
+    "test_determinism.py": 141,
+    "test_vertex_training.py": 136,
+    "tests/test_console.py::test_trainer_prints_one_line_per_evaluation_and_logs_to_the_model_dir": 131,
+    "test_faults.py": 130,
+    "test_beam_pipeline.py": 130,
+    "tests/test_train.py::test_multi_worker_mirrored_over_loopback": 119,
+    "test_export.py": 118,
+    "test_efficientnet.py": 106,
+    "test_cloud_paths.py": 105,
+    "tests/test_overfit.py::test_tiny_lars_grouped_bn_overfits_a_small_batch": 96,
+    "tests/test_run_cleanup.py::test_a_failed_run_leaves_no_job_running[vertex]": 96,
+    "tests/test_run_cleanup.py::test_a_failed_run_leaves_no_job_running[kubeflow]": 93,
+    "tests/test_run_cleanup.py::test_sigterm_while_the_job_runs_cancels_it": 70,
+    "tests/test_report.py::test_ctrl_c_is_written_to_the_run_log_and_the_report_says_so": 62,
+    "test_tpu_vm.py": 59,
+    "tests/test_train.py::test_weight_average_at_the_papers_decay_evaluates_close_to_the_raw_weights_and_survives_resume": 50,
+    "tests/test_run_cleanup.py::test_ctrl_c_on_the_sharding_command_cancels_its_dataflow_job_and_leaves_no_temporary_file": 49,
+    "tests/test_preflight.py::test_pipeline_step_failing_on_bad_inputs_is_one_line_not_a_traceback": 48,
+    "tests/test_train.py::test_non_finite_loss_stops_with_a_clear_error_and_keeps_the_last_good_checkpoint": 43,
+    "test_batchnorm.py": 40,
+}
 
 
+def _unit(item) -> str:
+    """The unit of work ``item`` belongs to: its module, or the test itself (see above)."""
+    module = item.path.name
+    if item.get_closest_marker("slow") is None:
+        return module
+    definitions = getattr(item, "_fixtureinfo", None)
+    scopes = {
+        fixture.scope
+        for fixtures in (definitions.name2fixturedefs.values() if definitions else ())
+        for fixture in fixtures
+    }
+    return module if "module" in scopes else item.nodeid.replace("@", "_")  # pytest-xdist splits at "@"
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
 def pytest_collection_modifyitems(items):
-    def rank(item):
-        name = item.path.name
-        return LONG_MODULES_FIRST.index(name) if name in LONG_MODULES_FIRST else len(LONG_MODULES_FIRST)
+    units = {item.nodeid: _unit(item) for item in items}
+    for item in items:
+        item.add_marker(pytest.mark.xdist_group(units[item.nodeid]))
+    items.sort(key=lambda item: -LONGEST_FIRST.get(units[item.nodeid], 0))  # stable within a unit
 
-    items.sort(key=rank)  # stable: tests keep their order within a module
+
+@pytest.hookimpl(trylast=True)
+def pytest_unconfigure(config):
+    """The session's process (each pytest-xdist worker) exits without its slow last garbage collection
+    (``effnet_common.quick_exit``): a worker not gone 10 s after the run is stopped before its exit handlers run."""
+    import gc
+
+    gc.freeze()
 
 
 @pytest.fixture(autouse=True)

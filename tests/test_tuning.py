@@ -35,7 +35,7 @@ SMALL = (
 )
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def digits(digit_shards):
     """The shared digit shards (tests/conftest.py): 400 training / 100 validation digits in TFX's Examples
     layout (``Split-<name>/``), which the Tuner and Trainer executors read."""

@@ -499,4 +499,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from effnet_common import quick_exit
+
+    quick_exit.exit_with(main())
