@@ -187,11 +187,12 @@ def test_the_trial_file_round_trips_and_the_trainer_trains_what_it_holds(tmp_pat
     assert ResolvedRun.from_json((tmp_path / "trial_0000" / trial_files.RUN_FILE).read_text()) == trial
     command = trial_files.trainer_command(path, "MODEL", ["T1", "T2"], ["E"], cpu_devices=2)
     assert command[1:] == [
-        "-m", "trainer_module", "train", "--config", path, "--model-dir", "MODEL",
+        "-m", "trainer_module", "train", "--config", path, "--model-dir", "MODEL", "--no-export",
         "--train-files", "T1", "--train-files", "T2", "--eval-files", "E", "--cpu-devices", "2",
     ]  # fmt: skip
     args = parse_args(command[3:])
     assert (args.command, args.config, args.preset, args.overrides) == ("train", path, None, [])
+    assert args.export is False  # a trial writes no SavedModel
     # The trainer reads the file whole: the config it plans is the trial's.
     assert main(["train", "--config", path, "--plan"]) == 0
     assert json.loads(capsys.readouterr().out)["config"] == trial.config.to_dict()
@@ -406,10 +407,10 @@ def test_hyperband_continues_trials_from_their_checkpoints_and_a_killed_search_r
         assert dict(handed.tuned) == trial["values"]
         assert handed.config.loop.stop_at_epoch == (None if trial["epochs"] == 2 else trial["epochs"])
         assert ResolvedRun.from_json((trial_dir / "run" / "config.json").read_text()) == handed
-        assert (
-            f"trainer_module train --config {trial_dir / trial_files.RUN_FILE} "
-            in ((trial_dir / "trainer.out").read_text().splitlines()[0])
-        )
+        command = (trial_dir / "trainer.out").read_text().splitlines()[0]
+        assert f"trainer_module train --config {trial_dir / trial_files.RUN_FILE} " in command
+        # A trial's result is its evaluations: it writes no SavedModel, even at the end of its schedule.
+        assert "--no-export" in command.split() and not (trial_dir / "run" / "export").exists()
 
     # Trial 0002 continues the better of 0000 and 0001 from a copy of its checkpoint at epoch 1.
     source = by_id["0002"]["continued_from"]

@@ -93,6 +93,11 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--eval-files", action="append", help="glob of validation shards")
     parser.add_argument("--model-dir", help="checkpoints, logs, metrics and the export")
     parser.add_argument(
+        "--no-export", dest="export", action="store_false",
+        help="train and evaluate only, no SavedModel (what a search does with its trials: their evaluations are "
+        "the result, and the chosen values are trained again)",
+    )  # fmt: skip
+    parser.add_argument(
         "--set", dest="overrides", action="append", default=[], metavar="FIELD=VALUE",
         help="override a config field, e.g. --set loop.train_epochs=3 --set data.global_batch_size=128",
     )  # fmt: skip
@@ -457,7 +462,7 @@ def train_main(args, session) -> int:
         files.join(args.model_dir, LOG_DIR, console.log_name("trainer" + _task_suffix())), _upload
     )
     devices = runs.use_logical_cpus(args.cpu_devices) if args.cpu_devices else None
-    paths = train.RunPaths(args.model_dir)
+    paths = train.RunPaths(args.model_dir, exports=args.export)
 
     def stopped() -> str:
         step = train.last_checkpoint_step(paths.checkpoint_dir)
@@ -474,8 +479,10 @@ def train_main(args, session) -> int:
     except (input_pipeline.LabelError, train.NonFiniteLossError, ValueError) as e:
         return console.fail(e)
     peak = "none" if result.peak_top1 is None else f"{result.peak_top1:.4f} at step {result.peak_step}"
-    if result.stopped_at_epoch is None:
+    if result.stopped_at_epoch is None and result.export_dir:
         console.say("peak top-1 %s; exported to %s", peak, result.export_dir)
+    elif result.stopped_at_epoch is None:
+        console.say("peak top-1 %s; not exported (--no-export)", peak)
     else:
         console.say(
             "peak top-1 %s; stopped at epoch %d of %d (run again with a later loop.stop_at_epoch to go on)",

@@ -71,7 +71,8 @@ def run(
     ``resolved`` is the run (``trainer_module.resolve``), resolved here once more against the shards it trains
     on: their manifests give the epoch, the evaluation size and the classes. The settings that came from a
     hyperparameter search (``resolved.tuned``) are listed as such in config.json and the report. A truncated run
-    (``loop.stop_at_epoch``) exports nothing: its weights are not the end of their schedule.
+    (``loop.stop_at_epoch``) exports nothing: its weights are not the end of their schedule; nor does a run whose
+    paths say so (``RunPaths.exports``: a search's trial).
     """
     logging.getLogger("trainer_module").setLevel(logging.INFO)
     resolved = resolved.with_data(resolve.data_sizes(train_files, eval_files))
@@ -82,7 +83,7 @@ def run(
         config, train_files, eval_files, paths, strategy, tuned=dict(resolved.tuned)
     )
     plan = config.plan
-    if result.stopped_at_epoch is not None:
+    if result.stopped_at_epoch is not None or not paths.exports:
         if train.is_chief(strategy):
             logger.info("report: %s", report.write_report(paths.model_dir))
         return result

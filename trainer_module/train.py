@@ -55,12 +55,15 @@ class RunPaths:
     The TensorBoard summaries (and profiles) go to ``tensorboard_dir``, else where a Vertex AI job attached to a
     TensorBoard instance is told to write them (``AIP_TENSORBOARD_LOG_DIR``, streamed to the instance), else
     ``model_dir/tensorboard``.
+
+    ``exports`` False: the run writes no SavedModel (a search's trial, whose evaluations are its result).
     """
 
     model_dir: str
     tensorboard_dir: str = ""
     export_dir: str = ""
     checkpoints: str = ""
+    exports: bool = True
 
     @property
     def checkpoint_dir(self) -> str:

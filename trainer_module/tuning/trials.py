@@ -102,6 +102,7 @@ def trainer_command(
         run_file,
         "--model-dir",
         model_dir,
+        "--no-export",  # a trial's result is its evaluations; the chosen values are trained again
     ]
     for pattern in train_files:
         command += ["--train-files", pattern]
