@@ -181,19 +181,28 @@ def gcs_bucket():
     """(emulator, "gs://effnet-test") : a GCS JSON-API server on 127.0.0.1, for the whole session.
 
     Beam's GCS client finds it through ``STORAGE_EMULATOR_HOST`` (set here, inherited by Beam's worker
-    processes) and connects anonymously. Beam first looks for Google credentials and, finding none, retries for
-    about 19 s before connecting anonymously; that happens once per process, here, before the first test.
+    processes) and connects anonymously. Beam looks up Google's application-default credentials once per process
+    and keeps what it found; finding none here, it retries for about 40 s with backoff before going anonymous.
+    In this process the lookup is answered at once with anonymous credentials, which the emulator takes (the
+    processes tests start still look them up the long way, as a machine without credentials does).
     """
+    import google.auth
     from gcs_emulator import GcsEmulator
+    from google.auth.credentials import AnonymousCredentials
 
     from effnet_common import storage
 
     emulator = GcsEmulator()
     previous = os.environ.get("STORAGE_EMULATOR_HOST")
     os.environ["STORAGE_EMULATOR_HOST"] = emulator.host
+    lookup = google.auth.default
     try:
         bucket = emulator.create_bucket("effnet-test")
-        storage.write_text(f"{bucket}/warm-up", "credentials looked up")
+        google.auth.default = lambda *args, **kwargs: (AnonymousCredentials(), None)
+        try:
+            storage.write_text(f"{bucket}/warm-up", "credentials looked up")  # Beam keeps the anonymous ones
+        finally:
+            google.auth.default = lookup
         storage.remove([f"{bucket}/warm-up"])
         yield emulator, bucket
     finally:

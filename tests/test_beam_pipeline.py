@@ -420,7 +420,10 @@ def _group_processes(group: int) -> list[str]:
     return found
 
 
-@pytest.mark.parametrize("mode", ["multi_processing", "multi_threading"])
+@pytest.mark.parametrize(
+    "mode",
+    [pytest.param("multi_processing", marks=pytest.mark.slow), "multi_threading"],  # Beam's processes: 26 s
+)
 def test_ctrl_c_while_the_workers_shard_removes_everything_and_stops_them(clean_archives, tmp_path, mode):
     """SIGINT to the command's process group (a terminal's Ctrl-C) while its workers (Beam's worker processes, or
     threads of the command) spill: one line, exit 130, no process left, no spill file, shard or temporary

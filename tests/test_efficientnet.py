@@ -330,6 +330,7 @@ def test_bad_settings_fail_fast(kwargs, message):
         efficientnet(**kwargs)
 
 
+@pytest.mark.slow  # a training of about 15 s
 def test_tiny_model_learns():
     """Six eager Adam steps on a learnable 4-class problem (which quadrant is bright) beat chance clearly."""
     keras.utils.set_random_seed(0)

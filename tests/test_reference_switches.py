@@ -46,6 +46,7 @@ def _norm_variables(model: keras.Model) -> set[int]:
     return found
 
 
+@pytest.mark.slow  # builds and traces networks: about 15 s
 def test_l2_over_biases_is_the_reference_sum_over_every_variable_but_batch_norms():
     model = efficientnet("tiny", num_classes=10)
     norms = _norm_variables(model)

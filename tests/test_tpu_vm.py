@@ -94,6 +94,7 @@ def test_a_slice_is_queued_with_its_tier_runtime_and_labels_set_up_on_every_host
     assert api.slices() == {}
 
 
+@pytest.mark.slow  # two slices of host processes, a trainer each: 10-16 s
 def test_a_preempted_slice_is_created_again_and_the_training_resumes(tmp_path):
     scenario = tpu_rehearsal.Scenario(preempt_at_step=3, preempt_delay_seconds=0)
     with tpu_rehearsal.RehearsalTpuApi(str(tmp_path / "hosts"), scenario) as api:
@@ -133,6 +134,7 @@ def test_a_slice_never_provisioned_ends_in_one_line_naming_accelerator_zone_and_
         assert api.slices() == {}
 
 
+@pytest.mark.slow  # host processes through injected faults: about 11 s
 def test_the_apis_faults_are_waited_out_and_a_create_whose_answer_was_lost_makes_one_slice(tmp_path):
     faults = {
         "create_queued_resource": ["503", "lost"],
@@ -220,6 +222,7 @@ def dataclasses_replace(request, **changes):
     return dataclasses.replace(request, **changes)
 
 
+@pytest.mark.slow  # slices of host processes: about 10 s
 def test_the_queued_resources_of_a_run_are_found_by_the_label_on_their_node(api, tmp_path):
     client = tpu_vm.client_for(api.endpoint)
     mine = _request(api, tmp_path, textwrap.dedent("#!/bin/bash\nsleep 60\n"))
