@@ -381,6 +381,35 @@ def test_every_command_of_the_docs_takes_the_flags_it_is_given():
     assert failures == [], "\n".join(failures)
 
 
+# The dry forms a guide shows (what a person runs first): each is run as written, in this process.
+DRY_FLAGS = ("--help", "--plan")
+
+
+def main_of(program: str):
+    """The program's ``main(argv)``."""
+    import importlib
+
+    return importlib.import_module(program if "." in program else f"{program}.__main__").main
+
+
+def test_every_dry_command_of_the_docs_runs_as_written(capsys):
+    dry = [i for i in all_invocations() if set(DRY_FLAGS) & set(i.args) and i.program in MODULES]
+    # The guides show these: the help of each command a guide starts with, and the plans of the paper's runs.
+    assert {i.program for i in dry} >= {"trainer_module", "pipeline.kubeflow_v2_runner", "beam_preprocess"}, (
+        dry
+    )
+    failures = []
+    for invocation in dry:
+        try:
+            status = main_of(invocation.program)(list(invocation.args))
+        except SystemExit as stop:  # argparse's --help
+            status = stop.code
+        captured = capsys.readouterr()
+        if status not in (0, None) or not captured.out.strip() or "error:" in captured.err:
+            failures.append(f"{invocation.where}: exit {status}: {captured.err.strip()[-300:]}")
+    assert failures == [], "\n".join(failures)
+
+
 def test_the_flag_check_refuses_a_flag_the_command_does_not_take():
     block = Block(
         README, "bash", 1, ("python -m beam_preprocess --output-dir out --num_hosts 4 \\", "  --shard-mb 8")
