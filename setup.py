@@ -46,7 +46,10 @@ setup(
     package_data={"effnet_common": ["data/*.txt"]},
     install_requires=INSTALL_REQUIRES,
     # gcp-storage-emulator: a GCS JSON-API server the tests run beam_preprocess against (tests/gcs_emulator.py);
-    # pytest-xdist: the suite runs on two workers (scripts/test.sh); tensorboard-plugin-profile: TensorBoard's
+    # pytest-xdist: the suite runs on two workers (scripts/test.sh), a module's tests on one (``xdist_group``);
+    # pytest: 9.1.1, not 9.2: 9.2 keeps a node's id where pytest-xdist 3.8 cannot add the group to it, and every
+    # group is then ignored without a word (a module's fixtures built once on each worker; tests/test_suite_env.py
+    # holds it). tensorboard-plugin-profile: TensorBoard's
     # Profile tab for --profile-steps traces, whose proto benchmarks/profile_step.py reads them with (the
     # release of the pinned TensorFlow's version).
     # tensorflow-datasets: only to read or write a tfds copy of ImageNet (beam_preprocess --tfds-data-dir
@@ -61,7 +64,7 @@ setup(
         "tfds": TFDS,
         "dev": [
             *TFDS,
-            "pytest>=8",
+            "pytest==9.1.1",
             "ruff==0.17.6",
             "gcp-storage-emulator==2026.7.19",
             "pytest-xdist==3.8.0",

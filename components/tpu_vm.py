@@ -34,6 +34,7 @@ import logging
 import time
 
 from effnet_common import cloud_retry
+from effnet_common.task_signals import StopSignals
 
 logger = logging.getLogger("components.tpu_vm")
 
@@ -310,6 +311,7 @@ class _Follower:
     attempt: int
     poll_seconds: float
     patience: cloud_retry.Patience
+    stop: StopSignals
     _said: str = ""
 
     def say(self, line: str) -> None:
@@ -364,7 +366,7 @@ class _Follower:
                 ended = self._trainer_ended()
                 if ended is not None:
                     return ended
-            time.sleep(self.poll_seconds)
+            self.stop.wait(self.poll_seconds)
 
     def _trainer_ended(self) -> str | None:
         attempt_dir = self.request.attempt_dir(self.attempt)
@@ -419,13 +421,12 @@ def run_slice(request: SliceRequest, poll_seconds: float | None = None, patience
       SliceFailed: the slice could not be had, was lost more than ``max_recreations`` times, or the trainer
         failed (one line).
     """
-    from components.vertex_training import _StopSignals
     from effnet_common import stopping
 
     client = client or client_for(request.api_endpoint)
     interval = POLL_SECONDS if poll_seconds is None else poll_seconds
     patience = patience or cloud_retry.Patience()
-    stop = _StopSignals()
+    stop = StopSignals()
     current: str | None = None
 
     def delete_current() -> None:
@@ -434,12 +435,13 @@ def run_slice(request: SliceRequest, poll_seconds: float | None = None, patience
 
     # In a command of this project's own (the local runner's rehearsal), Ctrl-C stops the command as it stops
     # any (``effnet_common.stopping``): the slice is deleted by a clean-up of the stop. In a pipeline task, the
-    # task's SIGTERM / SIGINT ends the step here (``_StopSignals``).
+    # task's SIGTERM / SIGINT ends the step where it waits (``task_signals.StopSignals``).
     guard = stopping.cleanup(delete_current) if stopping.is_armed() else stop.installed()
     with guard:
         try:
             attempt, exists = _current_attempt(client, request)
             while True:
+                stop.check()
                 if attempt > request.max_recreations:
                     raise SliceFailed(
                         f"{request.accelerator} in {request.zone} was lost {request.max_recreations + 1} times "
@@ -454,7 +456,7 @@ def run_slice(request: SliceRequest, poll_seconds: float | None = None, patience
                         f"created {request.accelerator} {request.attempt_id(attempt)} in {request.zone}",
                         flush=True,
                     )
-                outcome = _Follower(client, request, attempt, interval, patience).follow()
+                outcome = _Follower(client, request, attempt, interval, patience, stop).follow()
                 if outcome == "succeeded":
                     return
                 print(

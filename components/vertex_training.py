@@ -18,7 +18,8 @@ polled, and:
   output URIs, which no documentation says either way, would start a job of its own.)
 - **a stopped task leaves nothing running.** When the task receives SIGTERM or SIGINT, or anything fails while
   the job runs, the job is cancelled and followed until Vertex reports it ended, within the grace period a
-  stopped pod has; the task then fails with one line naming the job. A signal that arrives while
+  stopped pod has; the task then fails with one line naming the job. The signal is raised where the step waits
+  between two reads of the job, never in the middle of a library's code (``effnet_common.task_signals``). A signal that arrives while
   ``create_custom_job`` is in flight is held until the call returns, so the job it created is known and
   cancelled; if the call raised, the jobs carrying this execution's labels are looked up and cancelled.
 - **a fault of the API is waited out.** Every call goes through the project's one retry policy
@@ -43,18 +44,17 @@ polled, and:
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import dataclasses
 import hashlib
 import json
 import logging
-import signal
 import time
 from typing import Any
 
 from components import run_label
 from effnet_common import cloud_retry
+from effnet_common.task_signals import StopSignals, TaskStopped  # noqa: F401 - TaskStopped: what run_job raises
 
 logger = logging.getLogger("components.vertex_training")
 
@@ -74,11 +74,6 @@ TASK_LABEL = "effnet_task"
 OUTPUTS_LABEL = "effnet_outputs"
 # ``custom_config`` key of the Trainer's ``TimeoutRule``.
 TIMEOUT_KEY = "training_timeout"
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
-
-
-class TaskStopped(RuntimeError):
-    """The pipeline task was told to stop (SIGTERM / SIGINT) while its training job ran."""
 
 
 class TrainingJobFailed(RuntimeError):
@@ -209,52 +204,6 @@ def tensorboard_url(tensorboard: str, job_name: str) -> str:
     return TENSORBOARD_PAGE.format(region=region, experiment=experiment.replace("/", "+"))
 
 
-class _StopSignals:
-    """SIGTERM / SIGINT while a job runs: raised as ``TaskStopped`` where they arrive, or, inside ``held()``,
-    when the held call has returned (so that the job a create call made is known)."""
-
-    def __init__(self):
-        self.received: int | None = None
-        self._holding = False
-        self._previous: dict = {}
-
-    def _handle(self, signum, frame):
-        self.received = signum
-        if not self._holding:
-            raise self.stopped()
-
-    def stopped(self) -> TaskStopped:
-        return TaskStopped(f"the pipeline task received {signal.Signals(self.received).name}")
-
-    @contextlib.contextmanager
-    def installed(self):
-        self._previous = {sig: signal.signal(sig, self._handle) for sig in STOP_SIGNALS}
-        try:
-            yield self
-        finally:
-            for sig, handler in self._previous.items():
-                signal.signal(sig, handler)
-
-    @contextlib.contextmanager
-    def held(self):
-        self._holding = True
-        try:
-            yield
-        except Exception as error:
-            if self.received is not None:
-                raise self.stopped() from error
-            raise
-        finally:
-            self._holding = False
-        if self.received is not None:
-            raise self.stopped()
-
-    def ignore(self) -> None:
-        """A second signal must not interrupt the cancellation."""
-        for sig in STOP_SIGNALS:
-            signal.signal(sig, signal.SIG_IGN)
-
-
 def run_job(
     request: JobRequest, poll_seconds: float | None = None, patience: cloud_retry.Patience | None = None
 ):
@@ -272,7 +221,7 @@ def run_job(
     client = gapic.JobServiceClient(client_options={"api_endpoint": request.api_endpoint})
     interval = POLL_SECONDS if poll_seconds is None else poll_seconds
     job = None
-    stop = _StopSignals()
+    stop = StopSignals()
     with stop.installed():
         try:
             job = earlier_job(client, request)
@@ -285,7 +234,7 @@ def run_job(
                     job.name,
                     tensorboard_url(job.job_spec.tensorboard, job.name),
                 )
-            job = follow(client, job.name, interval, patience or cloud_retry.Patience())
+            job = follow(client, job.name, interval, patience or cloud_retry.Patience(), stop)
         except cloud_retry.Unanswered as error:  # its state could not be read for too long: the step gives up
             stop.ignore()
             cancel(client, job.name)
@@ -306,7 +255,7 @@ def run_job(
     return job
 
 
-def follow(client, name: str, poll_seconds: float, patience: cloud_retry.Patience):
+def follow(client, name: str, poll_seconds: float, patience: cloud_retry.Patience, stop: StopSignals):
     """Reads job ``name`` every ``poll_seconds`` until it has ended and returns it. A read that fails is waited
     out as ``patience`` says (``cloud_retry.Patience.read``), never taken for the job's end.
 
@@ -322,10 +271,10 @@ def follow(client, name: str, poll_seconds: float, patience: cloud_retry.Patienc
         job = patience.read(read, what)
         if job.state.name in ENDED:
             return job
-        time.sleep(poll_seconds)
+        stop.wait(poll_seconds)
 
 
-def _create(client, request: JobRequest, stop: _StopSignals):
+def _create(client, request: JobRequest, stop: StopSignals):
     """Creates the job, retrying transient errors (``cloud_retry.call_retry``). A create that failed that way
     may have made the job: before each retry the jobs carrying this execution's labels are looked up, and the
     newest is taken instead of a second one. A signal is held while the create call is in flight only."""

@@ -18,7 +18,7 @@ wrapped around the call where it does not (Beam's Dataflow client, ``kfp``, the 
   takes effect within about 2 minutes, Google says, a resource just created can be briefly missing, and a token
   rotated in place may be read a moment late). Only
   then, or on any other error, does the read fail, with one line (``Unanswered``): a job is never given up
-  because its state could not be read once.
+  because its state could not be read once. A step told to stop (``task_signals``) stops at the next retry.
 
 A create that fails with a transient error may have created its resource: each caller looks for it (by its
 labels, its id or its name) before creating again; that is the caller's, not this module's.
@@ -32,6 +32,8 @@ import logging
 import time
 from collections.abc import Callable
 from typing import TypeVar
+
+from effnet_common import task_signals
 
 logger = logging.getLogger("effnet_common.cloud_retry")
 
@@ -198,13 +200,17 @@ class Patience:
             refused_since.clear()
             return is_transient(error)
 
+        def before_retry(error: Exception) -> None:
+            task_signals.check_stop()  # a stopped step does not wait out an outage
+            _log_retry(what)(error)
+
         policy = retry.Retry(
             predicate=waited_out,
             initial=FOLLOW_INITIAL_SECONDS,
             maximum=FOLLOW_MAXIMUM_SECONDS,
             multiplier=2.0,
             timeout=self.outage_seconds,
-            on_error=_log_retry(what),
+            on_error=before_retry,
         )
         try:
             return policy(call)()

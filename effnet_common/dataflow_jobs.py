@@ -46,6 +46,7 @@ import time
 import apache_beam as beam
 
 from effnet_common import cloud_retry
+from effnet_common.task_signals import STOP_SIGNALS, StopSignals, TaskStopped
 
 logger = logging.getLogger("effnet_common.dataflow_jobs")
 
@@ -59,11 +60,6 @@ DONE = "JOB_STATE_DONE"
 # Dataflow's terminal job states: a job in one of them cannot be cancelled.
 TERMINAL = (DONE, "JOB_STATE_FAILED", CANCELLED, "JOB_STATE_UPDATED", "JOB_STATE_DRAINED")
 CONSOLE = "https://console.cloud.google.com/dataflow/jobs/{region}/{job}?project={project}"
-_STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
-
-
-class TaskStopped(RuntimeError):
-    """The process was told to stop (SIGTERM / SIGINT) while its Dataflow job ran."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -214,34 +210,10 @@ class DataflowApi:
         return state
 
 
-class _StopSignals:
-    """SIGTERM / SIGINT while inside: raise ``TaskStopped`` at once, or (``held``) note them in ``received``."""
-
-    def __init__(self, held: bool = False):
-        self.held = held
-        self.received: str | None = None
-        self._previous = {}
-
-    def _handle(self, signum, frame):
-        name = signal.Signals(signum).name
-        if self.held:
-            self.received = self.received or name
-            return
-        raise TaskStopped(f"the pipeline task received {name}")
-
-    def __enter__(self) -> _StopSignals:
-        self._previous = {sig: signal.signal(sig, self._handle) for sig in _STOP_SIGNALS}
-        return self
-
-    def __exit__(self, *exc) -> None:
-        for sig, handler in self._previous.items():
-            signal.signal(sig, handler)
-
-
 @contextlib.contextmanager
 def _ignoring_signals():
     """A second signal must not interrupt the cancellation."""
-    previous = {sig: signal.signal(sig, signal.SIG_IGN) for sig in _STOP_SIGNALS}
+    previous = {sig: signal.signal(sig, signal.SIG_IGN) for sig in STOP_SIGNALS}
     try:
         yield
     finally:
@@ -287,7 +259,8 @@ class _StoppableResult:
         raise reason
 
     def wait_until_finish(self, duration=None):
-        with _StopSignals():
+        # Beam's waiter is a loop of sleeps of its own: the stop is raised wherever it arrives.
+        with StopSignals(anywhere=True).installed():
             try:
                 while True:
                     try:
@@ -420,7 +393,8 @@ class StoppablePipeline(beam.Pipeline):
         ):
             return super().run(test_runner_api)
         # Signals are held until the job has an id; Beam's submission files go with their own directory.
-        with _StopSignals(held=True) as signals, _submission_tempdir():
+        signals = StopSignals()
+        with signals.installed(), signals.held(raise_after=False), _submission_tempdir():
             try:
                 result = super().run(test_runner_api)
             except Exception as error:  # a job of this execution's name may run: follow it (``_adopt``)
@@ -428,6 +402,6 @@ class StoppablePipeline(beam.Pipeline):
         if not getattr(result, "has_job", False):  # a template was written: no job runs
             return result
         stoppable = _StoppableResult(result, self.options, self.patience)
-        if signals.received:
-            stoppable.stop(TaskStopped(f"the pipeline task received {signals.received}"))
+        if signals.received is not None:
+            stoppable.stop(signals.stopped())
         return stoppable

@@ -52,3 +52,23 @@ def test_the_test_command_clears_what_pythons_interpreter_reads_at_start():
     with open(os.path.join(REPO, "scripts", "test.sh")) as f:
         unset = re.search(r"^unset (.+)$", f.read(), re.M)
     assert unset and sorted(unset.group(1).split()) == sorted(suite_env.PYTHON_STARTUP)
+
+
+def test_a_group_of_tests_runs_on_one_worker(tmp_path):
+    """The suite's units (tests/conftest.py) reach pytest-xdist as ``xdist_group`` marks; a module's fixtures are
+    built once only if pytest-xdist keeps each group on one worker (pytest 9.2 broke it silently: setup.py)."""
+    (tmp_path / "pytest.ini").write_text("[pytest]\n")
+    (tmp_path / "test_grouped.py").write_text(
+        "import os, pytest\n"
+        + "".join(
+            f"@pytest.mark.xdist_group('one')\ndef test_{i}():\n"
+            f"    open('workers', 'a').write(os.environ['PYTEST_XDIST_WORKER'] + '\\n')\n"
+            for i in range(6)
+        )
+    )
+    subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-n", "2", "--dist", "loadgroup", "-p", "no:cacheprovider"],
+        cwd=tmp_path, check=True, capture_output=True, env=suite_env.child(),
+    )  # fmt: skip
+    workers = (tmp_path / "workers").read_text().split()
+    assert len(workers) == 6 and len(set(workers)) == 1, workers

@@ -1,0 +1,110 @@
+"""A pipeline task's stop: SIGTERM (Kubernetes ending the pod, Vertex cancelling the run) or SIGINT while a step
+follows its cloud job or TPU slice, raised as ``TaskStopped`` where the step's own code can act on it.
+
+A signal handler that raises at whatever line the main thread is on is not safe: the exception can land in a
+library's ``except Exception`` and be swallowed (TensorFlow's import does this: a step that was importing it
+when SIGTERM came went on following its slice as if nothing had happened), or between a lock's acquire and its
+``try`` (a logging or connection-pool lock never released, the clean-up then waiting on it for ever). So the
+handler here only notes the signal, and ``TaskStopped`` is raised where the step waits:
+
+- in ``wait(seconds)``, the follower's sleep between two reads, at once (the signal interrupts the sleep);
+- in ``check()``, which a follower calls after each read, and ``cloud_retry.Patience`` before each retry of a
+  read that failed (an outage of hours is not waited out by a stopped step);
+- inside ``held()`` (a create call in flight, whose answer names what it made) not at all: on its way out.
+
+``anywhere=True`` raises at once wherever the signal arrives: for a wait that is a library's own loop of
+sleeps (Beam's ``wait_until_finish``), where there is no line of ours to raise at.
+
+Signal handlers belong to the process: one ``StopSignals`` is installed at a time, and ``check_stop()`` asks it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import time
+
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
+class TaskStopped(RuntimeError):
+    """The process was told to stop (SIGTERM / SIGINT) while its cloud job or slice ran."""
+
+
+_installed: StopSignals | None = None
+
+
+class StopSignals:
+    """SIGTERM / SIGINT noted while ``installed()``; raised as ``TaskStopped`` by ``wait`` and ``check``."""
+
+    def __init__(self, anywhere: bool = False):
+        self.received: int | None = None
+        self._anywhere = anywhere
+        self._waiting = False
+        self._holding = False
+        self._ignoring = False
+        self._previous: dict = {}
+
+    def _handle(self, signum, frame):
+        self.received = self.received or signum
+        if (self._waiting or self._anywhere) and not self._holding:
+            raise self.stopped()
+
+    def stopped(self) -> TaskStopped:
+        return TaskStopped(f"the pipeline task received {signal.Signals(self.received).name}")
+
+    @contextlib.contextmanager
+    def installed(self):
+        global _installed
+        self._previous = {sig: signal.signal(sig, self._handle) for sig in STOP_SIGNALS}
+        outer, _installed = _installed, self
+        try:
+            yield self
+        finally:
+            _installed = outer
+            for sig, handler in self._previous.items():
+                signal.signal(sig, handler)
+
+    def check(self) -> None:
+        """Raises ``TaskStopped`` if a signal has arrived (and the clean-up has not begun: ``ignore``)."""
+        if self.received is not None and not self._ignoring and not self._holding:
+            raise self.stopped()
+
+    def wait(self, seconds: float) -> None:
+        """Sleeps ``seconds``; a signal, arrived or arriving, ends the sleep as ``TaskStopped``."""
+        self._waiting = True
+        try:
+            self.check()
+            time.sleep(seconds)
+        finally:
+            self._waiting = False
+        self.check()
+
+    @contextlib.contextmanager
+    def held(self, raise_after: bool = True):
+        """A signal arriving inside is noted only; it is raised when the block is left (after its call has
+        answered), unless ``raise_after`` is False (the caller then reads ``received``)."""
+        self._holding = True
+        try:
+            yield
+        except Exception as error:
+            self._holding = False
+            if self.received is not None and raise_after:
+                raise self.stopped() from error
+            raise
+        finally:
+            self._holding = False
+        if raise_after:
+            self.check()
+
+    def ignore(self) -> None:
+        """The clean-up begins: a second signal must not interrupt it, nor the first be raised again."""
+        self._ignoring = True
+        for sig in STOP_SIGNALS:
+            signal.signal(sig, signal.SIG_IGN)
+
+
+def check_stop() -> None:
+    """Raises ``TaskStopped`` if the installed ``StopSignals`` (if any) has noted a signal."""
+    if _installed is not None:
+        _installed.check()
