@@ -284,6 +284,7 @@ def _create(client, request: JobRequest, stop: StopSignals):
 
     def attempt():
         nonlocal sent
+        stop.check()  # stopped while an earlier job was looked up: nothing to create and cancel
         if sent:
             made = labelled_jobs(client, request)
             if made:

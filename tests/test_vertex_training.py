@@ -274,6 +274,23 @@ def test_sigterm_while_the_job_is_created_leaves_no_job_running(vertex, monkeypa
     assert signal.getsignal(signal.SIGTERM) == before  # the task's own handler is back
 
 
+class StoppedWhileLookingUp(fake_vertex.FakeJobServiceClient):
+    """SIGTERM while the step looks for a job of an earlier attempt (a list call in flight)."""
+
+    def list_custom_jobs(self, *args, **kwargs):
+        os.kill(os.getpid(), signal.SIGTERM)
+        return super().list_custom_jobs(*args, **kwargs)
+
+
+def test_sigterm_while_an_earlier_job_is_looked_up_creates_nothing(vertex, monkeypatch):
+    from google.cloud.aiplatform import gapic
+
+    monkeypatch.setattr(gapic, "JobServiceClient", StoppedWhileLookingUp)
+    with pytest.raises(vertex_training.TaskStopped, match="^the pipeline task received SIGTERM$"):
+        vertex_training.run_job(request(code="import time; time.sleep(30)"))
+    assert created(vertex) == [] and fake_vertex._JOBS == {}
+
+
 def test_a_job_the_service_refuses_fails_the_task_in_one_line(vertex):
     refused = request(scheduling={"strategy": "FLEX_START"})  # CPU machines: flex-start takes GPUs only
     with pytest.raises(vertex_training.TrainingJobFailed) as failure:
