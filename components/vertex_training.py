@@ -19,9 +19,9 @@ polled, and:
 - **a stopped task leaves nothing running.** When the task receives SIGTERM or SIGINT, or anything fails while
   the job runs, the job is cancelled and followed until Vertex reports it ended, within the grace period a
   stopped pod has; the task then fails with one line naming the job. The signal is raised where the step waits
-  between two reads of the job, never in the middle of a library's code (``effnet_common.task_signals``). A signal that arrives while
-  ``create_custom_job`` is in flight is held until the call returns, so the job it created is known and
-  cancelled; if the call raised, the jobs carrying this execution's labels are looked up and cancelled.
+  between two reads of the job, never in the middle of a library's code (``effnet_common.task_signals``). A
+  signal that arrives while ``create_custom_job`` is in flight is held until the call returns, so the job it
+  created is known and cancelled; if the call raised, the jobs carrying this execution's labels are looked up and cancelled.
 - **a fault of the API is waited out.** Every call goes through the project's one retry policy
   (``effnet_common.cloud_retry``): a lookup, a create, a cancel retry what Vertex documents as transient (429,
   500, 503, a deadline exceeded, a dropped connection) with exponential backoff and jitter; following the job

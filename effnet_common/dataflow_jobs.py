@@ -38,15 +38,14 @@ import contextlib
 import dataclasses
 import logging
 import shutil
-import signal
 import tempfile
 import threading
 import time
 
 import apache_beam as beam
 
-from effnet_common import cloud_retry
-from effnet_common.task_signals import STOP_SIGNALS, StopSignals, TaskStopped
+from effnet_common import cloud_retry, task_signals
+from effnet_common.task_signals import StopSignals, TaskStopped
 
 logger = logging.getLogger("effnet_common.dataflow_jobs")
 
@@ -210,17 +209,6 @@ class DataflowApi:
         return state
 
 
-@contextlib.contextmanager
-def _ignoring_signals():
-    """A second signal must not interrupt the cancellation."""
-    previous = {sig: signal.signal(sig, signal.SIG_IGN) for sig in STOP_SIGNALS}
-    try:
-        yield
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-
-
 class _StoppableResult:
     """The DataflowRunner's result, whose ``wait_until_finish`` cancels the job if the task is stopped or fails
     while it waits, and outlasts an outage of Dataflow's API: Beam's waiter gives up after its own retries (about
@@ -239,7 +227,7 @@ class _StoppableResult:
         """Cancels the job (unless it ended) and raises ``reason``."""
         job_id = self._result.job_id()
         where = ""
-        with _ignoring_signals():
+        with task_signals.ignoring():
             try:
                 api = DataflowApi(self._options)
                 where = f" ({api.console_url(job_id)})"

@@ -104,6 +104,18 @@ class StopSignals:
             signal.signal(sig, signal.SIG_IGN)
 
 
+@contextlib.contextmanager
+def ignoring():
+    """Inside, SIGTERM / SIGINT are ignored (a clean-up that a second signal must not interrupt); the handlers
+    before are restored after."""
+    previous = {sig: signal.signal(sig, signal.SIG_IGN) for sig in STOP_SIGNALS}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
 def check_stop() -> None:
     """Raises ``TaskStopped`` if the installed ``StopSignals`` (if any) has noted a signal."""
     if _installed is not None:
