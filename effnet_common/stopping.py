@@ -25,6 +25,7 @@ Nothing here imports TensorFlow or Beam: Beam's worker processes import it (thro
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import ctypes
 import itertools
@@ -65,17 +66,18 @@ def cleanup(remove: Callable[[], None]) -> Iterator[None]:
 
     ``remove`` runs on the stopping thread while the rest of the program may still be running: it deletes what
     the block would leave half-done (and must not fail when it is not there). Once a stop has begun, a thread of
-    the program that enters a block (a Beam worker thread's next spill file) waits there for the process to end:
-    nothing it would write is made after the clean-ups ran.
+    the program that enters a block (a Beam worker thread's next spill file) or leaves one waits there for the
+    process to end (``_hold_if_stopping``): nothing it would write is made after the clean-ups ran, and no
+    clean-up is taken away before they run.
     """
-    if _armed is not None and _armed.started.is_set() and threading.current_thread() is not _armed.stopper:
-        threading.Event().wait()  # never set: the stop ends the process
+    _hold_if_stopping()
     key = next(_order)
     with _lock:
         _cleanups[key] = remove
     try:
         yield
     finally:
+        _hold_if_stopping()
         with _lock:
             _cleanups.pop(key, None)
 
@@ -91,8 +93,18 @@ def describe(what: str | Callable[[], str]) -> Iterator[None]:
     try:
         yield
     finally:
+        _hold_if_stopping()
         with _lock:
             _descriptions.pop(key, None)
+
+
+def _hold_if_stopping() -> None:
+    """Once a stop has begun, a thread of the program (not the stopping thread) that enters or leaves a
+    ``cleanup`` or ``describe`` block waits there for the process to end. Leaving counts too: the same Ctrl-C
+    ends the command's worker processes, which can fail the main thread's call at once, and that error would
+    unwind the blocks, taking away the clean-ups and the line the stop is about to use."""
+    if _armed is not None and _armed.started.is_set() and threading.current_thread() is not _armed.stopper:
+        threading.Event().wait()  # never set: the stop ends the process
 
 
 def stop_line() -> str:
@@ -250,6 +262,18 @@ class _Armed:
         self.previous_fd = signal.set_wakeup_fd(self._write, warn_on_full_buffer=False)
         self._thread = threading.Thread(target=self._watch, name="effnet-stop", daemon=True)
         self._thread.start()
+        atexit.register(self.await_stop)
+
+    def await_stop(self) -> None:
+        """At the interpreter's exit (``atexit``): a stop under way ends the process itself, with its line and
+        ``STOPPED_EXIT``. The same Ctrl-C reaches the command's worker processes, whose end can fail the main
+        thread's call (Beam: "Channel closed prematurely") while the stop is still stopping children; without
+        this the main thread then exited first, with status 1 and its error line sent to the log by ``quiet``:
+        a Ctrl-C that printed nothing (the sharding Ctrl-C test saw it, 1 run in 12 under load). A failure
+        inside a ``cleanup`` or ``describe`` block already waits where it leaves the block; this covers one
+        outside them."""
+        if self.started.is_set() and threading.current_thread() is not self.stopper:
+            threading.Event().wait()  # never set: the stopping thread ends the process (os._exit)
 
     def _handler(self, signum, frame) -> None:
         """Python's handler (main thread, when it gets to run): no KeyboardInterrupt anywhere; the stopping
@@ -301,6 +325,7 @@ class _Armed:
             os._exit(STOPPED_EXIT)
 
     def disarm(self) -> None:
+        atexit.unregister(self.await_stop)
         if signal.getsignal(signal.SIGINT) == self._handler:
             signal.signal(signal.SIGINT, self.previous_handler)
         signal.set_wakeup_fd(self.previous_fd)

@@ -144,6 +144,39 @@ def test_a_thread_writing_file_after_file_leaves_nothing_after_a_stop(tmp_path):
     assert sorted(os.listdir(tmp_path)) == []
 
 
+# A command whose worker process ends on the same Ctrl-C and so fails the main thread's call while the stop is
+# still stopping children (Beam's worker processes: "Channel closed prematurely"). The child ignores SIGINT, so
+# the stop spends its grace second on it; the main thread's error comes in that second.
+FAILING_MAIN_COMMAND = """
+import signal, subprocess, sys, time
+from effnet_common import console, stopping
+
+holder = "import signal, time; signal.signal(signal.SIGINT, signal.SIG_IGN); print('ready', flush=True); time.sleep(120)"
+with console.session():
+    child = subprocess.Popen([sys.executable, "-c", holder], stdout=subprocess.PIPE, text=True)
+    child.stdout.readline()
+    with stopping.describe("the worker's output was removed; run it again"):
+        console.say("working")
+        while not stopping._armed.started.is_set():
+            time.sleep(0.01)
+        raise RuntimeError("Channel closed prematurely.")
+"""
+
+
+def test_a_main_thread_failing_because_of_the_ctrl_c_does_not_end_the_process_before_the_stop():
+    process = _start(tmp_path=None, command=FAILING_MAIN_COMMAND)
+    try:
+        _wait_for_line(process, "working")
+        os.killpg(process.pid, signal.SIGINT)
+        status = process.wait(timeout=60)
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+    err = process.stderr.read()
+    assert status == console.STOPPED_EXIT, err
+    assert err == "stopped by the user: the worker's output was removed; run it again\n"
+
+
 def test_the_stop_line_is_the_innermost_description_and_falls_back_on_failure():
     with stopping.describe("outer"):
         assert stopping.stop_line() == "stopped by the user: outer"
