@@ -208,7 +208,7 @@ def test_demo_preset():
 
 def test_smoke_preset_runs_two_steps():
     config = get_preset("smoke")
-    assert (config.model.variant, config.loop.strategy) == ("tiny", "one_device")
+    assert (config.model.variant, config.loop.strategy) == ("micro", "one_device")
     plan = config.plan
     assert (plan.steps_per_epoch, plan.warmup_steps, plan.total_steps) == (2.0, 1, 2)
     assert plan.eval_steps == 2

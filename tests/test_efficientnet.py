@@ -135,7 +135,7 @@ def test_variant_table_matches_reference(variant, width, depth, resolution, drop
 
 
 def test_known_variants():
-    assert sorted(VARIANTS) == [*B_VARIANTS, "tiny"]
+    assert sorted(VARIANTS) == [*B_VARIANTS, "micro", "tiny"]
 
 
 @pytest.mark.parametrize(
@@ -178,6 +178,21 @@ def test_tiny_block_table():
     assert all(b.se_ratio == 0.25 for b in blocks)
     # Several residual blocks with a non-zero drop-connect rate, so the demo model exercises stochastic depth.
     assert sum(b.has_residual and b.drop_rate > 0 for b in blocks) >= 3
+
+
+def test_micro_keeps_b0s_first_two_stages_with_a_residual_block():
+    """The plumbing tests' network: B0's first two stages at tiny's width; its last residual block drops
+    connections, so a smoke run still goes through stochastic depth."""
+    blocks = block_specs("micro", drop_connect_rate=0.2)
+    assert [(b.name, b.strides, b.filters_in, b.filters_out) for b in blocks] == [
+        ("block1a_", 1, 8, 8),
+        ("block2a_", 2, 8, 8),
+        ("block2b_", 1, 8, 8),
+    ]
+    assert [b.has_residual for b in blocks] == [True, False, True] and blocks[2].drop_rate > 0
+    model = efficientnet("micro", num_classes=10)
+    assert tuple(model(_pixels(2, 32), training=False).shape) == (2, 10)
+    assert model.count_params() < efficientnet("tiny", num_classes=10).count_params() / 4
 
 
 def test_tiny_forward_shape_and_size(tiny):

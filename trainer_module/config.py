@@ -220,7 +220,7 @@ class ModelConfig(_Section):
     """Network and normalisation settings.
 
     Attributes:
-      variant: 'b0'..'b7' or 'tiny' (the CI / demo network).
+      variant: 'b0'..'b7', 'tiny' (the demo's network) or 'micro' (the smoke run's: the plumbing tests).
       num_classes: logits of the classifier; 1000 for ImageNet and for the demo, whose labels are positions in
         the 1000 ImageNet synsets.
       image_size: input resolution in pixels; None takes the variant's (224 for b0, ..., 32 for tiny).

@@ -180,7 +180,8 @@ def demo() -> TrainerConfig:
 
 
 def smoke() -> TrainerConfig:
-    """CI end-to-end run: the 'tiny' network for one epoch at batch 8 and one evaluation.
+    """The plumbing check: the 'micro' network (3 blocks) for one epoch at batch 8 and one evaluation. It shows
+    that a run goes through (sharding to export, a pipeline, a cloud step), in seconds; it learns little.
 
     Where shards carry a manifest (the CLI and the pipeline), an epoch is a pass over them; the example
     counts here (16 at batch 8: 2 steps, 1 warmup and 1 decay) hold only for data without one. So smoke is
@@ -188,7 +189,7 @@ def smoke() -> TrainerConfig:
     """
     return TrainerConfig(
         name="smoke",
-        model=ModelConfig(variant="tiny", image_size=32, bn_momentum=0.9, precision="float32"),
+        model=ModelConfig(variant="micro", image_size=32, bn_momentum=0.9, precision="float32"),
         optimizer=OptimizerConfig(name="lars", weight_decay=PAPER_WEIGHT_DECAY),
         schedule=ScheduleConfig(kind="polynomial", lr_per_256=8.0, warmup_epochs=0.5),
         data=DataConfig(

@@ -1,4 +1,4 @@
-"""EfficientNet B0-B7 (plus a tiny test variant) as data: B0's stage table, a scaling table, one block function.
+"""EfficientNet B0-B7 (plus two small variants) as data: B0's stage table, a scaling table, one block function.
 
 Layer names follow keras.applications ('stem_conv', 'block2b_se_reduce', 'top_bn', 'predictions', ...); the
 model takes 0..255 pixels and returns float32 logits (no softmax: the loss and the export add it).
@@ -83,7 +83,7 @@ def block_specs(variant: str, drop_connect_rate: float = 0.2) -> tuple[BlockSpec
             filters_in=round_filters(stage.filters_in, spec.width),
             filters_out=round_filters(stage.filters_out, spec.width),
         )
-        for stage in B0_STAGES
+        for stage in B0_STAGES[: spec.stages]
     ]
     total = sum(stage.repeats for stage in stages)
     blocks = []
@@ -124,7 +124,8 @@ def efficientnet(
     Output: logits [batch, num_classes] in float32 (no softmax).
 
     Args:
-        variant: 'b0'..'b7' or 'tiny' (width 0.25, depth 0.5, 32 px: for tests and the CPU demo).
+        variant: 'b0'..'b7', 'tiny' (width 0.25, depth 0.5, 32 px: the CPU demo and the tests of learning) or
+            'micro' (tiny's width, B0's first two stages: the tests of plumbing).
         num_classes: width of the dense head.
         input_size: side of the square input in pixels; default the variant's native resolution.
         dropout_rate: dropout before the dense head; default the variant's (0.2 for B0 up to 0.5 for B7).
