@@ -1,4 +1,4 @@
-"""The pieces work together: tiny EfficientNet + LARS + warmup/polynomial schedule + grouped synchronised BN,
+"""The pieces work together: the smoke run's EfficientNet (micro) + LARS + warmup/polynomial schedule + grouped synchronised BN,
 over 2 replicas with one BN group of both, drive the loss on one small batch to near zero."""
 
 import numpy as np
@@ -11,7 +11,7 @@ from trainer_module.optim.averaging import averaged_variables
 
 
 @pytest.mark.slow
-def test_tiny_lars_grouped_bn_overfits_a_small_batch(logical_cpus):
+def test_micro_lars_grouped_bn_overfits_a_small_batch(logical_cpus):
     steps = 60
     config = with_overrides(
         presets.get_preset("smoke"),

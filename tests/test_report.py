@@ -352,7 +352,7 @@ def test_a_log_without_curve_points_takes_the_rates_of_calls_after_each_attempts
 # ------------------------------------------------------------------------------------- the compiled loop
 
 
-@pytest.mark.slow  # about 15 s: builds and traces a tiny model
+@pytest.mark.slow  # builds and traces the smoke run's network
 def test_the_compiled_loop_returns_each_steps_records():
     config = replace(
         presets.get_preset("smoke"),
