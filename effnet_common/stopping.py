@@ -99,10 +99,16 @@ def describe(what: str | Callable[[], str]) -> Iterator[None]:
 
 
 def _hold_if_stopping() -> None:
-    """Once a stop has begun, a thread of the program (not the stopping thread) that enters or leaves a
-    ``cleanup`` or ``describe`` block waits there for the process to end. Leaving counts too: the same Ctrl-C
-    ends the command's worker processes, which can fail the main thread's call at once, and that error would
-    unwind the blocks, taking away the clean-ups and the line the stop is about to use."""
+    """Once a stop has begun, a thread of the program (not the stopping thread) waits here for the stopping
+    thread to end the process (with its line and ``STOPPED_EXIT``).
+
+    Called where a ``cleanup`` or ``describe`` block is entered or left, and at the interpreter's exit
+    (``atexit``, while armed). Leaving and exiting count because the same Ctrl-C ends the command's worker
+    processes, which can fail the main thread's call at once (Beam: "Channel closed prematurely") while the
+    stop is still stopping children: that error would unwind the blocks, taking away the clean-ups and the
+    line the stop is about to use, and the main thread would exit first with status 1, its error line sent to
+    the log by ``quiet``: a Ctrl-C that printed nothing (the sharding Ctrl-C test saw it, 1 run in 12 under
+    load)."""
     if _armed is not None and _armed.started.is_set() and threading.current_thread() is not _armed.stopper:
         threading.Event().wait()  # never set: the stop ends the process
 
@@ -262,18 +268,6 @@ class _Armed:
         self.previous_fd = signal.set_wakeup_fd(self._write, warn_on_full_buffer=False)
         self._thread = threading.Thread(target=self._watch, name="effnet-stop", daemon=True)
         self._thread.start()
-        atexit.register(self.await_stop)
-
-    def await_stop(self) -> None:
-        """At the interpreter's exit (``atexit``): a stop under way ends the process itself, with its line and
-        ``STOPPED_EXIT``. The same Ctrl-C reaches the command's worker processes, whose end can fail the main
-        thread's call (Beam: "Channel closed prematurely") while the stop is still stopping children; without
-        this the main thread then exited first, with status 1 and its error line sent to the log by ``quiet``:
-        a Ctrl-C that printed nothing (the sharding Ctrl-C test saw it, 1 run in 12 under load). A failure
-        inside a ``cleanup`` or ``describe`` block already waits where it leaves the block; this covers one
-        outside them."""
-        if self.started.is_set() and threading.current_thread() is not self.stopper:
-            threading.Event().wait()  # never set: the stopping thread ends the process (os._exit)
 
     def _handler(self, signum, frame) -> None:
         """Python's handler (main thread, when it gets to run): no KeyboardInterrupt anywhere; the stopping
@@ -325,7 +319,6 @@ class _Armed:
             os._exit(STOPPED_EXIT)
 
     def disarm(self) -> None:
-        atexit.unregister(self.await_stop)
         if signal.getsignal(signal.SIGINT) == self._handler:
             signal.signal(signal.SIGINT, self.previous_handler)
         signal.set_wakeup_fd(self.previous_fd)
@@ -357,6 +350,7 @@ def arm(quiet: Callable[[], None], report: Callable[[str], None], finish: Callab
     global _armed
     if _armed is None and can_arm():
         _armed = _Armed(quiet, report, finish)
+        atexit.register(_hold_if_stopping)
 
 
 def is_armed() -> bool:
@@ -368,5 +362,6 @@ def disarm() -> None:
     """Ctrl-C back to what it was before ``arm`` (unless a stop has begun: it ends the process)."""
     global _armed
     if _armed is not None and not _armed.started.is_set():
+        atexit.unregister(_hold_if_stopping)
         _armed.disarm()
         _armed = None

@@ -1,5 +1,6 @@
-"""The pieces work together: the smoke run's EfficientNet (micro) + LARS + warmup/polynomial schedule + grouped synchronised BN,
-over 2 replicas with one BN group of both, drive the loss on one small batch to near zero."""
+"""The pieces work together: the smoke run's EfficientNet (micro) + LARS + warmup/polynomial schedule +
+grouped synchronised BN, over 2 replicas with one BN group of both, drive the loss on one small batch to near
+zero."""
 
 import numpy as np
 import pytest

@@ -20,8 +20,8 @@ class VariantSpec:
         depth: multiplier of every stage's repeats (then rounded up).
         resolution: native input side in pixels.
         dropout: dropout rate before the dense head.
-        stages: how many of B0's seven stages the network keeps, from the first (all but the plumbing
-            tests' network).
+        stages: how many of B0's stages the network keeps, from the first; None (every variant but the
+            plumbing tests' network) keeps them all.
     """
 
     name: str
@@ -29,7 +29,7 @@ class VariantSpec:
     depth: float
     resolution: int
     dropout: float
-    stages: int = 7
+    stages: int | None = None
 
 
 VARIANTS = types.MappingProxyType(
@@ -44,7 +44,7 @@ VARIANTS = types.MappingProxyType(
             VariantSpec("b5", width=1.6, depth=2.2, resolution=456, dropout=0.4),
             VariantSpec("b6", width=1.8, depth=2.6, resolution=528, dropout=0.5),
             VariantSpec("b7", width=2.0, depth=3.1, resolution=600, dropout=0.5),
-            # For tests and the CPU digits demo: 10 blocks (residual, SE and drop-connect included) at 32 px.
+            # For the CPU digits demo and the tests of learning: 10 blocks (residual, SE and drop-connect included) at 32 px.
             VariantSpec("tiny", width=0.25, depth=0.5, resolution=32, dropout=0.2),
             # For the tests of plumbing (the smoke preset: distribution, resume, the console, the cloud steps),
             # which check that a run goes through, not what it learns: B0's first two stages at tiny's width, 3
@@ -58,7 +58,8 @@ VARIANTS = types.MappingProxyType(
 
 
 def variant_spec(variant: str) -> VariantSpec:
-    """The scaling of `variant` ('b0'..'b7', 'tiny' or 'micro'); ValueError naming the known variants otherwise."""
+    """The scaling of `variant` ('b0'..'b7', 'tiny' or 'micro'); ValueError naming the known variants
+    otherwise."""
     try:
         return VARIANTS[variant]
     except (KeyError, TypeError):
