@@ -177,14 +177,34 @@ def _fresh_collective_keys():
 
 
 @pytest.fixture(scope="session")
-def gcs_bucket():
+def gce_metadata():
+    """A metadata server (tests/fake_gce_metadata.py) that the processes tests start from now on find, as a cloud
+    worker finds its service account. This process's google-auth read the environment when it was imported."""
+    from fake_gce_metadata import GceMetadataServer
+
+    server = GceMetadataServer()
+    previous = {name: os.environ.get(name) for name in server.environment()}
+    os.environ.update(server.environment())
+    try:
+        yield server
+    finally:
+        server.stop()
+        for name, value in previous.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
+@pytest.fixture(scope="session")
+def gcs_bucket(gce_metadata):
     """(emulator, "gs://effnet-test") : a GCS JSON-API server on 127.0.0.1, for the whole session.
 
     Beam's GCS client finds it through ``STORAGE_EMULATOR_HOST`` (set here, inherited by Beam's worker
-    processes) and connects anonymously. Beam looks up Google's application-default credentials once per process
-    and keeps what it found; finding none here, it retries for about 40 s with backoff before going anonymous.
-    In this process the lookup is answered at once with anonymous credentials, which the emulator takes (the
-    processes tests start still look them up the long way, as a machine without credentials does).
+    processes). Beam looks up Google's application-default credentials once per process and keeps what it
+    found; finding none, it retries for about 35 s with backoff before going anonymous. The processes tests
+    start find them as a cloud worker does, from the metadata server (``gce_metadata``); the emulator takes
+    their tokens. In this process the lookup is answered at once with anonymous credentials.
     """
     import google.auth
     from gcs_emulator import GcsEmulator

@@ -67,6 +67,46 @@ def test_storage_layer_on_gcs(gcs_bucket):
     assert emulator.list_objects("effnet-test", "storage-layer/") == []
 
 
+@pytest.mark.slow  # a Python process of its own importing Beam
+def test_the_metadata_server_keeps_its_rules_and_a_new_process_reads_gcs_as_its_service_account(
+    gcs_bucket, gce_metadata
+):
+    """A process the suite starts finds the worker's service account at once (no 35 s of Beam's retries), also
+    when the metadata server is unavailable for a moment, and reaches the emulator with its token."""
+    import subprocess
+    import sys
+    import urllib.error
+    import urllib.request
+
+    _, bucket = gcs_bucket
+    root = f"http://{gce_metadata.host}/computeMetadata/v1"
+    with pytest.raises(urllib.error.HTTPError) as refused:  # no Metadata-Flavor header
+        urllib.request.urlopen(f"{root}/project/project-id", timeout=5)
+    assert refused.value.code == 403 and refused.value.headers["Metadata-Flavor"] == "Google"
+    asked = urllib.request.Request(f"{root}/project/project-id", headers={"Metadata-Flavor": "Google"})
+    assert urllib.request.urlopen(asked, timeout=5).read() == b"effnet-test-project"
+
+    storage.write_text(f"{bucket}/metadata/hello.txt", "hello")
+    tokens = gce_metadata.tokens_issued
+    gce_metadata.fail_next(2)
+    read = (
+        "import sys\n"
+        "from apache_beam.io.filesystems import FileSystems\n"
+        "print(FileSystems.open(sys.argv[1]).read().decode())\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", read, f"{bucket}/metadata/hello.txt"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "hello"
+    assert "Connecting anonymously" not in done.stderr
+    assert gce_metadata.tokens_issued > tokens  # the request to the emulator carried the account's token
+    storage.remove([f"{bucket}/metadata/hello.txt"])
+
+
 @pytest.mark.slow  # the CLI in a Python process of its own
 def test_cli_shards_gcs_archives_into_gcs_leaving_only_shards_and_manifest(
     gcs_bucket, gcs_archives, clean_archives, tmp_path

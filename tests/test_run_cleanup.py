@@ -25,6 +25,7 @@ import faults
 import gcs_emulator
 import kfp_launcher
 import pytest
+import suite_env
 import yaml
 from fake_dataflow import FakeDataflow
 from google.protobuf import json_format
@@ -274,6 +275,8 @@ def test_the_dataflow_client_takes_the_credentials_beam_submits_with(tmp_path, m
 
     monkeypatch.setenv("CLOUDSDK_CONFIG", str(tmp_path / "gcloud"))  # no gcloud credentials of this machine's
     monkeypatch.delenv("GOOGLE_APPLICATION_CREDENTIALS", raising=False)
+    for name in ("GCE_METADATA_HOST", "GCE_METADATA_IP"):  # off a cloud machine (the suite may serve one)
+        monkeypatch.setenv(name, suite_env.PINNED[name])
     assert isinstance(dataflow_jobs.credentials_of(cloud()), credentials.AnonymousCredentials)
     assert "calling it anonymously" in caplog.text
     user = {"type": "authorized_user", "client_id": "id", "client_secret": "secret", "refresh_token": "token"}
