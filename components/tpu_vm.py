@@ -48,6 +48,7 @@ POLL_SECONDS = 30.0
 # Kubernetes' 30 s; the exit task deletes whatever is left.
 DELETE_WAIT_SECONDS = 600.0
 STOPPED_DELETE_WAIT_SECONDS = 20.0
+DELETE_POLL_SECONDS = 5.0  # how often a deleted slice is looked up until it is gone (at most)
 # Queued resource states (``QueuedResourceState.State``) by what the step does with them.
 WAITING = ("STATE_UNSPECIFIED", "CREATING", "ACCEPTED", "PROVISIONING", "WAITING_FOR_RESOURCES")
 ACTIVE = "ACTIVE"
@@ -223,9 +224,12 @@ def _not_had(request: SliceRequest, said: str) -> str:
     return f"{request.accelerator} in {request.zone} could not be had: {said}"
 
 
-def delete(client, name: str, wait_seconds: float = DELETE_WAIT_SECONDS) -> bool:
+def delete(
+    client, name: str, wait_seconds: float = DELETE_WAIT_SECONDS, poll_seconds: float = DELETE_POLL_SECONDS
+) -> bool:
     """Deletes queued resource ``name`` with its nodes and follows it until the API no longer knows it (at most
-    ``wait_seconds``); True once it is gone. Best effort: a failure is logged, never raised."""
+    ``wait_seconds``, looking every ``poll_seconds``); True once it is gone. Best effort: a failure is logged,
+    never raised."""
     from google.api_core import exceptions
     from google.cloud import tpu_v2
 
@@ -250,7 +254,7 @@ def delete(client, name: str, wait_seconds: float = DELETE_WAIT_SECONDS) -> bool
                 return True
         except Exception as error:  # noqa: BLE001 - keep waiting out what the retry did not
             logger.warning("reading %s while it is deleted: %s", name, cloud_retry.one_line(error))
-        time.sleep(min(5.0, max(0.0, deadline - time.monotonic())))
+        time.sleep(min(poll_seconds, max(0.0, deadline - time.monotonic())))
     logger.error("queued resource %s was still there %.0f s after its delete", name, wait_seconds)
     return False
 
@@ -425,13 +429,14 @@ def run_slice(request: SliceRequest, poll_seconds: float | None = None, patience
 
     client = client or client_for(request.api_endpoint)
     interval = POLL_SECONDS if poll_seconds is None else poll_seconds
+    delete_interval = min(interval, DELETE_POLL_SECONDS)
     patience = patience or cloud_retry.Patience()
     stop = StopSignals()
     current: str | None = None
 
     def delete_current() -> None:
         if current is not None:
-            delete(client, current, STOPPED_DELETE_WAIT_SECONDS)
+            delete(client, current, STOPPED_DELETE_WAIT_SECONDS, delete_interval)
 
     # In a command of this project's own (the local runner's rehearsal), Ctrl-C stops the command as it stops
     # any (``effnet_common.stopping``): the slice is deleted by a clean-up of the stop. In a pipeline task, the
@@ -463,7 +468,7 @@ def run_slice(request: SliceRequest, poll_seconds: float | None = None, patience
                     f"{request.accelerator} {request.attempt_id(attempt)} was lost: creating it again",
                     flush=True,
                 )
-                delete(client, current)
+                delete(client, current, poll_seconds=delete_interval)
                 attempt, exists = attempt + 1, False
         except cloud_retry.Unanswered as error:
             raise SliceFailed(str(error)) from None
@@ -471,7 +476,7 @@ def run_slice(request: SliceRequest, poll_seconds: float | None = None, patience
             stop.ignore()
             if current is not None:
                 wait = STOPPED_DELETE_WAIT_SECONDS if stop.received is not None else DELETE_WAIT_SECONDS
-                delete(client, current, wait)
+                delete(client, current, wait, delete_interval)
 
 
 def run_resources(client, project: str, zone: str, label: str, value: str) -> list[str]:

@@ -222,7 +222,6 @@ def dataclasses_replace(request, **changes):
     return dataclasses.replace(request, **changes)
 
 
-@pytest.mark.slow  # slices of host processes: about 10 s
 def test_the_queued_resources_of_a_run_are_found_by_the_label_on_their_node(api, tmp_path):
     client = tpu_vm.client_for(api.endpoint)
     mine = _request(api, tmp_path, textwrap.dedent("#!/bin/bash\nsleep 60\n"))
@@ -232,4 +231,4 @@ def test_the_queued_resources_of_a_run_are_found_by_the_label_on_their_node(api,
     found = tpu_vm.run_resources(client, "effnet-test-project", "us-central2-b", "effnet-run", "run-1")
     assert found == [mine.queued_resource_name(0)]
     for name in (mine.queued_resource_name(0), other.queued_resource_name(0)):
-        assert tpu_vm.delete(client, name, wait_seconds=30)
+        assert tpu_vm.delete(client, name, wait_seconds=30, poll_seconds=0.1)
