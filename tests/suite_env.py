@@ -39,6 +39,9 @@ PINNED = {
     "GCE_METADATA_HOST": "127.0.0.1:1",
     "GCE_METADATA_IP": "127.0.0.1:1",
 }
+# Pinned values a session fixture may point at a server of the suite's own on 127.0.0.1 for the rest of the
+# session (tests/conftest.py's ``gce_metadata``: a metadata server, as cloud workers have).
+LOCAL_SERVICES = ("GCE_METADATA_HOST", "GCE_METADATA_IP")
 
 # Python's own, read when an interpreter starts (so scripts/test.sh clears them for pytest's): warning filters,
 # asserts stripped, development mode's extra output, an interactive prompt after a script, a foreign copy of
