@@ -179,17 +179,13 @@ def gce_metadata():
     from fake_gce_metadata import GceMetadataServer
 
     server = GceMetadataServer()
-    previous = {name: os.environ.get(name) for name in server.environment()}
-    os.environ.update(server.environment())
-    try:
-        yield server
-    finally:
-        server.stop()
-        for name, value in previous.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
+    with pytest.MonkeyPatch.context() as patch:
+        for name, value in server.environment().items():
+            patch.setenv(name, value)
+        try:
+            yield server
+        finally:
+            server.stop()
 
 
 @pytest.fixture(scope="session")
