@@ -29,7 +29,6 @@ import logging
 import time
 from typing import Any
 
-from tfx import v1 as tfx
 from tfx.components.util import examples_utils
 from tfx.dsl.components.base import base_beam_executor, executor_spec
 from tfx.orchestration import data_types
@@ -39,6 +38,7 @@ from tfx.types import artifact_utils, component_spec
 from beam_preprocess import run
 from beam_preprocess.config import SPLIT_INPUTS, ShardingConfig, splits_without_input
 from components import beam_executor, parameters
+from components import tfx_api as tfx
 from effnet_common import schema
 from effnet_common.manifest import Manifest
 

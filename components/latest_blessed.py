@@ -13,7 +13,7 @@ The compiled Vertex pipeline keeps TFX's strategy: Vertex runs that lookup as a 
 
 from __future__ import annotations
 
-from tfx import v1 as tfx
+from components import tfx_api as tfx
 
 MODEL_KEY = "model"
 BLESSING_KEY = "model_blessing"

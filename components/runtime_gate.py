@@ -20,7 +20,7 @@ of their own, and their executors fold them into what TFX's executors read, so o
 
 Left as None (the local runner), each parameter leaves the config as it was built.
 
-The steps that start cloud jobs (``VertexTrainer``, ``VertexTuner``, ``Evaluator`` on Dataflow) also put the run's
+The steps that start cloud jobs (``VertexTrainer``, ``Evaluator`` on Dataflow, ``components.vertex_tuner``) also put the run's
 id (an argument of every task of a compiled Vertex pipeline, the output URIs on Kubeflow: ``components.run_label``)
 on their job as the run's label, by which the pipeline's exit handler finds what a run left running (``components.run_cleanup``).
 """
@@ -31,7 +31,6 @@ from typing import Any
 
 import tensorflow_model_analysis as tfma
 from google.protobuf import json_format
-from tfx import v1 as tfx
 from tfx.components.evaluator import executor as evaluator_executor
 from tfx.components.trainer import executor as trainer_executor
 from tfx.components.util import udf_utils
@@ -40,6 +39,7 @@ from tfx.types import component_spec, standard_component_specs
 from tfx.utils import json_utils, name_utils
 
 from components import beam_executor, evaluation_results, run_label, vertex_training
+from components import tfx_api as tfx
 from components.parameters import TARGET_TOP1_KEY, TOP1_METRIC, TRAIN_EPOCHS_KEY
 from effnet_common import cloud_retry
 
@@ -161,10 +161,12 @@ class VertexTrainerExecutor(base_executor.BaseExecutor):
     """
 
     def Do(self, input_dict, output_dict, exec_properties):  # noqa: N802 - TFX's executor interface
+        from tfx.extensions.google_cloud_ai_platform.trainer import executor as vertex_trainer
+
         properties = _with_trainer_parameters(exec_properties)  # a bad value fails here, before any job
         custom_config = labelled_with_run(
             json_utils.loads(properties[standard_component_specs.CUSTOM_CONFIG_KEY]),
-            tfx.extensions.google_cloud_ai_platform.TRAINING_ARGS_KEY,
+            vertex_trainer.TRAINING_ARGS_KEY,
             self._extra_flags,
             output_dict,
         )
@@ -234,38 +236,6 @@ class TpuVmTrainerExecutor(base_executor.BaseExecutor):
         )
         patience = cloud_retry.take_patience(self._extra_flags or [])[0]
         tpu_vm.run_slice(request, poll_seconds=poll_seconds, patience=patience)
-
-
-class VertexTunerExecutor(base_executor.BaseExecutor):
-    """Runs TFX's distributed tuning flock (its chief oracle and workers, each running trials) as a Vertex AI
-    custom job to its end, cancelled if this task is stopped or fails (``components.vertex_training``), with the
-    timeout of the search on this run's data (``run_timeout``).
-
-    The job's worker pools (the primary, and ``parallel trials - 1`` workers) are compiled into the tuning args
-    of ``custom_config``; TFX's Vertex Tuner would build the same job but only poll it.
-    """
-
-    def Do(self, input_dict, output_dict, exec_properties):  # noqa: N802 - TFX's executor interface
-        from tfx.extensions.google_cloud_ai_platform.tuner import executor as vertex_tuner
-
-        vertex = tfx.extensions.google_cloud_ai_platform
-        custom_config = labelled_with_run(
-            json_utils.loads(exec_properties[standard_component_specs.CUSTOM_CONFIG_KEY]),
-            vertex.experimental.TUNING_ARGS_KEY,
-            self._extra_flags,
-            output_dict,
-        )
-        request = vertex_training.job_request(
-            input_dict,
-            output_dict,
-            exec_properties,
-            custom_config,
-            name_utils.get_full_name(vertex_tuner._WorkerExecutor),  # noqa: SLF001 - TFX's worker entry point
-            args_key=vertex.experimental.TUNING_ARGS_KEY,
-            task="tuner",
-            timeout_seconds=run_timeout(input_dict, exec_properties, custom_config),
-        )
-        vertex_training.run_job(request, patience=cloud_retry.take_patience(self._extra_flags or [])[0])
 
 
 class EvaluatorExecutor(
@@ -343,12 +313,6 @@ class TpuVmTrainer(Trainer):
     """The same Trainer run on a multi-host TPU VM slice (``custom_config`` carries the slice's settings)."""
 
     EXECUTOR_SPEC = executor_spec.ExecutorClassSpec(TpuVmTrainerExecutor)
-
-
-class VertexTuner(tfx.extensions.google_cloud_ai_platform.Tuner):
-    """TFX's Vertex Tuner (parallel trials on the accelerator's machines), its job cancelled with its task."""
-
-    EXECUTOR_SPEC = executor_spec.ExecutorClassSpec(VertexTunerExecutor)
 
 
 class Evaluator(tfx.components.Evaluator):

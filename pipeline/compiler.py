@@ -280,13 +280,13 @@ def _tuning_step(compiled: Compiled, settings: CloudSettings, name: str, labels:
     tuning = compiled.tuning
     if tuning is None:
         return None
-    from components import runtime_gate
+    from components import vertex_tuner
     from pipeline import pipeline_def
 
     config = settings.vertex_tuning_config(
         compiled.resolved.trainer_config, name, labels, tuning.parallel_trials, tuning.epochs
     )
-    return pipeline_def.TuningStep(tuning.settings, runtime_gate.VertexTuner, config, tuning.parallel_trials)
+    return pipeline_def.TuningStep(tuning.settings, vertex_tuner.VertexTuner, config, tuning.parallel_trials)
 
 
 def _tfx_compile(pipeline, settings: CloudSettings, defaults: dict, for_kubeflow: bool) -> dict:

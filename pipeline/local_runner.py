@@ -261,8 +261,7 @@ def run(args, session: console.Session) -> int:
     target = resolved.target_top1  # the run's one target: the trainer's stop and the gate
     root = os.path.abspath(args.pipeline_root)
     session.keep_log(os.path.join(root, LOG_DIR, console.log_name("local_runner")))
-    from tfx import v1 as tfx
-
+    from components import tfx_api as tfx
     from pipeline import local_steps, outcome, pipeline_def, runs_page
     from trainer_module import tfx_trainer
 

@@ -10,10 +10,10 @@ import dataclasses
 import json
 
 import tensorflow_model_analysis as tfma
-from tfx import v1 as tfx
 
 from beam_preprocess.config import ShardingConfig
 from components import evaluation_results, latest_blessed, parameters, runtime_gate
+from components import tfx_api as tfx
 from components.imagenet_shards import ImageNetShardGen
 from effnet_common import schema
 from trainer_module import export, tfx_trainer

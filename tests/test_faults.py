@@ -28,7 +28,7 @@ from fake_vertex_registry import FakeModelRegistry
 from google.api_core import exceptions
 from tfx.types import standard_artifacts
 
-from components import run_cleanup, run_label, runtime_gate, vertex_pusher, vertex_training
+from components import run_cleanup, run_label, runtime_gate, vertex_pusher, vertex_training, vertex_tuner
 
 pytestmark = pytest.mark.faults
 
@@ -122,8 +122,8 @@ def test_a_vertex_job_step_under_transient_faults_runs_one_job_and_cancels_nothi
         properties = compiled_step(tmp_path, task, "--tune", "--tune-parallel-trials", "1")
         output = standard_artifacts.HyperParameters()
         outputs = {"best_hyperparameters": [output]}
-        executor = runtime_gate.VertexTunerExecutor(
-            runtime_gate.VertexTunerExecutor.Context(extra_flags=[f"--effnet_run={RUN}"])
+        executor = vertex_tuner.VertexTunerExecutor(
+            vertex_tuner.VertexTunerExecutor.Context(extra_flags=[f"--effnet_run={RUN}"])
         )
     output.uri = str(tmp_path / "root" / task / "output")
     executor.Do({"examples": [examples(digit_shards)]}, outputs, properties)

@@ -1097,7 +1097,7 @@ def test_tuning_compiles_to_a_vertex_job_of_parallel_trials_feeding_the_trainer(
     job = _job(output)
     tasks = _tasks(job)
     executor = job["pipelineSpec"]["deploymentSpec"]["executors"]["Tuner_executor"]["container"]["args"]
-    assert executor[:2] == ["--executor_class_path", "components.runtime_gate.VertexTunerExecutor"]
+    assert executor[:2] == ["--executor_class_path", "components.vertex_tuner.VertexTunerExecutor"]
     custom = json.loads(tasks["Tuner"]["inputs"]["parameters"]["custom_config"]["runtimeValue"]["constant"])
     tuning_args = custom["ai_platform_tuning_args"]
     pools = tuning_args["job_spec"]["worker_pool_specs"]

@@ -19,7 +19,7 @@ import pytest
 from google.api_core import exceptions
 from tfx.types import artifact_utils, standard_artifacts
 
-from components import accelerators, run_label, runtime_gate, vertex_training
+from components import accelerators, run_label, runtime_gate, vertex_training, vertex_tuner
 from effnet_common import cloud_retry, schema
 from effnet_common.manifest import LabelConvention, Manifest, Shard, SplitManifest
 from pipeline import kubeflow_v2_runner
@@ -411,7 +411,7 @@ def test_the_tuning_jobs_timeout_is_the_searchs_on_the_runs_data(vertex, tmp_pat
     ):
         best = standard_artifacts.HyperParameters()
         best.uri = f"gs://bucket/root/{name}/Tuner/best_hyperparameters"
-        runtime_gate.VertexTunerExecutor().Do(
+        vertex_tuner.VertexTunerExecutor().Do(
             {"examples": [examples]}, {"best_hyperparameters": [best]}, properties
         )
         timeouts.append(created(vertex)[-1]["custom_job"]["job_spec"]["scheduling"]["timeout"])
@@ -505,7 +505,7 @@ def test_the_training_and_tuning_jobs_stream_to_the_tensorboard_each_run_in_a_di
 
     best = standard_artifacts.HyperParameters()
     best.uri = "gs://bucket/root/run-1/Tuner/best_hyperparameters"
-    runtime_gate.VertexTunerExecutor().Do(
+    vertex_tuner.VertexTunerExecutor().Do(
         {"examples": [examples]}, {"best_hyperparameters": [best]}, properties["Tuner"]
     )
     spec = created(vertex)[-1]["custom_job"]["job_spec"]
