@@ -335,7 +335,7 @@ def run(args, session: console.Session) -> int:
     if result.model_run_uri:
         from trainer_module import report
 
-        report_path = report.write_report(result.model_run_uri, pipeline=result.report_lines())
+        report_path = report.add_pipeline_lines(result.model_run_uri, result.report_lines())
         tensorboard = console.tensorboard_command(os.path.join(result.model_run_uri, "tensorboard"))
         console.say("run report: %s", report_path)
         console.say("TensorBoard: %s", tensorboard)

@@ -327,6 +327,28 @@ def test_the_report_draws_every_plot_of_a_run_with_a_curve(tmp_path):
     assert "label smoothing keeps it above its floor" in page
 
 
+def test_the_pipelines_lines_are_added_to_the_page_without_drawing_again(tmp_path, monkeypatch):
+    model_dir = _model_dir(tmp_path, [20, 20])  # too few rate points: that plot is said in words
+    drawn_page = open(report.write_report(model_dir)).read()
+
+    def no_drawing(*args):
+        raise AssertionError("drawn again")
+
+    for plot in ("accuracy_plot", "schedule_plot", "throughput_plot", "loss_plot"):
+        monkeypatch.setattr(report, plot, no_drawing)
+    page = open(report.add_pipeline_lines(model_dir, {"TFMA top-1": "0.9694 (blessed)"})).read()
+    assert "TFMA top-1" in page and "0.9694 (blessed)" in page and "TFMA top-1" not in drawn_page
+    assert (
+        _linked_images(page)
+        == _linked_images(drawn_page)
+        == [name for key, name in report.PLOTS.items() if key != "throughput"]
+    )
+    assert "images/s: 4 points of the curve, too few to draw" in page
+    os.remove(os.path.join(model_dir, report.REPORT_FILE))  # no page yet: the whole one is drawn
+    with pytest.raises(AssertionError, match="drawn again"):
+        report.add_pipeline_lines(model_dir, {"TFMA top-1": "0.9694"})
+
+
 def test_too_few_rate_points_are_said_in_words_not_drawn(tmp_path):
     model_dir = _model_dir(tmp_path, [20, 20])  # 4 points, every 10 steps
     page = open(report.write_report(model_dir)).read()
