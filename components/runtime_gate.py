@@ -161,12 +161,13 @@ class VertexTrainerExecutor(base_executor.BaseExecutor):
     """
 
     def Do(self, input_dict, output_dict, exec_properties):  # noqa: N802 - TFX's executor interface
-        from tfx.extensions.google_cloud_ai_platform.trainer import executor as vertex_trainer
+        # tfx.v1's extensions import the Vertex AI SDK, which this step uses anyway.
+        from tfx.v1.extensions import google_cloud_ai_platform as vertex
 
         properties = _with_trainer_parameters(exec_properties)  # a bad value fails here, before any job
         custom_config = labelled_with_run(
             json_utils.loads(properties[standard_component_specs.CUSTOM_CONFIG_KEY]),
-            vertex_trainer.TRAINING_ARGS_KEY,
+            vertex.TRAINING_ARGS_KEY,
             self._extra_flags,
             output_dict,
         )

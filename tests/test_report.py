@@ -344,6 +344,9 @@ def test_the_pipelines_lines_are_added_to_the_page_without_drawing_again(tmp_pat
         == [name for key, name in report.PLOTS.items() if key != "throughput"]
     )
     assert "images/s: 4 points of the curve, too few to draw" in page
+    os.remove(os.path.join(model_dir, report.PLOTS["loss"]))  # a plot that is always drawn is gone: all again
+    with pytest.raises(AssertionError, match="drawn again"):
+        report.add_pipeline_lines(model_dir, {"TFMA top-1": "0.9694"})
     os.remove(os.path.join(model_dir, report.REPORT_FILE))  # no page yet: the whole one is drawn
     with pytest.raises(AssertionError, match="drawn again"):
         report.add_pipeline_lines(model_dir, {"TFMA top-1": "0.9694"})

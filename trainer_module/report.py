@@ -693,12 +693,13 @@ def write_report(model_dir: str, pipeline: dict | None = None) -> str:
 def add_pipeline_lines(model_dir: str, pipeline: dict) -> str:
     """Writes ``report.html`` of a run again with the pipeline's lines added, keeping the plots its trainer drew:
     they come from the run's own files, which the pipeline's later steps leave as they were. A run without a
-    report yet gets the whole one (``write_report``). Returns the report's path."""
+    report yet, or missing a plot that is always drawn (all but the rate curve), gets the whole one
+    (``write_report``). Returns the report's path."""
     path = files.join(model_dir, REPORT_FILE)
-    if not files.exists(path):
+    drawn = {key: name if files.exists(files.join(model_dir, name)) else None for key, name in PLOTS.items()}
+    if not files.exists(path) or any(name is None for key, name in drawn.items() if key != "throughput"):
         return write_report(model_dir, pipeline)
     record = RunRecord.read(model_dir)
-    drawn = {key: name if files.exists(files.join(model_dir, name)) else None for key, name in PLOTS.items()}
     files.write_text(path, render_html(record, run_state(record), drawn, pipeline))
     return path
 
