@@ -152,6 +152,20 @@ def test_a_pod_run_compiles_its_trainer_onto_a_queued_resource_and_its_exit_task
 RUN_ID, OTHER_RUN = "4f1c2a3b-pod-run", "9e8d7c6b-other-run"
 
 
+def _poll_every_second(job: dict) -> None:
+    """Sets the compiled Trainer step's poll interval (its ``tpu_vm`` settings' ``poll_seconds``) to 1 s, as the
+    local runner's rehearsal does: the rehearsed service answers at once, where Cloud TPU takes minutes, and the
+    step's 30 s would be most of the test's time."""
+    from components import tpu_vm
+
+    constant = kfp_launcher.task_path(job, "Trainer")[-1]["inputs"]["parameters"]["custom_config"][
+        "runtimeValue"
+    ]
+    custom_config = json.loads(constant["constant"])
+    custom_config[tpu_vm.CONFIG_KEY]["poll_seconds"] = 1.0
+    constant["constant"] = json.dumps(custom_config)
+
+
 @pytest.mark.slow
 def test_the_compiled_trainer_task_trains_on_the_slice_and_the_exit_task_deletes_the_runs_slices(
     tmp_path, clean_archives
@@ -175,6 +189,7 @@ def test_the_compiled_trainer_task_trains_on_the_slice_and_the_exit_task_deletes
     argv += ["--set", "data.num_train_examples=300", "--param", "target_top1=0.0"]
     assert kubeflow_v2_runner.main(["--output", str(output), *argv]) == 0
     job = json.loads(output.read_text())
+    _poll_every_second(job)
     parameters = kfp_launcher.runtime_parameters(job)
     root, scratch = str(tmp_path / "root"), str(tmp_path / "launcher")
     # One logical CPU stands in for the slice's 16 replicas: tracing a step per replica takes minutes here.
