@@ -238,7 +238,10 @@ import apache_beam as beam
 import fake_vertex
 from tfx.types import standard_artifacts
 from components import runtime_gate
+from effnet_common import dataflow_jobs
 fake_vertex.fast_retries()
+# A followed job's state is read as often as the fake's jobs are (they change at once; Dataflow's take minutes).
+dataflow_jobs.FOLLOW_POLL_SECONDS = fake_vertex.FAST_POLL_SECONDS
 executor = runtime_gate.EvaluatorExecutor(runtime_gate.EvaluatorExecutor.Context(beam_pipeline_args=sys.argv[1:]))
 evaluation = standard_artifacts.ModelEvaluation()
 evaluation.uri = "gs://b/p/Evaluator/evaluation/1"  # the execution's outputs: what names its job
