@@ -29,6 +29,11 @@ if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] && [ -x .venv/bin/python ]
 fi
 start=$SECONDS
 log=.venv/setup.log
+# The installers' temporary files go to a directory of this run's, removed when it ends however it ends: uv
+# leaves a lock file in the temporary directory for every package it builds from source (17 on a fresh set-up).
+install_tmp=$(mktemp -d "${TMPDIR:-/tmp}/effnet-setup.XXXXXX")
+trap 'rm -rf "$install_tmp"' EXIT
+export TMPDIR=$install_tmp
 
 phase() {
   local what=$1
