@@ -33,6 +33,7 @@ log=.venv/setup.log
 # leaves a lock file in the temporary directory for every package it builds from source (17 on a fresh set-up).
 install_tmp=$(mktemp -d "${TMPDIR:-/tmp}/effnet-setup.XXXXXX")
 trap 'rm -rf "$install_tmp"' EXIT
+trap 'echo "[setup] stopped; the same command finishes the set-up" >&2; exit 130' INT TERM
 export TMPDIR=$install_tmp
 
 phase() {
