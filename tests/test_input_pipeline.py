@@ -4,6 +4,8 @@ arithmetic, reproducibility, and exact eval coverage under MirroredStrategy and 
 import json
 import os
 import shutil
+import threading
+import weakref
 
 import numpy as np
 import pytest
@@ -15,6 +17,7 @@ from beam_preprocess.config import ShardingConfig
 from beam_preprocess.run import run
 from effnet_common import schema
 from trainer_module.data import input_pipeline as ip
+from trainer_module.data import release
 
 IMAGE_SIZE = 32
 TRAIN_SHARDS = 4
@@ -418,3 +421,16 @@ def test_paper_era_eval_crop_keeps_more_of_the_image():
     assert today[2] == 456 * 456 // (456 + 65) == 399  # 0.875 of the short side
     assert paper[2] == 456 * 456 // (456 + 32) == 426  # 0.934 of the short side
     assert paper[:2] == [(456 - 426 + 1) // 2, (608 - 426 + 1) // 2]
+
+
+def test_a_released_iterator_is_deleted_on_the_release_thread_not_the_callers():
+    autotuned = tf.data.Dataset.range(10**6).map(lambda x: x + 1, num_parallel_calls=tf.data.AUTOTUNE)
+    stream = [iter(autotuned.batch(8).prefetch(tf.data.AUTOTUNE))]
+    assert int(next(stream[0])[0]) == 1
+    deleted_on = []
+    watch = weakref.ref(stream[0], lambda _: deleted_on.append(threading.current_thread().name))
+    thread = release.release_in_background(stream)
+    thread.join(timeout=120)  # TensorFlow's wait for the pipeline's model thread: up to a minute
+    assert not thread.is_alive() and thread.daemon
+    assert stream == [] and watch() is None
+    assert deleted_on == [release.THREAD_NAME]

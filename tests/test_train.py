@@ -5,7 +5,9 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
+import weakref
 
 import numpy as np
 import pytest
@@ -14,7 +16,8 @@ from loopback import free_ports
 
 from trainer_module import presets, train
 from trainer_module.config import with_overrides
-from trainer_module.data import input_pipeline
+from trainer_module.data import input_pipeline, release
+from trainer_module.data.release import release_in_background
 from trainer_module.recorder import read_run_log
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -300,3 +303,30 @@ def test_thread_pools_are_sized_before_the_runtime_starts():
         [sys.executable, "-c", probe], cwd=REPO, capture_output=True, text=True, check=True, timeout=120
     )
     assert result.stdout.split() == ["1", "1"]
+
+
+@pytest.mark.slow
+def test_the_training_stream_and_each_evaluation_stream_are_deleted_off_the_loops_thread(
+    digit_shards, tmp_path, monkeypatch
+):
+    """Deleting an autotuned tf.data iterator can wait out its model thread's sleep (trainer_module.data.release):
+    the loop hands its streams to the release thread, which deletes them, so the run goes on meanwhile."""
+    deleted_on = []
+    handed = []
+
+    def watched(holder):
+        handed.append(type(holder[0]).__name__)
+        weakref.finalize(holder[0], lambda: deleted_on.append(threading.current_thread().name))
+        return release_in_background(holder)
+
+    monkeypatch.setattr(train.release, "release_in_background", watched)
+    config = _config(**{"loop.train_epochs": 2, "loop.eval_every_epochs": 1})
+    strategy = tf.distribute.OneDeviceStrategy("/cpu:0")
+    train.train_and_evaluate(
+        config, [digit_shards["train"]], [digit_shards["eval"]], train.RunPaths(str(tmp_path)), strategy
+    )
+    deadline = time.time() + 120  # TensorFlow's wait for a pipeline's model thread: up to a minute
+    while len(deleted_on) < len(handed) and time.time() < deadline:
+        time.sleep(0.1)
+    assert len(handed) == 3  # two evaluations' streams, then the training stream
+    assert deleted_on == [release.THREAD_NAME] * 3

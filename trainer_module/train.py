@@ -30,7 +30,7 @@ from tensorflow.python.framework import config as tf_framework_config
 from effnet_common import stopping
 from trainer_module import files
 from trainer_module.config import TrainerConfig
-from trainer_module.data import input_pipeline
+from trainer_module.data import input_pipeline, release
 from trainer_module.distribute.batchnorm import GroupedBatchNormalization
 from trainer_module.models.efficientnet import efficientnet
 from trainer_module.optim import optimizers, schedules
@@ -429,6 +429,11 @@ class RunInputs:
         eval_dist = strategy.distribute_datasets_from_function(eval_dataset)
         return cls(iter(train_dist), eval_dist, next(iter(eval_plans.values())))
 
+    def release_training_stream(self) -> None:
+        """Lets go of the training stream without waiting for its deletion (``trainer_module.data.release``)."""
+        stream, self.train = [self.train], None
+        release.release_in_background(stream)
+
 
 def train_and_evaluate(
     config: TrainerConfig,
@@ -496,6 +501,7 @@ def _train_and_evaluate(config, train_files, eval_files, paths, strategy, tuned)
             step = _train_loop(config, trainer, inputs, recorder, manager, profiler, step, loop_start)
     finally:
         profiler.close()
+    inputs.release_training_stream()
 
     # A truncated run (loop.stop_at_epoch) says where it stopped; running it again with a later epoch resumes it.
     stopped_at_epoch = None
@@ -573,7 +579,9 @@ def _labels_checked(config: TrainerConfig, loop_fn, *args):
 
 
 def _evaluate(trainer: Trainer, eval_dist, eval_plan, config: TrainerConfig) -> dict:
-    totals = _labels_checked(config, trainer.eval_loop, iter(eval_dist), tf.constant(eval_plan.steps))
+    stream = [iter(eval_dist)]  # deleted off this thread (trainer_module.data.release)
+    totals = _labels_checked(config, trainer.eval_loop, stream[0], tf.constant(eval_plan.steps))
+    release.release_in_background(stream)
     top1, top5, loss, count = totals.numpy().tolist()
     if int(round(count)) != eval_plan.num_examples:
         raise RuntimeError(f"evaluation counted {count} examples, expected exactly {eval_plan.num_examples}")
