@@ -7,8 +7,8 @@ pulling in IPython), Pub/Sub (0.6 s) and four calls of google-api-core's Python-
 every installed distribution (0.3 s each). Sharding uses none of them. Measured here: a fresh interpreter
 importing Beam and its SDK worker takes 3.4-3.7 s with them and 1.5-1.8 s without (pandas refused too).
 
-``install()`` puts a finder at the front of ``sys.meta_path`` that raises ``ImportError`` for exactly those
-packages, so Beam's connector imports take their ``except ImportError`` branch. It is used only by processes
+``install()`` refuses exactly those packages (``effnet_common.refused_imports``), so Beam's connector imports take
+their ``except ImportError`` branch. It is used only by processes
 that run nothing but sharding on the DirectRunner: the ``python -m beam_preprocess`` command line (unless it
 submits to another runner), whose ``--direct_running_mode multi_threading`` workers are threads of that process and
 so lean too (Beam's ``multi_processing`` workers are processes of Beam's own, which import every connector:
@@ -18,8 +18,7 @@ install it.
 
 from __future__ import annotations
 
-import importlib.abc
-import sys
+from effnet_common import refused_imports
 
 REFUSED = (
     "google.cloud.bigquery",
@@ -49,33 +48,11 @@ REMOTE_SCHEMES = ("gs://", "hdfs://")
 DIRECT_RUNNERS = ("DirectRunner", "direct", "FnApiRunner", "SwitchingDirectRunner")
 
 
-class _RefuseFinder(importlib.abc.MetaPathFinder):
-    """Raises ModuleNotFoundError for the refused packages and their submodules, as if they were not installed
-    (Beam skips an optional file system or connector that is not installed without a word); every other import
-    is untouched."""
-
-    def __init__(self, refused: tuple[str, ...]):
-        self.refused = refused
-        self._prefixes = tuple(name + "." for name in refused)
-
-    def find_spec(self, fullname, path=None, target=None):
-        if fullname in self.refused or fullname.startswith(self._prefixes):
-            raise ModuleNotFoundError(
-                f"{fullname} is not imported by beam_preprocess's own processes (lean_imports)", name=fullname
-            )
-        return None
-
-
 def install(local_only: bool = False) -> bool:
     """Refuses the packages from now on (with ``local_only``, those of ``LOCAL_ONLY_REFUSED`` too); returns False
     (and changes nothing) if one is already imported."""
     refused = REFUSED + (LOCAL_ONLY_REFUSED if local_only else ())
-    if any(isinstance(finder, _RefuseFinder) for finder in sys.meta_path):
-        return True
-    if any(name in sys.modules for name in refused):
-        return False  # too late: something imported it already, and refusing would split the process
-    sys.meta_path.insert(0, _RefuseFinder(refused))
-    return True
+    return refused_imports.refuse(refused, "beam_preprocess's own processes")
 
 
 def names_remote_paths(argv: list[str]) -> bool:

@@ -1,4 +1,5 @@
-"""The imports ``python -m beam_preprocess`` refuses on the DirectRunner (``beam_preprocess.lean_imports``)."""
+"""The imports ``python -m beam_preprocess`` refuses on the DirectRunner (``beam_preprocess.lean_imports``) and
+``python -m trainer_module`` refuses for a run (``trainer_module.lean_imports``)."""
 
 import subprocess
 import sys
@@ -6,6 +7,7 @@ import sys
 import pytest
 
 from beam_preprocess import lean_imports
+from trainer_module import lean_imports as trainer_lean_imports
 
 
 @pytest.mark.parametrize(
@@ -22,9 +24,9 @@ def test_runner_read_from_the_command_line(argv, direct_runner):
     assert lean_imports.runs_on_direct_runner(argv) is direct_runner
 
 
-def _python(code: str) -> subprocess.CompletedProcess:
+def _python(code: str, *argv: str) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-W", "ignore", "-c", code], capture_output=True, text=True, timeout=120
+        [sys.executable, "-W", "ignore", "-c", code, *argv], capture_output=True, text=True, timeout=120
     )
 
 
@@ -94,3 +96,38 @@ except ValueError as e:
     assert (exists, loaded) == ("True", "[]")
     assert refusal.startswith("refused:") and "gs" in refusal
     assert "Failed to import" not in done.stderr  # Beam skips the missing file systems without a warning
+
+
+@pytest.mark.parametrize(
+    "argv, refused",
+    [([], True), (["--preset", "demo"], True), (["train", "--preset", "demo"], True), (["report", "d"], True),
+     (["tune", "--preset", "demo"], False)],
+)  # fmt: skip
+def test_the_trainers_runs_refuse_and_its_search_does_not(argv, refused):
+    assert trainer_lean_imports.wanted(argv) is refused
+
+
+def test_a_training_process_imports_tensorflow_keras_and_the_report_without_the_refused_packages():
+    """What a run imports works without them (TensorFlow, Keras, the loop, the export and the report's pyplot);
+    ``python -m trainer_module`` installs the refusal before anything else is imported, for a run only."""
+    code = """
+import runpy, sys
+from trainer_module import lean_imports
+sys.argv = ["trainer_module", *sys.argv[1:]]
+try:
+    runpy.run_module("trainer_module", run_name="__main__", alter_sys=True)
+except SystemExit:
+    pass
+import keras, tensorflow
+import matplotlib.pyplot
+from trainer_module import export, report, run, train
+print(sorted(name for name in lean_imports.REFUSED if name in sys.modules))
+"""
+    refused = _python(code + "import pandas\n", "--help")
+    assert refused.returncode == 1 and "pandas is not imported by python -m trainer_module" in refused.stderr
+    done = _python(code, "--help")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines()[-1] == "[]"
+    search = _python(code, "tune", "--help")
+    assert search.returncode == 0, search.stderr
+    assert search.stdout.splitlines()[-1] != "[]"  # the search's process keeps them (Keras loads them)

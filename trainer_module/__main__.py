@@ -37,6 +37,13 @@ import warnings
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 warnings.filterwarnings("ignore", category=FutureWarning)
 
+from trainer_module import lean_imports  # noqa: E402
+
+if __name__ == "__main__" and lean_imports.wanted(sys.argv[1:]):
+    # Run as the program (never when imported by a library or a test): before TensorFlow is imported, refuse
+    # the optional packages Keras would import and a run never uses (about 1.2 s of every start).
+    lean_imports.install()
+
 # TensorFlow (imported by the presets) prints on import: it is imported inside the console session.
 from effnet_common import console, stopping  # noqa: E402
 

@@ -1,0 +1,30 @@
+"""Keep a training process's import to what training uses: IPython, pandas and scikit-learn are refused in the
+process of ``python -m trainer_module train`` (and ``report``).
+
+Keras imports each of them when it is installed, inside ``try: ... except ImportError``, while TensorFlow imports
+it: IPython for notebook display (``keras.saving``), pandas to slice DataFrames given to ``fit``, scikit-learn
+for its estimator wrappers (``keras.wrappers``). TFX's dependencies install all three, and a run trains from
+tf.data pipelines, so it uses none. Measured here (2026-11-29, 2 cores): a fresh interpreter importing TensorFlow
+and ``trainer_module.run`` takes 4.1-4.5 s of CPU with them and 3.0-3.2 s without, in every trial of a search,
+every host of a slice and every run of the command. matplotlib's ``pyplot``, which Keras imports too, stays: the
+run report draws with it.
+
+The search (``tune``) keeps them: KerasTuner is its library, and its trials are ``train`` processes.
+"""
+
+from __future__ import annotations
+
+from effnet_common import refused_imports
+
+REFUSED = ("IPython", "pandas", "sklearn")
+KEEPS_THEM = ("tune",)
+
+
+def wanted(argv: list[str]) -> bool:
+    """Whether the command line ``argv`` (without the program) runs a subcommand that refuses them."""
+    return not (argv[:1] and argv[0] in KEEPS_THEM)
+
+
+def install() -> bool:
+    """Refuses the packages from now on; returns False (and changes nothing) if one is already imported."""
+    return refused_imports.refuse(REFUSED, "python -m trainer_module")
