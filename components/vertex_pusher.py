@@ -39,13 +39,13 @@ import re
 from typing import Any
 
 from google.cloud import aiplatform_v1
-from tfx import v1 as tfx
 from tfx.components.pusher import executor as pusher_executor
 from tfx.dsl.components.base import executor_spec
 from tfx.types import artifact_utils, standard_component_specs
 from tfx.utils import io_utils, json_utils
 
 from components import evaluation_results, run_label
+from components import tfx_api as tfx
 from effnet_common import cloud_retry
 
 logger = logging.getLogger(__name__)

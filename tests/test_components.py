@@ -15,10 +15,10 @@ from apache_beam.testing import test_pipeline
 from apache_beam.testing.util import assert_that, equal_to
 from ml_metadata.metadata_store import metadata_store
 from PIL import Image
-from tfx import v1 as tfx
 from tfx.components.trainer import fn_args_utils
 from tfx.components.util import tfxio_utils
 from tfx.dsl.components.base import executor_spec
+from tfx.orchestration.kubeflow.v2 import kubeflow_v2_dag_runner
 from tfx.types import artifact_utils
 from tfx.utils import io_utils, proto_utils
 from tfx_bsl.tfxio import dataset_options, dataset_util
@@ -27,6 +27,7 @@ from beam_preprocess import tfrecord
 from beam_preprocess.config import ShardingConfig
 from beam_preprocess.run import FailureBudgetExceeded
 from components import imagenet_shards
+from components import tfx_api as tfx
 from components.imagenet_shards import ImageNetShardGen
 from effnet_common import schema
 from effnet_common.manifest import LabelConvention, Manifest, Shard, SplitManifest
@@ -289,8 +290,8 @@ def test_component_spec_and_kubeflow_compilation(clean_archives, tmp_path):
     pipeline = tfx.dsl.Pipeline(
         pipeline_name="shards", pipeline_root="gs://bucket/root", components=[component]
     )
-    runner = tfx.orchestration.experimental.KubeflowV2DagRunner(
-        config=tfx.orchestration.experimental.KubeflowV2DagRunnerConfig(
+    runner = kubeflow_v2_dag_runner.KubeflowV2DagRunner(
+        config=kubeflow_v2_dag_runner.KubeflowV2DagRunnerConfig(
             default_image="image", use_pipeline_spec_2_1=True
         ),
         output_dir=str(tmp_path),

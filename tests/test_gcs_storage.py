@@ -6,12 +6,12 @@ import hashlib
 import os
 
 import pytest
-from tfx import v1 as tfx
 
 from beam_preprocess import __main__ as cli
 from beam_preprocess import layout, pipeline, sample_data, sources, tfrecord, work
 from beam_preprocess.config import ShardingConfig
 from components import imagenet_shards
+from components import tfx_api as tfx
 from effnet_common import schema, storage
 from effnet_common.manifest import Manifest
 

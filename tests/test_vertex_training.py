@@ -19,7 +19,7 @@ import pytest
 from google.api_core import exceptions
 from tfx.types import artifact_utils, standard_artifacts
 
-from components import accelerators, run_label, runtime_gate, vertex_training, vertex_tuner
+from components import accelerators, run_label, runtime_gate, vertex_training
 from effnet_common import cloud_retry, schema
 from effnet_common.manifest import LabelConvention, Manifest, Shard, SplitManifest
 from pipeline import kubeflow_v2_runner
@@ -397,6 +397,8 @@ def test_the_tuning_jobs_timeout_is_the_searchs_on_the_runs_data(vertex, tmp_pat
     archive given at submission) gets its own, here the 2-hour floor."""
     from tfx import v1 as tfx
 
+    from components import vertex_tuner  # TFX's Vertex tuner loads the Vertex AI SDK: not at collection
+
     monkeypatch.setattr(fake_vertex, "RUN_REPLICAS", False)
     properties = compiled_trainer(tmp_path, "--tune", "--tune-parallel-trials", "1", task="Tuner")
     tuning_args = json.loads(properties["custom_config"])[
@@ -451,6 +453,8 @@ def test_the_training_and_tuning_jobs_stream_to_the_tensorboard_each_run_in_a_di
     (``AIP_TENSORBOARD_LOG_DIR``), and the training step logs the job's page in Vertex AI TensorBoard."""
     from google.cloud import aiplatform_v1
     from tfx import v1 as tfx
+
+    from components import vertex_tuner  # TFX's Vertex tuner loads the Vertex AI SDK: not at collection
 
     monkeypatch.setattr(fake_vertex, "RUN_REPLICAS", False)
     output = tmp_path / "effnet.json"
