@@ -30,24 +30,33 @@ def _python(code: str, *argv: str) -> subprocess.CompletedProcess:
     )
 
 
-def test_installed_finder_refuses_exactly_the_listed_packages():
-    # In a fresh interpreter: installing it in this test process would refuse them to every later test.
-    code = """
+def _with_refusal(package: str, imports: str, probe: str) -> list[str]:
+    """In a fresh interpreter (installing it in this test process would refuse them to every later test):
+    ``package``'s refusal installed, then ``imports`` run; the lines they print, the refused packages loaded all
+    the same, and what importing ``probe`` raises."""
+    code = f"""
 import sys
-from beam_preprocess import lean_imports
+from {package} import lean_imports
 assert lean_imports.install()
-import apache_beam
-from apache_beam.io.filesystems import FileSystems
-print(type(FileSystems.get_filesystem("gs://bucket/x")).__name__)
+{imports}
 print(sorted(name for name in lean_imports.REFUSED if name in sys.modules))
 try:
-    import google.cloud.bigquery
+    import {probe}
 except ImportError as e:
     print(e)
 """
     done = _python(code)
     assert done.returncode == 0, done.stderr
-    gcs, loaded, refusal = done.stdout.splitlines()
+    return done.stdout.splitlines()
+
+
+def test_installed_finder_refuses_exactly_the_listed_packages():
+    imports = """
+import apache_beam
+from apache_beam.io.filesystems import FileSystems
+print(type(FileSystems.get_filesystem("gs://bucket/x")).__name__)
+"""
+    gcs, loaded, refusal = _with_refusal("beam_preprocess", imports, "google.cloud.bigquery")
     assert gcs == "GCSFileSystem"  # gs:// still works: google-cloud-storage is not refused
     assert loaded == "[]"
     assert "google.cloud.bigquery is not imported by beam_preprocess" in refusal
@@ -126,21 +135,11 @@ print(any(type(finder).__name__ == "_RefuseFinder" for finder in sys.meta_path))
 @pytest.mark.slow
 def test_a_training_process_imports_tensorflow_keras_and_the_report_without_the_refused_packages():
     """What a run imports works without them: TensorFlow, Keras, the loop, the export and the report's pyplot."""
-    code = """
-import sys
-from trainer_module import lean_imports
-assert lean_imports.install()
+    imports = """
 import keras, tensorflow
 import matplotlib.pyplot
 from trainer_module import export, report, run, train
-print(sorted(name for name in lean_imports.REFUSED if name in sys.modules))
-try:
-    import pandas
-except ImportError as e:
-    print(e)
 """
-    done = _python(code)
-    assert done.returncode == 0, done.stderr
-    loaded, refusal = done.stdout.splitlines()[-2:]
+    loaded, refusal = _with_refusal("trainer_module", imports, "pandas")[-2:]
     assert loaded == "[]"
     assert refusal.startswith("pandas is not imported by python -m trainer_module")
