@@ -8,12 +8,11 @@ every installed distribution (0.3 s each). Sharding uses none of them. Measured 
 importing Beam and its SDK worker takes 3.4-3.7 s with them and 1.5-1.8 s without (pandas refused too).
 
 ``install()`` refuses exactly those packages (``effnet_common.refused_imports``), so Beam's connector imports take
-their ``except ImportError`` branch. It is used only by processes
-that run nothing but sharding on the DirectRunner: the ``python -m beam_preprocess`` command line (unless it
-submits to another runner), whose ``--direct_running_mode multi_threading`` workers are threads of that process and
-so lean too (Beam's ``multi_processing`` workers are processes of Beam's own, which import every connector:
-``benchmarks/direct_workers.py`` measures what that costs). Library callers (the TFX executor, tests) never
-install it.
+their ``except ImportError`` branch. It is used only by processes that run nothing but sharding on the DirectRunner:
+the ``python -m beam_preprocess`` command line (unless it submits to another runner), whose
+``--direct_running_mode multi_threading`` workers are threads of that process and so lean too (Beam's
+``multi_processing`` workers are processes of Beam's own, which import every connector: ``benchmarks/direct_workers.py`` measures what that costs).
+Library callers (the TFX executor, tests) never install it.
 """
 
 from __future__ import annotations

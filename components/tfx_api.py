@@ -2,8 +2,8 @@
 
 ``tfx.v1`` is TFX's public index of these same objects, but importing any part of it imports all of it, and its
 ``extensions`` package loads the Vertex AI SDK (google-cloud-aiplatform): about 10 s of a 2-core machine in every
-process that builds or runs a pipeline, the local demo's and the Trainer's included, for names that only the cloud
-steps use. Those steps import ``tfx.v1`` themselves.
+process that builds or runs a pipeline, the local demo's and the Trainer's included, for names that only some
+cloud steps use (the compiler, the Vertex Trainer and tuner steps). Those import ``tfx.v1`` themselves.
 
 Each name here is the very object ``tfx.v1`` exports under the same dotted path, so code reads as it would with
 ``from tfx import v1 as tfx`` (``from components import tfx_api as tfx``); ``tests/test_tfx_api.py`` checks every

@@ -32,9 +32,9 @@ class _RefuseFinder(importlib.abc.MetaPathFinder):
 
 
 def refuse(names: tuple[str, ...], owner: str) -> bool:
-    """Refuses ``names`` in this process from now on, saying so as ``owner``'s choice if one is imported; returns
-    False (and changes nothing) if one of them is already imported, True if they are refused (or a refusal is
-    in place already)."""
+    """Refuses ``names`` (and their submodules) in this process from now on; an import of one then fails naming
+    ``owner``. Returns True if they are refused (or a refusal is in place already), False (changing nothing) if
+    one of them is imported already."""
     if any(isinstance(finder, _RefuseFinder) for finder in sys.meta_path):
         return True
     if any(name in sys.modules for name in names):

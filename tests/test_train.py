@@ -17,7 +17,6 @@ from loopback import free_ports
 from trainer_module import presets, train
 from trainer_module.config import with_overrides
 from trainer_module.data import input_pipeline, release
-from trainer_module.data.release import release_in_background
 from trainer_module.recorder import read_run_log
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -313,13 +312,14 @@ def test_the_training_stream_and_each_evaluation_stream_are_deleted_off_the_loop
     the loop hands its streams to the release thread, which deletes them, so the run goes on meanwhile."""
     deleted_on = []
     handed = []
+    release_in_background = release.release_in_background
 
     def watched(holder):
         handed.append(type(holder[0]).__name__)
         weakref.finalize(holder[0], lambda: deleted_on.append(threading.current_thread().name))
         return release_in_background(holder)
 
-    monkeypatch.setattr(train.release, "release_in_background", watched)
+    monkeypatch.setattr(release, "release_in_background", watched)
     config = _config(**{"loop.train_epochs": 2, "loop.eval_every_epochs": 1})
     strategy = tf.distribute.OneDeviceStrategy("/cpu:0")
     train.train_and_evaluate(
