@@ -1,24 +1,103 @@
-"""Ending a program that imported TensorFlow without its slow last garbage collection.
+"""How a process of this project ends: without the interpreter's slow last garbage collection, and never while
+one of its threads is still inside TensorFlow.
 
-As it exits, the interpreter runs the cycle collector over every object still alive. A process that imported
-TensorFlow (TFX and Beam the more so) holds millions of them, and that last pass is most of its exit: 2.8 s of
-a bare ``import tensorflow`` process's exit on this project's 2-core machine, 0.4 s without it (measured
-2026-11-28). Every trainer, trial, pipeline step and runner pays it, and the test suite starts hundreds.
+``exit_with(status)`` ends the program as ``sys.exit`` does, after moving what is alive into the collector's
+permanent generation (``gc.freeze``): the interpreter's last pass over the millions of objects a TensorFlow,
+TFX or Beam process holds is most of its exit. ``atexit`` handlers still run, files are flushed and closed,
+and whatever reference counting frees is finalized; only garbage cycles among the frozen objects are left to
+the end of the process. Writers in this project close or flush their files themselves.
 
-``exit_with(status)`` moves what is alive into the collector's permanent generation (``gc.freeze``) and exits as
-``sys.exit`` does: ``atexit`` handlers run (TensorFlow's removal of its generated autograph sources among them),
-files are flushed and closed, and whatever reference counting frees is finalized. Only garbage cycles among
-the frozen objects are left uncollected: at exit, their memory goes back to the system with the process.
-Writers in this project close or flush their files themselves, never in a finalizer left to the collector.
+``track(thread)`` names a daemon thread that may be inside a native call when the program ends: the deletion
+of a finished tf.data iterator (``trainer_module.data.release``). Such a deletion must not end while the
+interpreter finalizes or after it: it ends by destroying the dataset's traced functions, whose Python stack
+traces take the GIL from a C++ destructor, and a daemon thread taking the GIL then is ended by a forced unwind
+that the destructor cannot pass (abort, exit 134) or finds the interpreter gone (segmentation fault). So:
+
+- ``exit_with`` ends a program with such a deletion under way without finalizing the interpreter: the
+  ``atexit`` handlers run and the standard streams are flushed, then the process exits with its status; the
+  deletion ends with the process, which loses nothing (an iterator holds no state that outlives it);
+- any other end (an entry point of TFX's, which runs the Trainer in a container) waits for the tracked
+  threads at exit, for at most ``LONGEST_WAIT_SECONDS``.
+
+docs/performance.md ("the crash at exit after a pushed model") has how this was found.
 """
 
 from __future__ import annotations
 
+import atexit
 import gc
+import os
 import sys
+import threading
+import time
+
+# The longest a tracked deletion can take: tf.data's autotuning thread sleeps out its re-tuning interval (at
+# most a minute) before it ends, and the deletion waits for it.
+LONGEST_WAIT_SECONDS = 90.0
+
+_tracked: list[threading.Thread] = []
+_lock = threading.Lock()
+_leaving_without_finalizing = False
+
+
+def track(thread: threading.Thread) -> None:
+    """Makes the process end only once ``thread`` has (see the module's docstring)."""
+    with _lock:
+        if not _tracked:
+            # Registered after TensorFlow's own handlers, so it runs before them.
+            atexit.register(_wait_for_tracked)
+        _tracked[:] = [t for t in _tracked if t.is_alive()]
+        _tracked.append(thread)
+
+
+def pending() -> list[threading.Thread]:
+    """The tracked threads still running."""
+    with _lock:
+        return [t for t in _tracked if t.is_alive()]
+
+
+def _wait_for_tracked() -> None:
+    if _leaving_without_finalizing:
+        return
+    deadline = time.monotonic() + LONGEST_WAIT_SECONDS
+    for thread in pending():
+        thread.join(max(0.0, deadline - time.monotonic()))
+    if pending():
+        print(
+            f"warning: a tf.data iterator deletion still runs after {LONGEST_WAIT_SECONDS:.0f} s; the process may "
+            "crash as it ends",
+            file=sys.stderr,
+            flush=True,
+        )
+
+
+def _others_running() -> bool:
+    """Whether a thread the interpreter would wait for at exit (not a daemon) is still running."""
+    main = threading.main_thread()
+    return any(t is not main and not t.daemon and t.is_alive() for t in threading.enumerate())
+
+
+def _status_code(status) -> int:
+    """The process's exit status for ``sys.exit(status)``'s argument."""
+    if status is None:
+        return 0
+    if isinstance(status, int):
+        return status & 0xFF
+    print(status, file=sys.stderr)
+    return 1
 
 
 def exit_with(status: int | None) -> None:
-    """``sys.exit(status)`` after freezing what is alive (see the module's docstring)."""
+    """Ends the program with ``status`` (see the module's docstring)."""
+    global _leaving_without_finalizing
     gc.freeze()
+    if pending() and not _others_running():
+        _leaving_without_finalizing = True
+        atexit._run_exitfuncs()
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except (AttributeError, OSError, ValueError):  # none, closed, or its reader gone
+                pass
+        os._exit(_status_code(status))
     sys.exit(status)

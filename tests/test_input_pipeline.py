@@ -15,7 +15,7 @@ from PIL import Image
 from beam_preprocess import sample_data
 from beam_preprocess.config import ShardingConfig
 from beam_preprocess.run import run
-from effnet_common import schema
+from effnet_common import quick_exit, schema
 from trainer_module.data import input_pipeline as ip
 from trainer_module.data import release
 
@@ -423,7 +423,9 @@ def test_paper_era_eval_crop_keeps_more_of_the_image():
     assert paper[:2] == [(456 - 426 + 1) // 2, (608 - 426 + 1) // 2]
 
 
-def test_a_released_iterator_is_deleted_on_the_release_thread_not_the_callers():
+def test_a_released_iterator_is_deleted_on_the_release_thread_not_the_callers(monkeypatch):
+    tracked = []  # what the process's end waits for or leaves without finalizing (effnet_common.quick_exit)
+    monkeypatch.setattr(quick_exit, "track", tracked.append)
     autotuned = tf.data.Dataset.range(10**6).map(lambda x: x + 1, num_parallel_calls=tf.data.AUTOTUNE)
     stream = [iter(autotuned.batch(8).prefetch(tf.data.AUTOTUNE))]
     assert int(next(stream[0])[0]) == 1
@@ -434,3 +436,4 @@ def test_a_released_iterator_is_deleted_on_the_release_thread_not_the_callers():
     assert not thread.is_alive() and thread.daemon
     assert stream == [] and watch() is None
     assert deleted_on == [release.THREAD_NAME]
+    assert tracked == [thread]

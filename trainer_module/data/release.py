@@ -1,19 +1,18 @@
 """Letting go of a finished tf.data iterator without waiting for it.
 
-An iterator of an autotuned pipeline (``tf.data.AUTOTUNE`` anywhere in it) runs a model thread that re-tunes the
-pipeline at growing intervals: 10 ms at first, doubling up to a minute. Deleting the iterator waits for that
-thread to end, and on TensorFlow 2.16 the thread often sleeps out its current interval instead of ending when
-told to: the deletion of the demo's training stream, after 30 s of training, stalled the run for 19-22 s in half
-of the runs (caught with gdb: the main thread in ``RootDataset::Iterator``'s destructor, the model thread in
-``Model::OptimizeLoop``'s timed wait), and a long run's evaluation streams can stall for up to a minute each.
-TensorFlow lets go of Python's lock while it deletes a tensor, so the deletion can wait on a thread of its own
-while the run goes on (to the export, the next training interval). A process that ends before the wait is over
-loses nothing: the iterator holds no state that outlives it.
+Deleting the iterator of an autotuned pipeline (``tf.data.AUTOTUNE`` anywhere in it) waits for the pipeline's
+autotuning thread to end, and on TensorFlow 2.16 that thread often sleeps out its current re-tuning interval
+(10 ms at first, doubling up to a minute) instead of ending when told to. TensorFlow lets go of Python's lock
+while it deletes a tensor, so the deletion can wait on a thread of its own while the run goes on. The thread is
+tracked (``effnet_common.quick_exit.track``): a process does not finalize its interpreter while a deletion is
+still under way. docs/performance.md ("the stall at the end of the demo's training") has the measurements.
 """
 
 from __future__ import annotations
 
 import threading
+
+from effnet_common import quick_exit
 
 THREAD_NAME = "effnet-iterator-release"
 
@@ -26,5 +25,6 @@ def release_in_background(holder: list) -> threading.Thread:
     and the wait with it, on that thread.
     """
     thread = threading.Thread(target=holder.clear, name=THREAD_NAME, daemon=True)
+    quick_exit.track(thread)
     thread.start()
     return thread
