@@ -189,9 +189,9 @@ class TpuVmTrainerExecutor(base_executor.BaseExecutor):
     fails, or this task is stopped, and a retried task re-attaches to its slice.
 
     ``custom_config[tpu_vm.CONFIG_KEY]`` holds the slice's settings (``pipeline.cloud.CloudSettings.tpu_vm_config``
-    or the local runner's rehearsal). Worker 0 runs the command a Vertex job's pool would run (TFX's executor
-    entry point on this execution's inputs, outputs and parameters); the project's wheel and constraints are
-    written beside its model run for every worker to install (``components.tpu_worker``).
+    or the local runner's rehearsal), the trainer image among them. Worker 0 runs in that image the command a
+    Vertex job's pool would run (TFX's executor entry point on this execution's inputs, outputs and parameters;
+    ``components.tpu_worker``).
     """
 
     def Do(self, input_dict, output_dict, exec_properties):  # noqa: N802 - TFX's executor interface
@@ -222,14 +222,10 @@ class TpuVmTrainerExecutor(base_executor.BaseExecutor):
             "--exec-properties", json_utils.dumps(properties),
         ]  # fmt: skip
         tpu_worker.write_command(model_run.uri, command, {})
-        # Beside the execution's outputs: every attempt of this execution, and only it, installs it.
-        package_dir, wheel = tpu_worker.write_package(
-            f"{model_run.uri.rstrip('/')}/{tpu_vm.STATUS_DIR}/package"
-        )
         request = tpu_vm.SliceRequest(
             name=tpu_vm.slice_name(vertex_training.outputs_digest(output_dict)),
             status_dir=model_run.uri,
-            startup_script=tpu_worker.startup_script(package_dir, wheel),
+            startup_script=tpu_worker.startup_script(settings.pop("image")),
             runtime_version=tpu_slices.POD_RUNTIME,
             labels=labels,
             api_endpoint=endpoint,

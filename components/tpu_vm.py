@@ -272,6 +272,17 @@ def read_status(attempt_dir: str) -> dict | None:
         return None
 
 
+def read_errors(attempt_dir: str) -> str:
+    """The end of the trainer's error output that worker 0 kept beside its report, or ''."""
+    from components import tpu_worker
+    from trainer_module import files
+
+    try:
+        return files.read_text(files.join(attempt_dir, tpu_worker.TRAINER_ERRORS))
+    except files.Error:
+        return ""
+
+
 def setup_workers(attempt_dir: str) -> int:
     """How many workers report their set-up done."""
     from trainer_module import files
@@ -379,6 +390,7 @@ class _Follower:
             if status.get("exit_code") == 0:
                 self.say("the trainer succeeded")
                 return "succeeded"
+            logger.error("the end of the trainer's error output:\n%s", read_errors(attempt_dir))
             raise SliceFailed(
                 f"the trainer on {self.request.accelerator} {self.request.attempt_id(self.attempt)} exited "
                 f"{status.get('exit_code')}: {status.get('last_line') or 'no message'}"

@@ -262,7 +262,7 @@ class CloudSettings:
 
     def tpu_vm_config(self, pipeline_name: str, labels: dict[str, str]) -> dict:
         """``custom_config`` entries of a Trainer on a TPU VM slice (``components.runtime_gate.TpuVmTrainer``):
-        the slice's project, zone, tier and bounds; its checkpoints
+        the slice's project, zone, tier and bounds, the image worker 0 trains in; its checkpoints
         where they outlive the run (with ``checkpoint_root``)."""
         from components import tpu_vm
         from trainer_module import tfx_trainer
@@ -280,6 +280,7 @@ class CloudSettings:
                 "max_recreations": self.max_recreations,
                 "labels": labels,
                 "api_endpoint": tpu_vm.API_ENDPOINT,
+                "image": self.training_image,
             }
         }
         if self.checkpoint_root:

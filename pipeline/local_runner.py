@@ -42,6 +42,8 @@ EMBEDDED_DIR = "embedded_data"
 # which outlive a stopped run so that the next one resumes them.
 CHECKPOINTS_DIR = "checkpoints"
 TUNING_DIR = "tuning"
+# The trainer-tpu image a rehearsed slice's worker 0 runs: what scripts/images.sh builds.
+REHEARSAL_IMAGE = "effnet/trainer-tpu:local"
 SETUP_FILE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "setup.py")
 
 
@@ -113,8 +115,15 @@ def build_parser() -> argparse.ArgumentParser:
         default="",
         metavar="ACCELERATOR",
         help="train through the TPU VM backend on a rehearsed slice of this type (e.g. tpu-v4-32): a Cloud TPU API "
-        "on 127.0.0.1 whose hosts are local processes; every host sets up the project's wheel, worker 0 trains "
-        "(the preset's CPU strategy standing in for the TPU), and the slice is deleted at the end",
+        "on 127.0.0.1 whose hosts are local processes; worker 0 trains in the trainer image with Docker (logical "
+        "CPUs standing in for the TPU), and the slice is deleted at the end",
+    )
+    rehearsal.add_argument(
+        "--rehearse-image",
+        default=REHEARSAL_IMAGE,
+        metavar="IMAGE",
+        help="with --rehearse-slice: the trainer-tpu image worker 0 runs (default %(default)s, what "
+        "scripts/images.sh build trainer-tpu makes)",
     )
     rehearsal.add_argument(
         "--rehearse-preempt-at-step",
@@ -148,13 +157,17 @@ def write_embedded(root: str) -> None:
 
 
 def known_errors() -> tuple[type[BaseException], ...]:
-    """Failures a person fixes from one line (the log file holds the rest): bad inputs and budgets. Their
-    modules load Beam and TensorFlow: imported when a run fails, never for a refused flag (``main``)."""
+    """Failures a person fixes from one line (the log file holds the rest): bad inputs and budgets, a rehearsed
+    slice that failed. Their modules load Beam and TensorFlow: imported when a run fails, never for a refused
+    flag (``main``)."""
     from beam_preprocess.run import FailureBudgetExceeded, OutputExistsError
+    from components.tpu_vm import SliceFailed
     from trainer_module.data.input_pipeline import LabelError
     from trainer_module.train import NonFiniteLossError
 
-    return (console.UsageError, FailureBudgetExceeded, OutputExistsError, LabelError, NonFiniteLossError)
+    return (
+        console.UsageError, FailureBudgetExceeded, OutputExistsError, LabelError, NonFiniteLossError, SliceFailed
+    )  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -203,6 +216,11 @@ def preflight(args, preset):
             raise console.UsageError(
                 "--rehearse-slice", args.rehearse_slice, "rehearses the Trainer: leave out --tune"
             )
+        from pipeline import tpu_rehearsal
+
+        missing = tpu_rehearsal.missing_image(args.rehearse_image)
+        if missing:
+            raise console.UsageError("--rehearse-image", args.rehearse_image, missing)
     if args.rehearse_preempt_at_step and not args.rehearse_slice:
         raise console.UsageError(
             "--rehearse-preempt-at-step", args.rehearse_preempt_at_step, "goes with --rehearse-slice"
@@ -288,7 +306,10 @@ def run(args, session: console.Session) -> int:
         from pipeline import tpu_rehearsal
 
         rehearsal = tpu_rehearsal.Rehearsal.start(
-            args.rehearse_slice, root, tpu_rehearsal.Scenario(preempt_at_step=args.rehearse_preempt_at_step)
+            args.rehearse_slice,
+            root,
+            tpu_rehearsal.Scenario(preempt_at_step=args.rehearse_preempt_at_step),
+            args.rehearse_image,
         )
         trainer = rehearsal.trainer_step(name, checkpoints)
         console.say("rehearsing %s: the Cloud TPU API at %s", rehearsal.describe(), rehearsal.endpoint)

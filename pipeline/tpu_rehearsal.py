@@ -9,9 +9,13 @@ asks), long-running operations and HTTP errors (409 for an id that exists, 404, 
 - A queued resource passes through its states as a real one does: WAITING_FOR_RESOURCES for
   ``waiting_polls`` reads, PROVISIONING for one, then ACTIVE, when its node is READY and the slice's hosts
   (``components.tpu_slices``) boot: each is a local process group running the node's ``startup-script`` with
-  ``EFFNET_TPU_WORKER`` (its number), ``EFFNET_TPU_HOME`` (its directory) and ``EFFNET_TPU_REHEARSAL`` (this
-  interpreter, whose libraries stand in for a worker's) and ``EFFNET_TPU_STAND_IN`` (the slice's replicas, as
-  logical CPUs for worker 0's trainer: ``pipeline.tpu_stand_in``) set. Deleting it stops its hosts.
+  ``EFFNET_TPU_WORKER`` (its number), ``EFFNET_TPU_HOME`` (its directory), ``EFFNET_TPU_DOCKER_ARGS`` (what worker 0's ``docker run`` of the trainer
+  image needs here: the run's ``shared`` directories, this service's address) and ``EFFNET_TPU_STAND_IN`` (the
+  slice's replicas, as logical CPUs for worker 0's trainer: ``pipeline.tpu_stand_in``) set. Deleting it stops
+  its hosts and worker 0's container.
+- What a slice's VMs ask besides the API: the metadata server (project, zone, the service account's token)
+  and the Cloud TPU API v1 that TensorFlow's ``TPUClusterResolver`` reads a node's TPU workers from (its
+  discovery document and ``nodes.get``).
 - Scenarios (``Scenario``): a slice never provisioned (WAITING_FOR_RESOURCES until its
   ``validUntilDuration`` passes, then FAILED with the stock-out error a real zone gives); a preemption once the
   trainer of the slice has logged a given step, a few seconds later (its hosts killed, the queued resource SUSPENDING then SUSPENDED
@@ -35,7 +39,6 @@ import shutil
 import signal
 import socket
 import subprocess
-import sys
 import threading
 import time
 import urllib.parse
@@ -46,6 +49,11 @@ logger = logging.getLogger("pipeline.tpu_rehearsal")
 ID_RULE = re.compile(r"^[A-Za-z0-9_.~+%-]+$")
 LABEL_KEY = re.compile(r"^[a-z][a-z0-9_-]{0,62}$")
 LABEL_VALUE = re.compile(r"^[a-z0-9_-]{0,63}$")
+# What the hosts' VMs ask besides the API: the metadata server, and TensorFlow's TPU client's discovery document.
+METADATA_PATH = "/computeMetadata/v1/"
+DISCOVERY_PATH = "/discovery/tpu/v1"
+CLOUD_PLATFORM_SCOPE = "https://www.googleapis.com/auth/cloud-platform"
+TPU_WORKER_PORT = 8470
 STOCKOUT = "There is no more capacity in the zone {zone}; you can try in another zone where Cloud TPU Nodes are offered"
 ERROR_STATUS = {400: "INVALID_ARGUMENT", 404: "NOT_FOUND", 409: "ALREADY_EXISTS", 429: "RESOURCE_EXHAUSTED",
                 500: "INTERNAL", 503: "UNAVAILABLE"}  # fmt: skip
@@ -88,11 +96,16 @@ class _Slice:
 class RehearsalTpuApi:
     """The service (see the module's docstring); ``endpoint`` is what the client takes as its api_endpoint."""
 
-    def __init__(self, workdir: str, scenario: Scenario | None = None, port: int = 0):
+    def __init__(
+        self, workdir: str, scenario: Scenario | None = None, port: int = 0, shared: tuple[str, ...] = ()
+    ):
         from google.cloud import tpu_v2
 
         self._tpu = tpu_v2
         self.workdir = workdir
+        # The run's local directories, which a slice's hosts would reach through GCS: mounted into worker 0's
+        # container at the same paths.
+        self.shared = tuple(shared)
         self.scenario = scenario or Scenario()
         self.requests: list[dict] = []
         self.preemptions = 0
@@ -220,6 +233,24 @@ class RehearsalTpuApi:
                 state=states.SUSPENDED, state_initiator=tpu_v2.QueuedResourceState.StateInitiator.SERVICE
             )
 
+    def docker_args(self) -> list[str]:
+        """What worker 0's ``docker run`` needs here: the run's directories, and this service as the VM's
+        metadata server and as the Cloud TPU API that TensorFlow's resolver asks (its discovery document)."""
+        address = self.endpoint.removeprefix("http://")
+        args = [arg for path in self.shared for arg in ("-v", f"{path}:{path}")]
+        for name, value in (
+            ("GCE_METADATA_HOST", address),  # TensorFlow's TPU client
+            ("GCE_METADATA_IP", address),  # oauth2client's GCE check and google-auth's
+            ("GCE_METADATA_ROOT", address),  # oauth2client's metadata calls
+            ("NO_GCE_CHECK", "False"),
+            ("TPU_API_DISCOVERY_URL", f"{self.endpoint}{DISCOVERY_PATH}"),
+            ("HOME", "/tmp"),
+        ):
+            args += ["-e", f"{name}={value}"]
+        if os.getuid() != 0:  # the run's files stay the user's
+            args += ["--user", f"{os.getuid()}:{os.getgid()}"]
+        return args
+
     def _boot(self, entry: _Slice) -> None:
         from components import tpu_slices, tpu_worker
 
@@ -234,7 +265,7 @@ class RehearsalTpuApi:
                 **os.environ,
                 "EFFNET_TPU_WORKER": str(worker),
                 "EFFNET_TPU_HOME": home,
-                "EFFNET_TPU_REHEARSAL": sys.executable,
+                "EFFNET_TPU_DOCKER_ARGS": " ".join(self.docker_args()),
                 tpu_worker.STAND_IN_VARIABLE: str(self.scenario.stand_in_replicas or slice_type.replicas),
             }
             with open(os.path.join(home, "startup-script.log"), "ab") as log:
@@ -247,7 +278,9 @@ class RehearsalTpuApi:
         logger.info("rehearsed slice %s: %d hosts booted", entry.node.name, hosts)
 
     def _stop_hosts(self, entry: _Slice) -> None:
-        """Stops the slice's hosts; their disks (directories) go with them."""
+        """Stops the slice's hosts, worker 0's container with them; their disks (directories) go too."""
+        from components import tpu_worker
+
         for host in entry.hosts:
             if host.poll() is None:
                 try:
@@ -255,6 +288,9 @@ class RehearsalTpuApi:
                 except ProcessLookupError:
                     pass
             host.wait()
+        if entry.hosts and shutil.which("docker"):
+            name = tpu_worker.container_name(entry.node.name.rsplit("/", 1)[1])
+            subprocess.run(["docker", "rm", "--force", name], capture_output=True, check=False)
         entry.hosts.clear()
         shutil.rmtree(os.path.join(self.workdir, entry.node.name.rsplit("/", 1)[1]), ignore_errors=True)
 
@@ -290,6 +326,48 @@ class RehearsalTpuApi:
             if entry.node.name == name and entry.deleting_reads < 0:
                 return _json(entry.node)
         raise ApiError(404, f"Resource '{name}' was not found")
+
+    def _serve_vm(self, path: str, query: dict) -> tuple[int, dict | bytes, bool]:
+        """(status, answer, whether it is the metadata server's) of a GET the hosts make: their VM's metadata
+        server, and TensorFlow's Cloud TPU API v1 (its discovery document and ``nodes.get``)."""
+        live = [entry for entry in self._slices.values() if entry.deleting_reads < 0]
+        if path == DISCOVERY_PATH:
+            return 200, _tpu_v1_discovery(self.endpoint), False
+        found = re.fullmatch(r"/v1/(projects/[^/]+/locations/[^/]+/nodes/[^/]+)", path)
+        if found:
+            for entry in live:
+                if entry.node.name == found.group(1):
+                    return 200, _v1_node(entry), False
+            return 404, {"error": {"code": 404, "message": f"{found.group(1)} not found"}}, False
+        if path == "/":  # the GCE check of oauth2client and google-auth
+            return 200, b"computeMetadata/\n", True
+        if not path.startswith(METADATA_PATH) or not live:
+            return 404, b"not found\n", True
+        entry = max(live, key=lambda e: e.created)  # the VM asking is a host of the newest slice
+        project, zone = entry.node.name.split("/")[1], entry.node.name.split("/")[3]
+        email = f"rehearsal@{project}.iam.gserviceaccount.com"
+        answers = {
+            "project/project-id": project.encode(),
+            "project/numeric-project-id": b"0",
+            "instance/zone": f"projects/0/zones/{zone}".encode(),
+            "instance/service-accounts/ACCOUNT/": {
+                "aliases": ["default"],
+                "email": email,
+                "scopes": [CLOUD_PLATFORM_SCOPE],
+            },
+            "instance/service-accounts/ACCOUNT/token": {
+                "access_token": "rehearsal-token",
+                "expires_in": 3600,
+                "token_type": "Bearer",
+            },
+        }
+        asked = re.sub(
+            r"^instance/service-accounts/[^/]+/",
+            "instance/service-accounts/ACCOUNT/",
+            path.removeprefix(METADATA_PATH),
+        )
+        answer = answers.get(asked)
+        return (404, b"not found\n", True) if answer is None else (200, answer, True)
 
     def _serve(self, method: str, path: str, query: dict, body: dict) -> tuple[str, dict]:
         """(the call's name, its answer) of one request."""
@@ -332,12 +410,29 @@ class RehearsalTpuApi:
             def log_message(self, *args):  # quiet
                 pass
 
+            def _answer(self, code: int, data: bytes, content_type: str, headers: dict | None = None) -> None:
+                self.send_response(code)
+                self.send_header("Content-Type", content_type)
+                self.send_header("Content-Length", str(len(data)))
+                for key, value in (headers or {}).items():
+                    self.send_header(key, value)
+                self.end_headers()
+                self.wfile.write(data)
+
             def _handle(self, method: str) -> None:
                 url = urllib.parse.urlsplit(self.path)
                 length = int(self.headers.get("Content-Length") or 0)
                 raw = self.rfile.read(length) if length else b""
                 body = json.loads(raw) if raw else {}
                 query = urllib.parse.parse_qs(url.query)
+                if method == "GET" and not url.path.startswith("/v2/"):  # what the hosts' VMs ask
+                    api.requests.append({"method": method, "path": url.path, "query": query, "body": {}})
+                    with api._lock:
+                        code, answer, metadata = api._serve_vm(url.path, query)
+                    data = answer if isinstance(answer, bytes) else json.dumps(answer).encode()
+                    kind = "application/text" if isinstance(answer, bytes) else "application/json"
+                    self._answer(code, data, kind, {"Metadata-Flavor": "Google"} if metadata else None)
+                    return
                 api.requests.append({"method": method, "path": url.path, "query": query, "body": body})
                 fault = api._fault(_call_name(method, url.path))
                 try:
@@ -406,6 +501,57 @@ class RehearsalTpuApi:
         logger.warning("rehearsed slice %s preempted", entry.node.name)
 
 
+def _tpu_v1_discovery(endpoint: str) -> dict:
+    """The part of the Cloud TPU API v1 discovery document that TensorFlow's TPU client uses (``nodes.get``)."""
+    get = {
+        "id": "tpu.projects.locations.nodes.get",
+        "path": "v1/{+name}",
+        "flatPath": "v1/projects/{projectsId}/locations/{locationsId}/nodes/{nodesId}",
+        "httpMethod": "GET",
+        "parameters": {
+            "name": {
+                "type": "string",
+                "required": True,
+                "location": "path",
+                "pattern": "^projects/[^/]+/locations/[^/]+/nodes/[^/]+$",
+            }
+        },
+        "parameterOrder": ["name"],
+        "response": {"$ref": "Node"},
+    }
+    nodes = {"methods": {"get": get}}
+    return {
+        "kind": "discovery#restDescription",
+        "discoveryVersion": "v1",
+        "id": "tpu:v1",
+        "name": "tpu",
+        "version": "v1",
+        "protocol": "rest",
+        "rootUrl": f"{endpoint}/",
+        "servicePath": "",
+        "batchPath": "batch",
+        "parameters": {},
+        "schemas": {"Node": {"id": "Node", "type": "object"}},
+        "resources": {"projects": {"resources": {"locations": {"resources": {"nodes": nodes}}}}},
+    }
+
+
+def _v1_node(entry: _Slice) -> dict:
+    """A slice's node as the Cloud TPU API v1 shows it: one network endpoint per host (TensorFlow's TPU worker
+    port), on loopback ports of their own here."""
+    from components import tpu_slices
+
+    hosts = tpu_slices.SLICES[f"tpu-{entry.node.accelerator_type}"].hosts
+    return {
+        "name": entry.node.name,
+        "acceleratorType": entry.node.accelerator_type,
+        "state": entry.node.state.name,
+        "health": "HEALTHY",
+        "tensorflowVersion": entry.node.runtime_version,
+        "networkEndpoints": [{"ipAddress": "127.0.0.1", "port": TPU_WORKER_PORT + n} for n in range(hosts)],
+    }
+
+
 def _call_name(method: str, path: str) -> str:
     """The name of the client method a request comes from (what a fault schedule names)."""
     collection = next((c for c in ("queuedResources", "nodes", "operations") if f"/{c}" in path), "")
@@ -458,23 +604,38 @@ if __name__ == "__main__":
     quick_exit.exit_with(main())
 
 
+def missing_image(image: str) -> str:
+    """Why this machine's Docker cannot run ``image`` (no docker, no daemon, no such image), or ''."""
+    if not shutil.which("docker"):
+        return "worker 0 of a rehearsed slice runs the trainer image with Docker, which is not installed here"
+    found = subprocess.run(["docker", "image", "inspect", image], capture_output=True, text=True, check=False)
+    if found.returncode == 0:
+        return ""
+    if "daemon" in found.stderr.lower():
+        return (
+            "worker 0 of a rehearsed slice runs the trainer image with Docker, whose daemon does not answer"
+        )
+    return "Docker here has no such image: build it with scripts/images.sh build trainer-tpu"
+
+
 @dataclasses.dataclass
 class Rehearsal:
     """The local runner's rehearsal of a pod run: the service, and the Trainer step that trains through it."""
 
     accelerator: str
     api: RehearsalTpuApi
+    image: str
 
     @classmethod
-    def start(cls, accelerator: str, root: str, scenario: Scenario) -> Rehearsal:
-        """Starts the service for a run under pipeline root ``root``; the Trainer step finds it through the
-        environment (``components.tpu_vm.ENDPOINT_VARIABLE``), so that its compiled settings, and with them its
-        cache key, do not change with the service's port."""
+    def start(cls, accelerator: str, root: str, scenario: Scenario, image: str) -> Rehearsal:
+        """Starts the service for a run under pipeline root ``root``, whose worker 0 runs ``image``; the Trainer
+        step finds it through the environment (``components.tpu_vm.ENDPOINT_VARIABLE``), so that its compiled
+        settings, and with them its cache key, do not change with the service's port."""
         from components import tpu_vm
 
-        api = RehearsalTpuApi(os.path.join(root, "tpu_rehearsal", "hosts"), scenario)
+        api = RehearsalTpuApi(os.path.join(root, "tpu_rehearsal", "hosts"), scenario, shared=(root,))
         os.environ[tpu_vm.ENDPOINT_VARIABLE] = api.endpoint
-        return cls(accelerator, api)
+        return cls(accelerator, api, image)
 
     @property
     def endpoint(self) -> str:
@@ -502,6 +663,7 @@ class Rehearsal:
             "service_account": "",
             "max_recreations": 2,
             "labels": {"effnet-pipeline": pipeline_name},
+            "image": self.image,
             "poll_seconds": 1.0,
         }
         config = {tpu_vm.CONFIG_KEY: settings, tfx_trainer.CHECKPOINT_ROOT_KEY: checkpoints}

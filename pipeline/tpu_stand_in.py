@@ -1,14 +1,16 @@
 """What stands in for a slice's TPU chips when a pod run is rehearsed (``pipeline.tpu_rehearsal``): worker 0's
-trainer runs on this machine's CPU split into the slice's replicas (logical devices) under the mirrored strategy.
+trainer, in the trainer image, resolves the slice as on a real one, then trains on this machine's CPU split into
+the slice's replicas (logical devices) under the mirrored strategy.
 
-The command worker 0 runs is TFX's executor entry point on the Trainer's exec properties, whose trainer config
-asks for the 'tpu' strategy with the slice's replicas per host. A rehearsed worker 0 runs
-``python -m pipeline.tpu_stand_in --replicas N -- COMMAND``: the config's strategy becomes 'mirrored' over N
-logical CPUs, all on this one process (``data.replicas_per_host`` = N). With N the slice's replicas, the run's
-replicas, global batch, per-replica batch and batch-norm groups are the slice's; a rehearsal may stand in with
-fewer (``data.num_cores`` = N, the same global batch; one replica trains on the CPU device itself), since
-tracing a step for every replica costs minutes on a small machine. The command then runs in this interpreter.
-A config that asks for another strategy (the local runner's rehearsal trains with the local one) runs unchanged.
+A rehearsed worker 0 runs ``python -m pipeline.tpu_stand_in --replicas N -- COMMAND``, COMMAND being TFX's
+executor entry point on the Trainer's exec properties, whose trainer config asks for the 'tpu' strategy. First
+the strategy's resolver (``trainer_module.distribute.strategies.tpu_cluster``) is built from ``TPU_NAME`` and
+asked for the cluster, through the rehearsed metadata server and Cloud TPU API: the point past which a TPU must
+answer. Then the config's strategy becomes 'mirrored' over N logical CPUs, all on this one process
+(``data.replicas_per_host`` = N). With N the slice's replicas, the run's replicas, global batch, per-replica
+batch and batch-norm groups are the slice's; a rehearsal may stand in with fewer (``data.num_cores`` = N, the
+same global batch; one replica trains on the CPU device itself), since tracing a step for every replica costs
+minutes on a small machine. The command then runs in this interpreter.
 """
 
 from __future__ import annotations
@@ -40,6 +42,28 @@ def stand_in_properties(exec_properties: str, replicas: int) -> tuple[str, bool]
     return json.dumps(properties), True
 
 
+def resolve_slice(exec_properties: str) -> str:
+    """Builds the 'tpu' strategy's resolver of the Trainer's config and asks it for the slice's TPU workers;
+    returns a line saying what it found.
+
+    Raises:
+      ValueError: the resolver found no TPU worker.
+    """
+    from trainer_module.config import TrainerConfig
+    from trainer_module.distribute import strategies
+
+    custom_config = json.loads(json.loads(exec_properties).get("custom_config") or "{}")
+    config = TrainerConfig.from_json(custom_config[TRAINER_CONFIG_KEY])
+    resolver = strategies.tpu_cluster(config)
+    workers = resolver.cluster_spec().as_dict().get("worker", [])
+    if not workers:
+        raise ValueError(f"TPUClusterResolver({strategies.tpu_to_resolve(config)!r}) found no TPU worker")
+    return (
+        f"rehearsal: TPUClusterResolver('{strategies.tpu_to_resolve(config)}') found the slice's "
+        f"{len(workers)} TPU workers through the Cloud TPU API: {', '.join(workers)}"
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] != ["--replicas"] or "--" not in argv:
@@ -56,8 +80,10 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     args = command[3:]
     position = args.index("--exec-properties") + 1
-    args[position], replaced = stand_in_properties(args[position], replicas)
+    properties = args[position]
+    args[position], replaced = stand_in_properties(properties, replicas)
     if replaced:
+        print(resolve_slice(properties), file=sys.stderr, flush=True)
         print(
             f"rehearsal: {replicas} logical CPU device(s) stand in for the replicas of TPU slice "
             f"{os.environ.get('TPU_NAME', '')}",

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The test command: set up .venv if needed, lint, then the test suite.
-#   scripts/test.sh          the whole suite: what CI runs; run it before committing
+#   scripts/test.sh          the whole suite: what CI runs; run it before committing. It first builds the images
+#                            (scripts/images.sh: Docker installed and started where needed), which its tests run
 #   scripts/test.sh --fast   the everyday tier while working: leaves out the tests marked slow (pytest.ini)
 # Other arguments go to pytest: `scripts/test.sh -n 0 tests/test_x.py` runs one module serially.
 set -euo pipefail
@@ -22,7 +23,17 @@ unset PYTHONWARNINGS PYTHONOPTIMIZE PYTHONDEVMODE PYTHONINSPECT PYTHONPATH
 # own tmp_path directories stay where they always are (pytest keeps the last three runs'), beside it.
 export PYTEST_DEBUG_TEMPROOT=${PYTEST_DEBUG_TEMPROOT:-${TMPDIR:-/tmp}}
 run_tmp=$(mktemp -d "${TMPDIR:-/tmp}/effnet-tests.XXXXXX")
-trap 'rm -rf "$run_tmp"' EXIT
+# shellcheck source=scripts/docker_daemon.sh
+. scripts/docker_daemon.sh
+trap 'rm -rf "$run_tmp"; docker_down' EXIT
+if [ ${#tier[@]} -eq 0 ]; then
+  # The whole suite runs the images (tests/test_images_built.py, the rehearsed slices' worker 0): built first,
+  # in seconds once their dependencies' layers exist. CI must have them; elsewhere their tests are skipped.
+  if ! { docker_up && scripts/images.sh build pipeline trainer-tpu; }; then
+    [ -z "${CI:-}" ] || exit 1
+    echo "note: no images (see above): the tests that run them are skipped" >&2
+  fi
+fi
 # Two workers, each taking the next unit of work when free: a module's tests, or a long test on its own, longest
 # first (tests/conftest.py). Most tests spend their time tracing TensorFlow functions on one core.
 status=0

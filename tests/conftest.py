@@ -235,3 +235,32 @@ def gcs_bucket(gce_metadata):
             os.environ.pop("STORAGE_EMULATOR_HOST", None)
         else:
             os.environ["STORAGE_EMULATOR_HOST"] = previous
+
+
+# The images scripts/images.sh builds; the full suite (scripts/test.sh) builds them first.
+LOCAL_IMAGES = {"pipeline": "effnet/pipeline:local", "trainer-tpu": "effnet/trainer-tpu:local"}
+
+
+@pytest.fixture(scope="session")
+def local_images() -> dict[str, str]:
+    """The project's images, built here by a real Docker daemon, by target. CI must have them (scripts/test.sh
+    builds them before the suite): there a missing image or daemon fails the test; elsewhere it is skipped,
+    saying how to build them."""
+    import shutil
+    import subprocess
+
+    docker = shutil.which("docker")
+    missing = "docker is not installed" if not docker else ""
+    for image in LOCAL_IMAGES.values() if docker else ():
+        found = subprocess.run([docker, "image", "inspect", image], capture_output=True, text=True)
+        if found.returncode:
+            missing = (
+                f"{image}: {found.stderr.strip().splitlines()[-1] if found.stderr.strip() else 'missing'}"
+            )
+            break
+    if missing:
+        message = f"{missing} (scripts/images.sh build pipeline trainer-tpu, with a Docker daemon)"
+        if os.environ.get("CI"):
+            pytest.fail(message)
+        pytest.skip(message)
+    return dict(LOCAL_IMAGES)

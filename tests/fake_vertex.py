@@ -56,6 +56,7 @@ and the job moves through the states the test scripts; a read of a started job c
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import json
 import os
@@ -275,11 +276,13 @@ def _matches(job, term: str) -> bool:
     raise Refused(f"unsupported filter term {term!r}")
 
 
-def wrapper(record_dir: str, faults_file: str = "") -> list[str]:
+def wrapper(record_dir: str, faults_file: str = "", in_images: ReplicaImages | None = None) -> list[str]:
     """The command to put in front of a container's command (``kfp_launcher.run_task(wrapper=...)``, which puts
-    ``tests/`` on the container's PYTHONPATH); the job service's calls meet the schedule of ``faults_file``."""
+    ``tests/`` on the container's PYTHONPATH); the job service's calls meet the schedule of ``faults_file``;
+    with ``in_images``, the jobs' replicas run in their images."""
     schedule = ["--faults", faults_file] if faults_file else []
-    return [sys.executable, "-m", "fake_vertex", "--record-dir", record_dir, *schedule, "--"]
+    images = ["--in-images", in_images.to_json()] if in_images else []
+    return [sys.executable, "-m", "fake_vertex", "--record-dir", record_dir, *schedule, *images, "--"]
 
 
 # The retry policy's waits in a task's process: the policy as written, its waits made short (the fake answers at
@@ -488,8 +491,47 @@ def _job(name: str) -> _FakeJob:
     return _JOBS[name]
 
 
+@dataclasses.dataclass(frozen=True)
+class ReplicaImages:
+    """Runs each replica in its pool's image with a real Docker daemon, as Vertex does (``--in-images``): the
+    task's container reaches the daemon through its socket, mounted with a docker client at the same paths.
+    Replicas get the host's network, the run's directories at the same paths (``shared``), the suite's
+    environment (``env``) and Vertex's variables; each is labelled with the record directory (``stop_all``)."""
+
+    docker: str
+    shared: tuple[str, ...]
+    env: dict
+
+    def argv(self, image: str, command: list[str], replica_env: dict) -> list[str]:
+        mounts = [arg for path in self.shared for arg in ("-v", f"{path}:{path}")]
+        variables = [arg for item in {**self.env, **replica_env}.items() for arg in ("-e", "=".join(item))]
+        return [
+            self.docker, "run", "--rm", "--network", "host", "--label", f"{DOCKER_LABEL}={_record_dir}",
+            *mounts, *variables, "--entrypoint", command[0], image, *command[1:],
+        ]  # fmt: skip
+
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self))
+
+
+DOCKER_LABEL = "effnet.fake-vertex"
+# Set by ``--in-images``: replicas run in their images (``ReplicaImages``), not in this interpreter.
+IN_IMAGES: ReplicaImages | None = None
+
+
 def stop_all(record_dir: str) -> None:
     """Stops every replica still running of the jobs recorded in ``record_dir`` (whatever process started it)."""
+    import shutil
+
+    docker = shutil.which("docker")
+    if docker:  # replicas run in their images: the containers go with them
+        found = subprocess.run(
+            [docker, "ps", "-aq", "--filter", f"label={DOCKER_LABEL}={record_dir}"],
+            capture_output=True,
+            text=True,
+        )
+        if found.stdout.split():
+            subprocess.run([docker, "rm", "--force", *found.stdout.split()], capture_output=True)
     for pids_file in sorted(pathlib.Path(record_dir).glob("custom_job-*.pids.json")):
         for name, pid in json.loads(pids_file.read_text()).items():
             exit_file = str(pids_file).replace(".pids.json", f".{name}.exit")
@@ -545,11 +587,13 @@ class FakeJobServiceClient:
         environments = replica_environments(request["job_spec"], [pool.replica_count for pool in pools])
         replicas, logs = {}, {}
         for p, pool in enumerate(pools if RUN_REPLICAS else ()):
-            argv = [*pool.container_spec.command, *pool.container_spec.args]
-            if argv[0] == "python":
-                argv[0] = sys.executable
             for index in range(pool.replica_count):
                 name = f"workerpool{p}-{index}"
+                argv = [*pool.container_spec.command, *pool.container_spec.args]
+                if IN_IMAGES is not None:
+                    argv = IN_IMAGES.argv(pool.container_spec.image_uri, argv, environments[name])
+                elif argv[0] == "python":
+                    argv[0] = sys.executable
                 logs[name] = os.path.join(_record_dir, LOG_FILE.format(n=number, replica=name))
                 exit_file = os.path.join(_record_dir, EXIT_FILE.format(n=number, replica=name))
                 with open(logs[name], "wb") as log:
@@ -953,12 +997,17 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--faults", default="", help="a fault schedule for the job service's calls (faults.py)"
     )
+    parser.add_argument(
+        "--in-images", default="", help="run the replicas in their images (ReplicaImages JSON)"
+    )
     parser.add_argument("command", nargs=argparse.REMAINDER, help="-- python -m MODULE ARGS...")
     args = parser.parse_args(argv)
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     if len(command) < 3 or command[1] != "-m":
         raise SystemExit(f"expected a container command 'python -m MODULE ...', got {command[:3]}")
-    global _record_dir, FAULTS
+    global _record_dir, FAULTS, IN_IMAGES
+    if args.in_images:
+        IN_IMAGES = ReplicaImages(**json.loads(args.in_images))
     _record_dir = args.record_dir
     os.makedirs(_record_dir, exist_ok=True)
     if args.faults:

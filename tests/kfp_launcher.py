@@ -82,6 +82,7 @@ class TaskResult:
     executor_input: dict
     executor_output: dict
     log_path: str
+    argv: tuple[str, ...] = ()  # what was run
 
     def artifacts(self, key: str) -> list[dict]:
         """The output artifacts ``key`` (each with ``name``, ``uri`` and ``metadata``)."""
@@ -277,6 +278,41 @@ def build_executor_input(
     }
 
 
+@dataclasses.dataclass(frozen=True)
+class Images:
+    """Runs each task in the image its spec names, with a real Docker daemon (``docker run``), instead of in
+    this interpreter.
+
+    The container gets what the orchestrator gives a task's pod: the spec's command as its entry point (which
+    replaces the image's, as Kubernetes' ``command`` does) and the args filled in; here also the host's
+    network (the fakes listen on 127.0.0.1), the run's local directories at the same paths (``shared``), this
+    directory read-only on its PYTHONPATH (a fake's wrapper runs in the image too), the suite's environment
+    (``suite_env.PINNED``) and the task's ``env``.
+    """
+
+    docker: str
+    shared: tuple[str, ...]
+
+    def argv(self, image: str, inner: list[str], env: Mapping[str, str]) -> list[str]:
+        import suite_env
+
+        environment = {k: os.environ[k] for k in suite_env.PINNED if k in os.environ}
+        environment.update(env)
+        environment["PYTHONPATH"] = TESTS_DIR
+        mounts = [arg for path in (*self.shared, TESTS_DIR) for arg in ("-v", f"{path}:{path}")]
+        mounts[-1] += ":ro"
+        variables = [arg for item in environment.items() for arg in ("-e", "=".join(item))]
+        return [
+            self.docker, "run", "--rm", "--network", "host", *mounts, *variables,
+            "--entrypoint", inner[0], image, *inner[1:],
+        ]  # fmt: skip
+
+
+def task_image(job: dict, task: str) -> str:
+    """The image the compiled spec runs ``task`` in."""
+    return pipeline_spec(job)["deploymentSpec"]["executors"][_executor_label(job, task)]["container"]["image"]
+
+
 def container_argv(
     job: dict,
     task: str,
@@ -284,13 +320,15 @@ def container_argv(
     pipeline_root: str,
     dataflow: Sequence[str] | None = None,
     run_id: str = DEFAULT_RUN_ID,
+    in_image: bool = False,
 ) -> list[str]:
     """The task's container command and args, ``{{$}}`` and the run's id filled in, and the Beam runner made
-    local (or, with ``dataflow`` options, kept, the options added)."""
+    local (or, with ``dataflow`` options, kept, the options added). ``python`` is this interpreter unless the
+    command runs ``in_image``."""
     spec = pipeline_spec(job)
     container = spec["deploymentSpec"]["executors"][_executor_label(job, task)]["container"]
     command = list(container["command"])
-    if command[0] == "python":
+    if command[0] == "python" and not in_image:
         command[0] = sys.executable
     args = []
     for arg in container.get("args", []):
@@ -316,6 +354,7 @@ class StartedTask:
     executor_input: dict
     output_file: str
     log_path: str
+    argv: tuple[str, ...] = ()
 
     def finish(self, timeout: float = 900) -> TaskResult:
         """Waits for the container to end and returns what its executor wrote.
@@ -330,7 +369,7 @@ class StartedTask:
             raise RuntimeError(f"task {self.task} exited with {code}; end of {self.log_path}:\n{tail}")
         with open(self.output_file) as f:
             executor_output = json.load(f)
-        return TaskResult(self.task, self.executor_input, executor_output, self.log_path)
+        return TaskResult(self.task, self.executor_input, executor_output, self.log_path, self.argv)
 
 
 def start_task(
@@ -346,6 +385,7 @@ def start_task(
     run_id: str = DEFAULT_RUN_ID,
     dataflow: Sequence[str] | None = None,
     executor_input: dict | None = None,
+    images: Images | None = None,
 ) -> StartedTask:
     """Starts ``task`` of the compiled ``job`` as its container would (see ``run_task``), without waiting; with
     ``executor_input``, that of an earlier attempt (a retry)."""
@@ -357,7 +397,12 @@ def start_task(
             job, task, pipeline_root, parameters, upstream or {}, output_file, execution, run_id
         )
     output_file = executor_input["outputs"]["outputFile"]
-    argv = [*wrapper, *container_argv(job, task, executor_input, pipeline_root, dataflow, run_id)]
+    command = container_argv(job, task, executor_input, pipeline_root, dataflow, run_id, images is not None)
+    if images is not None:  # the wrapper runs in the image too, with the image's python
+        wrapper = ["python" if arg == sys.executable else arg for arg in wrapper]
+        argv = images.argv(task_image(job, task), [*wrapper, *command], env or {})
+    else:
+        argv = [*wrapper, *command]
     child_env = {**os.environ, **(env or {})}
     child_env["PYTHONPATH"] = os.pathsep.join(p for p in (TESTS_DIR, child_env.get("PYTHONPATH")) if p)
     log_path = os.path.join(task_dir, "log.txt")
@@ -365,7 +410,7 @@ def start_task(
         log_path = log_path.replace(".txt", "-retry.txt")
     with open(log_path, "wb") as log:
         process = subprocess.Popen(argv, cwd=REPO_DIR, env=child_env, stdout=log, stderr=subprocess.STDOUT)
-    return StartedTask(task, process, executor_input, output_file, log_path)
+    return StartedTask(task, process, executor_input, output_file, log_path, tuple(argv))
 
 
 def run_task(
@@ -381,6 +426,7 @@ def run_task(
     timeout: float = 900,
     run_id: str = DEFAULT_RUN_ID,
     dataflow: Sequence[str] | None = None,
+    images: Images | None = None,
 ) -> TaskResult:
     """Runs ``task`` of the compiled ``job`` as its container would, and returns what its executor wrote.
 
@@ -395,13 +441,15 @@ def run_task(
       run_id: the run's id, in place of the run-id placeholder of the task's args.
       dataflow: Beam options that keep a Beam task on the DataflowRunner, pointed at a fake Dataflow service
         (``fake_dataflow.FakeDataflow.beam_args``); None runs it on the DirectRunner.
+      images: run the task in its image with Docker (``Images``) rather than in this interpreter.
 
     Raises:
       RuntimeError: the container exited non-zero (the message quotes the end of its log).
     """
     started = start_task(
-        job, task, pipeline_root, scratch_dir, parameters, upstream, execution, wrapper, env, run_id, dataflow
-    )
+        job, task, pipeline_root, scratch_dir, parameters, upstream, execution, wrapper, env, run_id, dataflow,
+        images=images,
+    )  # fmt: skip
     try:
         return started.finish(timeout)
     except subprocess.TimeoutExpired:

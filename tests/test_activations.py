@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from trainer_module.models import activations
 from trainer_module.models.activations import swish
 from trainer_module.models.efficientnet import efficientnet
 
@@ -41,6 +42,19 @@ def test_swish_gradient_inside_a_compiled_step_matches():
 
     for _ in range(2):
         np.testing.assert_allclose(gradient(swish), gradient(tf.nn.silu), rtol=1e-5, atol=1e-6)
+
+
+def test_where_xla_cannot_compile_for_the_cpu_the_gradient_is_the_same_formula_uncompiled(monkeypatch):
+    """TensorFlow's TPU build (the trainer-tpu image) has no XLA backend for the CPU: there the gradient is not
+    compiled on its own (tests/test_images_built.py runs it in that image)."""
+    assert activations._cpu_compiles()  # this machine's TensorFlow compiles for its CPU
+    monkeypatch.setattr(activations, "_cpu_compiles", lambda: False)
+    monkeypatch.setattr(activations, "_compiled_swish_gradient", None)  # a call of it would fail
+    features = tf.constant(np.random.default_rng(2).normal(0.0, 8.0, (3, 50)), tf.float32)
+    upstream = tf.ones_like(features)
+    ours = _value_and_gradient(swish, features, upstream)
+    theirs = _value_and_gradient(tf.nn.silu, features, upstream)
+    np.testing.assert_allclose(ours[1], theirs[1], rtol=1e-5, atol=1e-6)
 
 
 def test_a_model_with_it_saves_and_loads_with_the_same_outputs(tmp_path):

@@ -1,9 +1,10 @@
-"""The Dockerfile's images, checked without a container runtime (none exists here, and no registry).
+"""The Dockerfile's images, checked without a container runtime, in the everyday tier.
 
 The Dockerfile is parsed into its stages (``FROM ... AS name``), each build target is followed through the
 stages it builds on, and what it installs, copies and runs is checked against constraints.txt,
 constraints-accelerators.txt, the repository's files and the packages installed here. No network: every
-fact comes from files in the repository or from this virtualenv. docs/images.md says how to build and push.
+fact comes from files in the repository or from this virtualenv. The images built by a real Docker daemon and
+run are tests/test_images_built.py's; docs/images.md says how to build and push.
 """
 
 from __future__ import annotations
@@ -101,13 +102,19 @@ def read_instructions(text: str) -> list[tuple[str, str]]:
 
 
 def parse_stages(text: str) -> dict[str, Stage]:
-    """The stages in file order, by name (an unnamed stage by its index)."""
+    """The stages in file order, by name (an unnamed stage by its index); a FROM's ``${ARG}`` is the default
+    of the ARG declared before the first FROM (what a build without --build-arg uses)."""
     stages: list[tuple[str, str, list]] = []
+    defaults: dict[str, str] = {}
     for keyword, arguments in read_instructions(text):
-        if keyword == "FROM":
+        if keyword == "ARG" and not stages:
+            name, _, default = arguments.partition("=")
+            defaults[name] = default
+        elif keyword == "FROM":
             words = [word for word in arguments.split() if not word.startswith("--")]
             name = words[2] if len(words) == 3 and words[1].lower() == "as" else str(len(stages))
-            stages.append((name, words[0], []))
+            image = re.sub(r"\$\{?(\w+)\}?", lambda m: defaults[m.group(1)], words[0])
+            stages.append((name, image, []))
         elif stages:
             stages[-1][2].append((keyword, arguments))
     return {name: Stage(name, image, tuple(instructions)) for name, image, instructions in stages}
@@ -151,6 +158,24 @@ def shell_commands(arguments: str) -> list[tuple[str, ...]]:
     return [tuple(command) for command in commands if command]
 
 
+def from_stage(stages: dict[str, Stage], copy: Copy) -> list[Copy]:
+    """A ``COPY --from=STAGE`` as what it brings in: the build context's files that STAGE copied under the
+    source path (re-rooted at the destination), or, from a stage that copies nothing (an image's), that image."""
+    stage = stages.get(copy.from_image or "")
+    if stage is None:
+        return [copy]
+    brought = []
+    for inner in walk(stages, stage.name)[0]:
+        for source in copy.sources:
+            root = PurePosixPath(source)
+            if inner.from_image is None and (inner.destination == root or root in inner.destination.parents):
+                destination = copy.destination / inner.destination.relative_to(root)
+                brought.append(dataclasses.replace(inner, destination=destination))
+    if brought:
+        return brought
+    return [dataclasses.replace(copy, from_image=stage.image if not stage.instructions else stage.name)]
+
+
 def walk(stages: dict[str, Stage], target: str) -> tuple[list[Copy], list[Run]]:
     """Every COPY and RUN of a target, in build order, with the WORKDIR each one saw."""
     workdir, copies, runs = PurePosixPath("/"), [], []
@@ -158,7 +183,7 @@ def walk(stages: dict[str, Stage], target: str) -> tuple[list[Copy], list[Run]]:
         if keyword == "WORKDIR":
             workdir = workdir / arguments
         elif keyword == "COPY":
-            copies.append(parse_copy(arguments, workdir))
+            copies.extend(from_stage(stages, parse_copy(arguments, workdir)))
         elif keyword == "RUN":
             runs.append(Run(workdir, tuple(copies), tuple(shell_commands(arguments))))
     return copies, runs
@@ -332,10 +357,14 @@ def test_the_three_targets_exist_and_a_plain_build_gives_the_pipeline_image(stag
 def test_every_target_installs_the_project_with_constraints(stages, target):
     _, runs = walk(stages, target)
     installs = [pip for _, pip in pip_commands(runs) if pip.action == "install" and "." in pip.arguments]
-    assert installs, f"{target} never runs pip install on the project (.)"
-    for pip in installs:
+    resolving = [pip for pip in installs if "--no-deps" not in pip.flags]
+    assert resolving, f"{target} never installs the project's dependencies (pip install . without --no-deps)"
+    for pip in resolving:
         constraints = pip.options.get("constraint", [])
         assert "constraints.txt" in constraints, f"{target}: project installed without -c constraints.txt"
+    # The code's own layer installs the project alone, over what the dependencies' layer installed.
+    assert "--no-deps" in installs[-1].flags and "--force-reinstall" in installs[-1].flags
+    for pip in installs:
         # tfx 1.16 declares Requires-Python <3.11 (STACK.md): without the flag pip refuses it.
         assert "--ignore-requires-python" in pip.flags
 
@@ -378,7 +407,7 @@ def test_pipeline_runs_the_boot_program_of_the_beam_sdk_image_pinned_in_constrai
     ]
     assert entrypoints, "Dataflow starts the pipeline image's workers through its ENTRYPOINT"
     program = PurePosixPath(entrypoints[-1][0])
-    providers = [copy for copy in copies if copy.places(program)]
+    providers = [copy for copy in copies if copy.places(program)]  # from the beam-sdk stage's image
     assert providers and providers[-1].from_image, f"{program} is not copied from an image"
     sdk = BEAM_SDK_IMAGE.fullmatch(providers[-1].from_image)
     assert sdk, f"{program} comes from {providers[-1].from_image}, not an apache/beam_pythonX.Y_sdk image"
@@ -422,16 +451,21 @@ def test_trainer_tpu_replaces_the_cpu_tensorflow_by_the_tpu_build(stages):
     # Both wheels hold the tensorflow/ package: the CPU one the project brings in goes before the TPU one.
     assert any(project < i < tpu for i in removals), "the CPU tensorflow wheel stays beside tensorflow-tpu"
     assert "--yes" in pips[removals[0]].flags or "-y" in pips[removals[0]].flags, "pip uninstall would prompt"
-    later = [pip for pip in pips[tpu + 1 :] if pip.action == "install"]
+    later = [pip for pip in pips[tpu + 1 :] if pip.action == "install" and "--no-deps" not in pip.flags]
     assert not later, "a pip install after tensorflow-tpu's may bring the CPU tensorflow back"
     install = pips[tpu]
     assert install.names() == TPU_PACKAGES
     versioned = [str(requirement) for requirement in install.requirements() if requirement.specifier]
     assert not versioned, f"{versioned}: the versions belong in {ACCELERATOR_PINS.name}"
     assert {"constraints.txt", ACCELERATOR_PINS.name} <= set(install.options.get("constraint", []))
-    # libtpu is only on Google's find-links index; the pins file documents which one.
-    assert install.options.get("find_links")
-    assert all(url in ACCELERATOR_PINS.read_text() for url in install.options["find_links"])
+    # libtpu is only on Google's find-links index (a build argument, whose default is that index); the pins file
+    # documents which one.
+    arguments = dict(a.partition("=")[::2] for k, a in stages["trainer-tpu"].instructions if k == "ARG")
+    links = [
+        re.sub(r"\$\{?(\w+)\}?", lambda m: arguments[m.group(1)], url)
+        for url in install.options["find_links"]
+    ]
+    assert links and all(url.startswith("https://") and url in ACCELERATOR_PINS.read_text() for url in links)
 
 
 def test_trainer_gpu_installs_tensorflow_with_cuda_at_the_constraints_version(stages, tensorflow_version):
@@ -477,7 +511,7 @@ def test_the_run_fn_the_trainer_calls_is_copied_before_the_project_install(stage
     }
     assert function in functions, f"{source} defines no {function}"
     _, runs = walk(stages, target)
-    run = next(run for run, pip in pip_commands(runs) if pip.action == "install" and "." in pip.arguments)
+    *_, run = [run for run, pip in pip_commands(runs) if pip.action == "install" and "." in pip.arguments]
     image_path = run.workdir / source.relative_to(REPO).as_posix()
     assert any(copy.places(image_path) for copy in run.copies_before if not copy.from_image), image_path
 

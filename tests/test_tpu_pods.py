@@ -142,6 +142,7 @@ def test_a_pod_run_compiles_its_trainer_onto_a_queued_resource_and_its_exit_task
         "max_recreations": 2,
         "labels": {"effnet-pipeline": "effnet-smoke", "effnet-preset": "smoke"},
         "api_endpoint": "tpu.googleapis.com",
+        "image": IMAGE,  # no --trainer-image: worker 0 trains in --image
     }
     cleanup = json.dumps(spec["root"]["dag"]["tasks"]) + json.dumps(spec.get("components", {}))
     assert '"tpu_zone"' in cleanup and "us-central2-b" in json.dumps(spec)
@@ -168,15 +169,17 @@ def _poll_every_second(job: dict) -> None:
 
 @pytest.mark.slow
 def test_the_compiled_trainer_task_trains_on_the_slice_and_the_exit_task_deletes_the_runs_slices(
-    tmp_path, clean_archives
+    tmp_path, clean_archives, local_images
 ):
     """The Vertex job's Trainer task on ``tpu-v4-32``, as its container runs it, against the rehearsal: one
-    queued resource of that type with the TF pod runtime, Spot, the run's labels; every one of the 4 workers set
-    up from the step's wheel, the trainer on worker 0 only with TPU_NAME naming the slice (one logical CPU
-    standing in for its 16 replicas, with the slice's global batch). Its first attempt is killed outright while worker 0 trains: the retry
-    re-attaches to the slice, creates no second one, and its model is the Trainer's artifact; no slice is left.
-    A slice a killed task left behind is deleted by the run's exit task, by the run's label; another run's is
-    left alone."""
+    queued resource of that type with the TF pod runtime, Spot, the run's labels; the 4 workers report, and
+    worker 0 alone trains, in the trainer-tpu image (the TPU build of TensorFlow, nothing installed at boot),
+    with TPU_NAME naming the slice, which TensorFlow's resolver finds the 4 hosts of through the metadata
+    server and the Cloud TPU API (then one logical CPU stands in for its 16 replicas, with the slice's global
+    batch). Its first attempt is killed outright while worker 0 trains: the retry re-attaches to the slice,
+    creates no second one, and its model is the Trainer's artifact; no slice or container is left. A slice a
+    killed task left behind is deleted by the run's exit task, by the run's label; another run's is left
+    alone."""
     from fake_dataflow import FakeDataflow
 
     from components import run_cleanup, run_label, tpu_vm
@@ -184,6 +187,7 @@ def test_the_compiled_trainer_task_trains_on_the_slice_and_the_exit_task_deletes
 
     output = tmp_path / "pod.json"
     argv = [arg for arg in SLICE_RUN]
+    argv[argv.index("--image") + 1] = local_images["trainer-tpu"]  # every step's image: worker 0's too
     argv[argv.index("--train-archive") + 1] = clean_archives.train_archive
     argv[argv.index("--val-archive") + 1] = clean_archives.val_archive
     argv += ["--set", "data.num_train_examples=300", "--param", "target_top1=0.0"]
@@ -194,7 +198,7 @@ def test_the_compiled_trainer_task_trains_on_the_slice_and_the_exit_task_deletes
     root, scratch = str(tmp_path / "root"), str(tmp_path / "launcher")
     # One logical CPU stands in for the slice's 16 replicas: tracing a step per replica takes minutes here.
     scenario = tpu_rehearsal.Scenario(stand_in_replicas=1)
-    with tpu_rehearsal.RehearsalTpuApi(str(tmp_path / "hosts"), scenario) as api:
+    with tpu_rehearsal.RehearsalTpuApi(str(tmp_path / "hosts"), scenario, shared=(str(tmp_path),)) as api:
         env = {tpu_vm.ENDPOINT_VARIABLE: api.endpoint}
         shards = kfp_launcher.run_task(
             job, "ImageNetShardGen", root, scratch, parameters, env=env, run_id=RUN_ID
@@ -203,10 +207,11 @@ def test_the_compiled_trainer_task_trains_on_the_slice_and_the_exit_task_deletes
 
         def worker_0_trains(started) -> bool:
             homes = sorted((tmp_path / "hosts").glob("*/worker-*"))
-            logs = [home / "trainer.stderr" for home in homes if (home / "trainer.stderr").exists()]
-            if not logs or "Training model." not in logs[0].read_text(errors="replace"):
+            logs = [home / "startup-script.log" for home in homes]
+            training = [log for log in logs if "Training model." in _text(log)]
+            if not training:
                 return False
-            seen.update(homes=homes, logs=logs, text=logs[0].read_text(errors="replace"))
+            seen.update(homes=homes, logs=training, text=_text(training[0]))
             return True
 
         trainer, attempts = kfp_launcher.run_task_retried(
@@ -218,7 +223,12 @@ def test_the_compiled_trainer_task_trains_on_the_slice_and_the_exit_task_deletes
         assert [home.name for home in seen["homes"]] == [f"worker-{n}" for n in range(4)]
         assert [log.parent.name for log in seen["logs"]] == ["worker-0"]
         node_name = seen["logs"][0].parent.parent.name
+        assert (
+            f"rehearsal: TPUClusterResolver('{node_name}') found the slice's 4 TPU workers through the Cloud TPU "
+            "API: 127.0.0.1:8470, 127.0.0.1:8471, 127.0.0.1:8472, 127.0.0.1:8473\n"
+        ) in seen["text"]
         assert f"stand in for the replicas of TPU slice {node_name}\n" in seen["text"]
+        assert api.calls("GET", f"/v1/projects/p/locations/us-central2-b/nodes/{node_name}")
         (created,) = api.calls("POST", "/queuedResources")  # the retry re-attached
         body = created["body"]
         node = body["tpu"]["nodeSpec"][0]["node"]
@@ -230,8 +240,11 @@ def test_the_compiled_trainer_task_trains_on_the_slice_and_the_exit_task_deletes
         reports = {p.name: json.loads(p.read_text()) for p in attempt_dir.glob("*.json")}
         assert sorted(reports) == ["trainer.json", *(f"worker-{n}.json" for n in range(4))]
         assert reports["trainer.json"]["exit_code"] == 0
-        for n in range(4):  # each worker runs the installed wheel, not this checkout
-            assert reports[f"worker-{n}.json"]["package"].startswith(str(tmp_path / "hosts")), reports
+        # Worker 0 trained with the TPU build alone; the others installed and ran nothing.
+        assert reports["worker-0.json"]["image"] == local_images["trainer-tpu"]
+        assert reports["worker-0.json"]["tensorflow"] == ["libtpu==2.16.0rc0", "tensorflow-tpu==2.16.2"]
+        for n in range(1, 4):
+            assert set(reports[f"worker-{n}.json"]) == {"worker", "setup", "host"}, reports
         command = json.loads((pathlib.Path(model_run) / tpu_vm.STATUS_DIR / "command.json").read_text())
         assert "tfx.scripts.run_executor" in command["command"]
         config = json.loads((pathlib.Path(model_run) / "config.json").read_text())["config"]
@@ -239,6 +252,7 @@ def test_the_compiled_trainer_task_trains_on_the_slice_and_the_exit_task_deletes
         model = trainer.artifact("model")["uri"]
         assert (pathlib.Path(model) / "Format-Serving" / "saved_model.pb").is_file()
         assert api.slices() == {} and list((tmp_path / "hosts").iterdir()) == []  # hosts and their disks gone
+        assert not _containers(f"effnet-trainer-{node_name}")
 
         # Slices a killed task left (its pod evicted before it could delete them), of this run and another.
         client = tpu_vm.client_for(api.endpoint)
@@ -275,3 +289,17 @@ def test_the_compiled_trainer_task_trains_on_the_slice_and_the_exit_task_deletes
         assert list(api.slices()) == [other.queued_resource_name(0)]  # another run's, left alone
         log = pathlib.Path(cleanup.log_path).read_text()
         assert f"run {RUN_ID}: cancelled 1 TPU slice ({mine.attempt_id(0)}: DELETED)" in log, log[-3000:]
+
+
+def _text(path: pathlib.Path) -> str:
+    return path.read_text(errors="replace") if path.exists() else ""
+
+
+def _containers(name: str) -> list[str]:
+    """The containers (running or not) of this name."""
+    import subprocess
+
+    found = subprocess.run(
+        ["docker", "ps", "-aq", "--filter", f"name=^{name}$"], capture_output=True, text=True, check=True
+    )
+    return found.stdout.split()

@@ -24,9 +24,16 @@ def tpu_to_resolve(config: TrainerConfig) -> str:
     return config.loop.tpu_name or os.environ.get("TPU_NAME", "") or "local"
 
 
+def tpu_cluster(config: TrainerConfig) -> tf.distribute.cluster_resolver.TPUClusterResolver:
+    """The resolver of the TPU the 'tpu' strategy connects to (``tpu_to_resolve``). For a slice named by its
+    node, it asks the VM's metadata server for the project and zone, and the Cloud TPU API for every host's TPU
+    worker (``cluster_spec()``), before any TPU is reached."""
+    return tf.distribute.cluster_resolver.TPUClusterResolver(tpu=tpu_to_resolve(config))
+
+
 @STRATEGIES.register("tpu")
 def _tpu(config: TrainerConfig, devices: list[str] | None) -> tf.distribute.Strategy:
-    resolver = tf.distribute.cluster_resolver.TPUClusterResolver(tpu=tpu_to_resolve(config))
+    resolver = tpu_cluster(config)
     tf.config.experimental_connect_to_cluster(resolver)
     tf.tpu.experimental.initialize_tpu_system(resolver)
     return tf.distribute.TPUStrategy(resolver)
