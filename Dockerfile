@@ -44,7 +44,7 @@ FROM ${PYTHON_IMAGE} AS dependencies
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 WORKDIR /pipeline
 COPY --from=wheels /wheels /wheels
-COPY setup.py constraints.txt constraints-accelerators.txt README.md ./
+COPY setup.py constraints.txt constraints-accelerators.txt ./
 RUN pip install --ignore-requires-python -c constraints.txt --find-links /wheels .
 
 

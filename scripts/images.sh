@@ -28,6 +28,7 @@ STAND_IN=effnet-stand-in
 # has them: packages without a wheel compile against them), venv, and the CA certificates.
 DEBIAN_PACKAGES=python3.11,python3.11-dev,python3-venv,ca-certificates
 ALL_TARGETS=(pipeline trainer-tpu trainer-gpu)
+LABEL=effnet.images  # on every image this command builds
 
 usage() {
   echo "usage: scripts/images.sh build [pipeline|trainer-tpu|trainer-gpu ...]" >&2
@@ -73,13 +74,15 @@ python_base() {  # sets BASE_IMAGE, the image to build on
     fi
     phase "stand-in for $PYTHON_IMAGE: Debian bookworm's Python 3.11 (mmdebstrap, about a minute)" \
       "$LOGS/stand-ins.log" mmdebstrap --variant=minbase --include="$DEBIAN_PACKAGES" bookworm "$work/root.tar"
-    phase "importing it" "$LOGS/stand-ins.log" "$DOCKER" import "$work/root.tar" "$STAND_IN/debian-root:bookworm"
+    phase "importing it" "$LOGS/stand-ins.log" "$DOCKER" import --change "LABEL $LABEL=stand-in" "$work/root.tar" \
+      "$STAND_IN/debian-root:bookworm"
     rm -f "$work/root.tar"
     mkdir -p "$work/python"
     cp scripts/stand-ins/python.Dockerfile "$work/python/Dockerfile"
     cp /etc/ssl/certs/ca-certificates.crt "$work/python/"
     phase "building $stand_in" "$LOGS/stand-ins.log" "$DOCKER" build --network host \
-      --build-arg BASE="$STAND_IN/debian-root:bookworm" --label "effnet.recipe=$recipe" -t "$stand_in" "$work/python"
+      --build-arg BASE="$STAND_IN/debian-root:bookworm" --label "effnet.recipe=$recipe" --label "$LABEL=stand-in" \
+      -t "$stand_in" "$work/python"
   fi
   BASE_IMAGE=$stand_in
 }
@@ -89,7 +92,7 @@ beam_sdk() {  # sets SDK_IMAGE, the image Beam's boot program is copied from
   if reachable_image "$BEAM_SDK_IMAGE"; then return; fi
   SDK_IMAGE=$STAND_IN/beam_python3.11_sdk:2.59.0
   phase "stand-in for $BEAM_SDK_IMAGE's boot program" "$LOGS/stand-ins.log" "$DOCKER" build -q \
-    -f scripts/stand-ins/beam-sdk.Dockerfile -t "$SDK_IMAGE" scripts/stand-ins
+    --label "$LABEL=stand-in" -f scripts/stand-ins/beam-sdk.Dockerfile -t "$SDK_IMAGE" scripts/stand-ins
 }
 
 libtpu_index() {  # sets TPU_INDEX, the find-links the trainer-tpu build takes libtpu from
@@ -100,9 +103,11 @@ libtpu_index() {  # sets TPU_INDEX, the find-links the trainer-tpu build takes l
   mkdir -p "$work/libtpu"
   phase "stand-in for libtpu $version (Google's index is out of reach)" "$LOGS/stand-ins.log" \
     python3 scripts/stand-ins/libtpu_wheel.py "$work/libtpu" "$version"
-  # A fixed port where free: the index's address is part of the TPU layer's cache key.
+  # A fixed port where free: the index's address is part of the TPU layer's cache key. Reusable like the
+  # server's own, so that the last build's connections, still closing, do not move it.
   port=$(python3 -c 'import socket
 s = socket.socket()
+s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
 try:
     s.bind(("127.0.0.1", 18470))
 except OSError:
@@ -138,6 +143,9 @@ for target in "${targets[@]}"; do
   start=$SECONDS
   : >"$LOGS/build-$target.log"
   phase "building $PREFIX/$target:local" "$LOGS/build-$target.log" \
-    "$DOCKER" build --progress plain "${args[@]}" --target "$target" -t "$PREFIX/$target:local" .
+    "$DOCKER" build --progress plain "${args[@]}" --label "$LABEL=$target" --target "$target" \
+    -t "$PREFIX/$target:local" .
   echo "[images] $PREFIX/$target:local built in $((SECONDS - start)) s" >&2
 done
+# What a build replaced (the tag moved on) is left untagged: removed, the layers still used kept.
+"$DOCKER" image prune --force --filter "label=$LABEL" >/dev/null
