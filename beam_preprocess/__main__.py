@@ -1,13 +1,15 @@
-"""python -m beam_preprocess: ImageNet (archives, directories or tensorflow-datasets) -> per-host TFRecord shards.
+"""python -m beam_preprocess: ImageNet (archives, directories or tensorflow-datasets) -> per-host TFRecord
+shards.
 
 Options not listed here are Beam pipeline options and go to the runner unchanged, for example
-``--direct_num_workers 2 --direct_running_mode multi_threading`` here (threads of this process, which leaves out
-the connectors sharding never uses: faster than Beam's ``multi_processing`` workers, see docs/sharding.md), or
-``--runner DataflowRunner --project P --region R --temp_location gs://... --setup_file ./setup.py`` at scale;
-an option that is neither this program's nor Beam's is refused (Beam would drop it and run without it).
+``--direct_num_workers 2 --direct_running_mode multi_threading`` here (threads of this process, which leaves
+out the connectors sharding never uses: faster than Beam's ``multi_processing`` workers, see
+docs/sharding.md), or ``--runner DataflowRunner --project P --region R --temp_location gs://...
+--setup_file ./setup.py`` at scale; an option that is neither this program's nor Beam's is refused (Beam
+would drop it and run without it).
 
-Exit status: 0 done, 2 a bad flag or input (more unusable images than --max-failures included), 130 Ctrl-C (its
-partial shards and spill files removed) or a Dataflow job cancelled by Ctrl-C or SIGTERM.
+Exit status: 0 done, 2 a bad flag or input (more unusable images than --max-failures included), 130 Ctrl-C
+(its partial shards and spill files removed) or a Dataflow job cancelled by Ctrl-C or SIGTERM.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ from beam_preprocess import lean_imports  # noqa: E402
 
 if __name__ == "__main__" and lean_imports.runs_on_direct_runner(sys.argv[1:]):
     # Run as the program (never when imported by a library or a test): before Beam is imported, refuse the
-    # connectors sharding does not use (about 2 s of every start).
+    # connectors sharding does not use (docs/performance.md, 'Sharding').
     lean_imports.install(local_only=not lean_imports.names_remote_paths(sys.argv[1:]))
 
 from beam_preprocess import classes, sources, spill  # noqa: E402
@@ -141,8 +143,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def parse_arguments(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     """This program's options, and the Beam pipeline options among the rest; any other argument is refused in
-    one line naming it (Beam's own parser drops what it does not know, so a misspelt option would go unnoticed).
-    """
+    one line naming it (Beam's own parser drops what it does not know, so a misspelt option would go
+    unnoticed)."""
     parser = build_parser()
     args, rest = parser.parse_known_args(argv)
     unknown, beam_options = beam_unknown_arguments(rest)

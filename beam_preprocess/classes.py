@@ -2,21 +2,16 @@
 
 - ``imagenet`` (the default): the 1000 ILSVRC2012 synsets in sorted order; a label is the synset's position
   among them (0..999), whatever the input holds.
-- ``found``: the synsets of the training input (its ``<wnid>.tar`` members or ``<wnid>/`` directories),
-  sorted; labels 0..K-1. A dataset of 10 classes filed under 10 ImageNet synsets then gets labels 0..9 and a
-  10-way classifier, instead of a 1000-way one whose label smoothing spreads 99% of its mass over classes
-  that never occur.
-- ``file``: the synsets listed in ``classes_file``, one wnid a line in label order (blank lines and lines
-  starting with '#' are skipped), read through Beam's file systems (``effnet_common.storage``).
+- ``found``: the synsets of the training input, sorted; labels 0..K-1. A 10-class dataset filed under 10
+  ImageNet synsets gets a 10-way classifier, not a 1000-way one whose label smoothing spreads 99% of its mass
+  over classes that never occur.
+- ``file``: the synsets of ``classes_file``, one wnid a line in label order (blank and '#' lines skipped).
 
-An image whose synset is not one of the classes (a validation image of a synset the training input lacks, or
-any image outside a class file's list) is a failure with that reason, never dropped without a word. The
+An image whose synset is not one of the classes is a failure with that reason, never dropped silently. The
 manifest records the class count and, unless they are ImageNet's 1000, the synsets in label order.
 
-This module is pure Python (no Beam, no TensorFlow): the config validates names against ``CLASS_LISTS`` and
-the pipeline builds the list once the training input is planned (``CLASS_LISTS.build(name, classes_file, found)``:
-the one setting a list is read from, and the synsets of the planned training units), so this module knows
-nothing of the config that names the choice.
+Pure Python (no Beam, no TensorFlow): the config validates names against ``CLASS_LISTS``, and the pipeline
+builds the list once the training input is planned (``CLASS_LISTS.build(name, classes_file, found)``).
 """
 
 from __future__ import annotations
@@ -36,12 +31,12 @@ FILE = "file"
 CLASS_LISTS = Registry("classes")
 
 _FOUND_CONVENTION = (
-    "image/class/label is 0..{last}: the index of image/class/synset in the manifest's synsets list, the {count} "
-    "synsets of the training input in sorted order; no background class"
+    "image/class/label is 0..{last}: the index of image/class/synset in the manifest's synsets list, "
+    "the {count} synsets of the training input in sorted order; no background class"
 )
 _FILE_CONVENTION = (
-    "image/class/label is 0..{last}: the index of image/class/synset in the manifest's synsets list, the {count} "
-    "synsets of the class file {path} in its order; no background class"
+    "image/class/label is 0..{last}: the index of image/class/synset in the manifest's synsets list, "
+    "the {count} synsets of the class file {path} in its order; no background class"
 )
 
 
@@ -53,7 +48,7 @@ class ClassList:
       synsets: the wnids; a record's label is ``schema.LABEL_OFFSET`` + the index of its synset here.
       origin: where the list came from, for failure reasons ("the synsets of the training input").
       description: the manifest's label convention.
-      imagenet: the 1000 ILSVRC2012 synsets (the manifest then leaves the list out, as it always did).
+      imagenet: the 1000 ILSVRC2012 synsets (the manifest then leaves the list out).
     """
 
     synsets: tuple[str, ...]
@@ -81,7 +76,7 @@ class ClassList:
 
 @CLASS_LISTS.register(IMAGENET)
 def imagenet_classes(classes_file: str = "", found: Iterable[str] = ()) -> ClassList:
-    """The 1000 ILSVRC2012 synsets, sorted (tensorflow-datasets' order): today's labels 0..999."""
+    """The 1000 ILSVRC2012 synsets, sorted (tensorflow-datasets' order): labels 0..999."""
     del classes_file, found
     return ClassList(schema.synsets(), "the ILSVRC2012 synsets", schema.LABEL_CONVENTION, imagenet=True)
 

@@ -19,8 +19,8 @@ SPLIT_INPUTS = {
 
 def with_flag_names(message: str) -> str:
     """``message`` with each ``ShardingConfig`` field it names written as the command-line flag that sets it
-    (``shard_mb`` -> ``--shard-mb``): the line a person reads names what they typed. Only the names of more than
-    one word are taken for fields (``seed`` and ``classes`` are words of the messages too)."""
+    (``shard_mb`` -> ``--shard-mb``): the line a person reads names what they typed. Only the names of more
+    than one word are taken for fields (``seed`` and ``classes`` are words of the messages too)."""
     names = [field.name for field in dataclasses.fields(ShardingConfig) if "_" in field.name]
     for name in sorted(names, key=len, reverse=True):
         message = re.sub(rf"(?<![\w.-]){name}(?!\w)", "--" + name.replace("_", "-"), message)
@@ -53,15 +53,16 @@ class ShardingConfig:
       shard_mb: target shard size in MiB when the count is derived.
       max_failures: inputs that may fail before the run exits non-zero (they are listed either way).
       seed: seed of the training split's shuffle (validation keeps sorted order).
-      members_per_unit: validation archive members (or flat-directory files) one worker reads at a time. Small
-        enough that the last units of the checking stage end together (a unit runs on one core: 250 ImageNet
-        photos take about 0.2 s), large enough that a unit's fixed costs (a spill file, an element) stay small.
+      members_per_unit: validation archive members (or flat-directory files) one worker reads at a time.
+        Small enough that the last units of the checking stage end together (a unit runs on one core), large
+        enough that a unit's fixed costs (a spill file, an element) stay small.
       check_threads: threads each worker process decodes images on (0 = one per core of the machine it runs
         on); the output is the same for any number (``beam_preprocess.threads``).
       worker_processes: processes of the run's own that Beam's workers hand each work unit and shard to
-        (``beam_preprocess.processes``). None: the run decides (``beam_preprocess.run.resolve_worker_processes``:
-        one per core when the DirectRunner's workers are threads of one process, else 0); 0: none, Beam's workers
-        do the work. The output is the same for any number.
+        (``beam_preprocess.processes``). None: the run decides
+        (``beam_preprocess.run.resolve_worker_processes``: one per core when the DirectRunner's workers are
+        threads of one process, else 0); 0: none, Beam's workers do the work. The output is the same for any
+        number.
       split_dir_template: directory of a split's shards under ``output_dir`` (``Split-{split}`` for TFX).
       overwrite: replace shards and manifest left by an earlier run in ``output_dir``.
       classes: what the labels number (``beam_preprocess.classes``): 'imagenet' (the 1000 ILSVRC2012 synsets,
@@ -112,8 +113,8 @@ class ShardingConfig:
             raise ValueError(f"check_threads must be >= 0 (0 = one per core), got {self.check_threads}")
         if self.worker_processes is not None and self.worker_processes < 0:
             raise ValueError(
-                f"worker_processes must be >= 0 (0 = none; unset = one per core on the DirectRunner's threads), "
-                f"got {self.worker_processes}"
+                "worker_processes must be >= 0 (0 = none; unset = one per core on the DirectRunner's "
+                f"threads), got {self.worker_processes}"
             )
         if "{split}" not in self.split_dir_template:
             raise ValueError(f"split_dir_template {self.split_dir_template!r} must contain '{{split}}'")

@@ -3,8 +3,9 @@
 Every image is decoded, so a truncated or corrupt file is caught here rather than in the middle of a training
 run. An RGB JPEG, whose bytes pass through untouched, is decoded at 1/8 scale: libjpeg still entropy-decodes
 every coefficient of the whole stream (so truncation and broken Huffman data fail exactly as in a full decode)
-but skips most of the inverse DCT and colour conversion, 1.6x cheaper. Images that are not RGB JPEGs (the PNG
-named ``.JPEG``, the CMYK JPEGs, grayscale JPEGs) are decoded in full and re-encoded as RGB JPEGs.
+but skips most of the inverse DCT and colour conversion (docs/performance.md, 'Sharding'). Images that are
+not RGB JPEGs (the PNG named ``.JPEG``, the CMYK JPEGs, grayscale JPEGs) are decoded in full and re-encoded
+as RGB JPEGs.
 """
 
 from __future__ import annotations
@@ -100,8 +101,8 @@ def build_example(image: CheckedImage, filename: str, synset: str, label: int | 
 
 
 def example_pieces(image: CheckedImage, filename: str, synset: str, label: int | None = None) -> list[bytes]:
-    """``build_example`` as pieces to write one after the other, the image's bytes uncopied among them (a piece
-    of its own)."""
+    """``build_example`` as pieces to write one after the other, the image's bytes uncopied among them (a
+    piece of its own)."""
     if label is None:
         label = schema.LABEL_OFFSET + schema.synset_to_label()[synset]
     after = tfrecord.short_entries(
@@ -130,7 +131,8 @@ def _class_entries(synset: str, label: int) -> bytes:
     )
 
 
-# The splice above relies on the schema's key order: the class's entries sort before the image, the rest after.
+# The splice above relies on the schema's key order: the class's entries sort before the image, the rest
+# after.
 assert (
     max(schema.LABEL, schema.SYNSET, schema.CHANNELS, schema.COLORSPACE)
     < schema.IMAGE_ENCODED

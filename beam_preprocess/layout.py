@@ -1,24 +1,18 @@
 """Which record goes to which shard, from per-unit counts: no worker ever holds a list of a split's records.
 
-Each work unit's records are described by its spill file (``beam_preprocess.spill``). A unit puts its own
-records in order (training: by a seeded hash of the file name; validation: by file name) and writes the spill's
-index in that order; what travels on is a few numbers per unit (count, bytes, sort key). A split's units
-are then put in order too (training: by their smallest hash key, so by seed; validation: by file name) and
-numbered by prefix sums: record r of unit k has the global position g = start[k] + r, known without a list of
-all records, and a shard writer reads the index entries of its records from each spill (about 300 bytes a
-record) and their images.
+Pure functions, called by the Beam stages of ``beam_preprocess.pipeline``. Each work unit orders its records
+(training: by a seeded hash of the file name; validation: by name) and writes its spill's index
+(``beam_preprocess.spill``) in that order; only a few numbers per unit travel on. A split's units are ordered
+too (training: by smallest hash key; validation: by name) and numbered by prefix sums, so record r of unit k
+has the global position g = start[k] + r without a list of all records.
 
-- **Training**: the record at global position g goes to shard g mod S. Every shard gets floor(N/S) or
-  floor(N/S) + 1 records, each unit's records land on consecutive shards (every class in every shard once a
-  class has S images), and a shard finds its records of unit k directly: the ranks r = (s - start[k]) mod S,
-  + S, + 2S, ... Within a shard the units come in a seeded order of their own, so shards do not repeat one
-  class sequence.
-- **Validation**: the global file-name order is cut into S contiguous runs of balanced length (shard i holds
-  ranks [N*i/S, N*(i+1)/S)). Units whose name ranges interleave (validation given as ``val/<wnid>/``
-  directories, or a tensorflow-datasets copy) are merged by a k-way merge of their sorted names; units that do
-  not interleave (the archive, a flat directory: the usual case) need no names at all, so the layout drops them.
-
-Pure functions and plain data: the Beam stages in ``beam_preprocess.pipeline`` call these.
+- **Training**: record g goes to shard g mod S: shards get floor(N/S) or floor(N/S) + 1 records, every class
+  lands in every shard once it has S images, and a shard finds its records of unit k directly (ranks
+  (s - start[k]) mod S, + S, ...). Each shard writes its units in a seeded order, so shards do not repeat
+  one class sequence.
+- **Validation**: the name order is cut into S contiguous runs, shard i holding ranks [N*i/S, N*(i+1)/S).
+  Units whose name ranges interleave (``val/<wnid>/`` directories, a tfds copy) are k-way merged by name;
+  units that do not (the archive, a flat directory) need no names, so the layout drops them.
 """
 
 from __future__ import annotations

@@ -1,29 +1,18 @@
 """The Beam pipeline: inputs -> checked tf.train.Examples -> balanced, deterministic shards + manifest.
 
-Stages (each a small DoFn with counters, composed by one ``ptransform_fn``):
+1. ``PlanUnitsFn``: one input -> work units, from tar headers only; then the class list (side input).
+2. ``ProcessUnitFn``: one unit -> every image decoded, fixed if needed and described in the unit's spill file
+   (``beam_preprocess.spill``), indexed in output order; one ``UnitSpill`` (a few numbers) travels on.
+3. ``build_layout`` (``beam_preprocess.layout``): per split, the units ordered and numbered by prefix sums,
+   which fixes every record's shard.
+4. ``WriteShardFn``: one shard -> its records' index entries read from the spills and their images from the
+   archives by exact byte ranges, each checked against the CRC of step 2, written in order.
+5. ``WriteManifestFn``: counts, failures -> manifest.json; checks read = written + failed; deletes the spill.
 
-1. ``PlanUnitsFn``: one input (archive, directory, tfds dir) -> work units, reading tar headers only. The
-   class list (``beam_preprocess.classes``: ImageNet's 1000, the training units' synsets, or a class file)
-   is built once planning is done and goes to the next stages as a side input.
-2. ``ProcessUnitFn``: one unit -> every image decoded, fixed if needed, and described in the unit's spill file
-   (``beam_preprocess.spill``: where an untouched image sits in its archive and the Example's bytes around it,
-   or the bytes of a re-encoded one), indexed in the unit's output order; what travels on is one ``UnitSpill``
-   per unit (a few numbers).
-3. ``build_layout``: per split, the units in order and numbered by prefix sums, which fixes every record's shard
-   (``beam_preprocess.layout``).
-4. ``WriteShardFn``: one shard index -> its records found from the layout, their index entries read from the
-   spill files and their images from the archives by exact byte ranges (bytes read = bytes needed), each
-   checked against the CRC taken at step 2, written in order.
-
-Steps 2 and 4 are plain functions (``beam_preprocess.work``) that the DoFns call, or hand to a pool of worker
-processes (``beam_preprocess.processes``) when Beam's workers are threads of one process.
-5. ``WriteManifestFn``: counts, shards, classes, failures -> manifest.json; checks read = written + failed;
-   deletes the spill files.
-
-Only per-unit and per-shard elements of a fixed size cross a stage boundary. Runners may hold a stage's whole
-output in memory (the DirectRunner does, and copies side inputs into every worker), so one element per image,
-a split's records grouped on one key, or even per-image offsets in a side input would make memory grow with
-the dataset; per-image offsets stay in the spill files instead.
+Steps 2 and 4 are plain functions (``beam_preprocess.work``), run in the DoFn or on worker processes
+(``beam_preprocess.processes``). Only fixed-size per-unit and per-shard elements cross a stage: the
+DirectRunner holds a stage's output in memory and copies side inputs into every worker, so anything per
+image would grow memory with the dataset (docs/sharding.md).
 """
 
 from __future__ import annotations
@@ -108,9 +97,10 @@ class ProcessUnitFn(beam.DoFn):
     """Reads, checks and fixes every image of a unit; describes its records in one spill file per unit
     (``beam_preprocess.work.process_unit``).
 
-    With ``worker_processes`` > 0 each unit goes whole to a process of the worker's pool (``beam_preprocess.processes``);
-    otherwise its images are checked on ``check_threads`` threads (``beam_preprocess.threads``) while this thread
-    reads the unit and writes the spill. Counters are updated once per unit.
+    With ``worker_processes`` > 0 each unit goes whole to a process of the worker's pool
+    (``beam_preprocess.processes``); otherwise its images are checked on ``check_threads`` threads
+    (``beam_preprocess.threads``) while this thread reads the unit and writes the spill. Counters are updated
+    once per unit.
     """
 
     FAILURES = "failures"
@@ -206,8 +196,9 @@ def shard_tasks(layouts: dict[str, layout.SplitLayout]):
 
 
 class WriteShardFn(beam.DoFn):
-    """Writes one shard: its records located through the layout, read from the spills and archives, in order
-    (``beam_preprocess.work.write_shard``; with ``worker_processes`` > 0 on a process of the worker's pool)."""
+    """Writes one shard: its records located through the layout, read from the spills and archives, in
+    order (``beam_preprocess.work.write_shard``; with ``worker_processes`` > 0 on a process of the worker's
+    pool)."""
 
     def __init__(self, config: ShardingConfig, worker_processes: int = 0):
         self._config = config
@@ -304,8 +295,9 @@ def build_manifest(
     )
 
 
+# Named like a class, as Beam transforms are (hence N802).
 @beam.ptransform_fn
-def ShardImageNet(root, config: ShardingConfig, worker_processes: int = 0):  # noqa: N802 - Beam transforms are named like classes
+def ShardImageNet(root, config: ShardingConfig, worker_processes: int = 0):  # noqa: N802
     """ImageNet inputs -> balanced TFRecord shards under ``config.output_dir``; yields the ``Manifest``.
 
     ``worker_processes``: the processes each Beam worker hands its units and shards to

@@ -1,20 +1,17 @@
 """Worker processes of the run's own, for a DirectRunner whose workers are threads.
 
-With ``--direct_running_mode multi_threading`` (the mode the command recommends: its workers start at once),
-Beam's workers are threads of one process. Decoding runs without the GIL, but reading a unit's archive members,
-PIL's header parsing, framing Examples, the spill, and writing shards hold it, and with two worker threads on two
-cores those parts queue behind each other. So each whole work unit and each whole shard goes to a process of a
-small pool (one per core), started when the run starts: what crosses the pipe is a unit's description and a few
-numbers back (``beam_preprocess.work``), never an image. Measured by ``benchmarks/preprocess.py`` (2 cores,
-2026-11-28, 4,000 and 16,000 photos of about 500x375, median of 5 rounds): the steady state went from 0.56 to
-0.82 of the 2-core decode limit measured in the same round, and from 1.06 to 0.87 CPU ms an image.
+With ``--direct_running_mode multi_threading`` (the recommended mode: its workers start at once), Beam's
+workers are threads of one process. Decoding runs without the GIL, but reading archive members, PIL's header
+parsing, framing Examples, the spill and writing shards hold it, so two worker threads on two cores queue
+behind each other. Each whole work unit and shard therefore goes to a process of a small pool (one per core,
+started with the run); only a unit's description and a few numbers cross the pipe (``beam_preprocess.work``),
+never an image. What it buys: docs/performance.md, 'Sharding' (``benchmarks/preprocess.py``).
 
-The pool's processes are ``python -m beam_preprocess.processes``: they import only what the work needs (no
-TensorFlow, no Beam unless a path is on an object store), end at once on the terminal's Ctrl-C or when the
-process that started them ends (``effnet_common.stopping``), and read and write pickled
-``(function, argument)`` / ``(ok, value)`` pairs on pipes of their own. Each process has a thread in the parent
-that hands it the next task of one shared queue, so a run's threads may keep several tasks in flight
-(``Pool.submit``) and a process never waits while another has work queued.
+The processes are ``python -m beam_preprocess.processes``: they import only what the work needs (no
+TensorFlow, no Beam unless a path is on an object store), end at once on Ctrl-C or when their parent ends
+(``effnet_common.stopping``), and exchange pickled ``(function, argument)`` / ``(ok, value)`` pairs on pipes
+of their own. A thread in the parent feeds each process from one shared queue, so a run's threads may keep
+several tasks in flight (``Pool.submit``) and no process waits while another has work queued.
 """
 
 from __future__ import annotations
@@ -119,8 +116,8 @@ class Pool:
     """``processes`` worker processes; ``submit(fn, argument)`` runs ``fn(argument)`` on one of them.
 
     ``fn`` must be a module-level function and ``argument`` and the result picklable. An exception of ``fn``
-    is raised by the future as it was raised (the worker's traceback goes to its stderr); a worker that dies fails
-    its task with ``WorkerDied``.
+    is raised by the future as it was raised (the worker's traceback goes to its stderr); a worker that dies
+    fails its task with ``WorkerDied``.
     """
 
     def __init__(self, processes: int):
@@ -210,8 +207,8 @@ def _serve_forever(requests, replies) -> None:
         try:
             reply = (True, fn(argument))
         except Exception as e:  # noqa: BLE001 - every error goes back to the task's caller
-            # The traceback goes to the command's log; the exception itself goes back unchanged (runners rebuild
-            # it with their own context, which notes would garble).
+            # The traceback goes to the command's log; the exception itself goes back unchanged (runners
+            # rebuild it with their own context, which notes would garble).
             print(
                 f"worker process {os.getpid()}: the task failed:\n{traceback.format_exc()}", file=sys.stderr
             )
@@ -232,8 +229,8 @@ def main() -> None:
     signal.signal(signal.SIGINT, lambda signum, frame: os._exit(stopping.STOPPED_EXIT))
     stopping.die_with_parent()
     lean_imports.install()
-    # The messages travel on the pipes the pool gave as stdin and stdout; whatever the work would print goes to
-    # stderr (the command's log) instead.
+    # The messages travel on the pipes the pool gave as stdin and stdout; whatever the work would print goes
+    # to stderr (the command's log) instead.
     replies = os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)
     from beam_preprocess import work  # noqa: F401 - imported once, before the first task

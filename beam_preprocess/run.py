@@ -24,8 +24,9 @@ class OutputExistsError(RuntimeError):
 
 
 def pipeline_from_args(beam_args: list[str]) -> beam.Pipeline:
-    """The Beam pipeline of Beam options ``beam_args``, on the runner and in the mode they name, as Beam builds it;
-    on Dataflow, Ctrl-C (or SIGTERM) cancels its job (``effnet_common.dataflow_jobs.StoppablePipeline``)."""
+    """The Beam pipeline of Beam options ``beam_args``, on the runner and in the mode they name, as Beam
+    builds it; on Dataflow, Ctrl-C (or SIGTERM) cancels its job
+    (``effnet_common.dataflow_jobs.StoppablePipeline``)."""
     from apache_beam.options.pipeline_options import PipelineOptions
 
     return dataflow_jobs.StoppablePipeline(options=PipelineOptions(beam_args))
@@ -51,8 +52,8 @@ def failed_manifest_path(config: ShardingConfig) -> str:
 
 
 def check_failure_budget(manifest: Manifest, max_failures: int, manifest_path: str) -> None:
-    """Raises when more inputs failed than ``max_failures``: the first line names the first few inputs and their
-    reasons, the lines after it list up to 50."""
+    """Raises when more inputs failed than ``max_failures``: the first line names the first few inputs and
+    their reasons, the lines after it list up to 50."""
     if len(manifest.failures) > max_failures:
         first = "; ".join(f"{f.source}: {f.reason}" for f in manifest.failures[:NAMED_FAILURES])
         more = len(manifest.failures) - NAMED_FAILURES
@@ -82,7 +83,8 @@ def discard_failed_output(config: ShardingConfig) -> str:
 
 
 def prepare_output_dir(config: ShardingConfig) -> None:
-    """Refuses to mix with an earlier run's output (shards, manifest, spill files), or clears it on ``overwrite``."""
+    """Refuses to mix with an earlier run's output (shards, manifest, spill files), or clears it on
+    ``overwrite``."""
     stale = [p for p in (config.manifest_path, failed_manifest_path(config)) if storage.exists(p)]
     stale += written_shards(config)
     spill = storage.list_tree(config.temp_dir)
@@ -121,8 +123,8 @@ THREAD_MODES = ("multi_threading", "in_memory")
 
 def resolve_worker_processes(config: ShardingConfig, options) -> int:
     """The worker processes of the run (``config.worker_processes``, or when unset: one per core if Beam's
-    workers are threads of this process, the DirectRunner's ``multi_threading`` and ``in_memory`` modes; else 0,
-    as on Dataflow, whose workers are processes of their own, one per core)."""
+    workers are threads of this process, the DirectRunner's ``multi_threading`` and ``in_memory`` modes;
+    else 0, as on Dataflow, whose workers are processes of their own, one per core)."""
     if config.worker_processes is not None:
         return config.worker_processes
     from apache_beam.options.pipeline_options import DirectOptions, StandardOptions
@@ -164,7 +166,8 @@ class RunResult:
         for split, info in self.manifest.splits.items():
             fixed = ", ".join(f"{k} {v}" for k, v in info.fixed.items() if v) or "none"
             lines.append(
-                f"  {split}: read {info.read}, written {info.records} in {console.plural(info.num_shards, 'shard')} "
+                f"  {split}: read {info.read}, written {info.records} in "
+                f"{console.plural(info.num_shards, 'shard')} "
                 f"({info.bytes / 2**20:.1f} MiB), failed {info.failed}, fixed: {fixed}"
             )
         if self.counters:
@@ -197,8 +200,8 @@ def run(
     prepare_output_dir(config)
     if beam_pipeline is None:
         beam_pipeline = pipeline_from_args(beam_args or [])
-    # Ctrl-C ends the command without unwinding this (``effnet_common.stopping``): nothing half-written stays, nor
-    # the local temporary directory Beam made for the pipeline (it removes it when a run ends).
+    # Ctrl-C ends the command without unwinding this (``effnet_common.stopping``): nothing half-written stays,
+    # nor the local temporary directory Beam made for the pipeline (it removes it when a run ends).
     local_tempdir = beam_pipeline.local_tempdir
     worker_processes = resolve_worker_processes(config, beam_pipeline.options)
     with (

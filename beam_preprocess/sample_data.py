@@ -300,7 +300,8 @@ def _add_bad_inputs(inner, val_members, contents, image, val_slots) -> None:
 
 
 def write_digits_archives(out_dir: str, image_size: int = 32) -> ArchiveContents:
-    """The embedded default data: scikit-learn's 1,797 digits as ILSVRC2012-style archives (20% validation)."""
+    """The embedded default data: scikit-learn's 1,797 digits as ILSVRC2012-style archives (20%
+    validation)."""
     return write_archives(out_dir, digit_samples(image_size), val_fraction=0.2)
 
 
@@ -324,14 +325,15 @@ def build_parser():
     parser.add_argument(
         "--num-synsets",
         type=int,
-        help=f"photos: over how many synsets (default {PHOTOS_DEFAULT_SYNSETS}; at most {len(schema.synsets())})",
+        help=f"photos: over how many synsets (default {PHOTOS_DEFAULT_SYNSETS}; "
+        f"at most {len(schema.synsets())})",
     )
     parser.add_argument(
         "--val-fraction",
         type=float,
         default=0.2,
-        help="share of each synset's images in the validation archive (default %(default)s; the official list "
-        "has 50 validation images a synset)",
+        help="share of each synset's images in the validation archive (default %(default)s; the official "
+        "list has 50 validation images a synset)",
     )
     parser.add_argument(
         "--quirks", action="store_true", help="add the real set's PNG/CMYK/grayscale oddities"

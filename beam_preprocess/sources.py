@@ -1,15 +1,16 @@
-"""Where images come from: ILSVRC2012 archives, extracted directories, or a prepared tensorflow-datasets copy.
+"""Where images come from: ILSVRC2012 archives, extracted directories, or a prepared tensorflow-datasets
+copy.
 
 Reading is split in two so that no single worker reads the 138 GB training archive end to end:
 
 1. ``plan_units`` turns one input (an archive, a directory, a tfds data dir) into ``WorkUnit``s. For an
-   archive it only walks the tar headers of the outer tar (seeking past member data) and records each member's
+   archive it only walks the outer tar's headers (seeking past member data) and records each member's
    offset; for a directory it lists one level.
-2. ``read_unit`` is run by any worker on one unit: it opens the archive, seeks to the unit's offsets and yields
-   the images of that unit (one inner per-synset tar, or a slice of the flat validation tar).
+2. ``read_unit`` is run by any worker on one unit: it opens the archive, seeks to the unit's offsets and
+   yields the images of that unit (one inner per-synset tar, or a slice of the flat validation tar).
 
-Everything yields ``InputItem``s; an item that cannot be read or labelled carries an ``error`` instead of bytes,
-so that every input is accounted for (nothing is dropped silently).
+Everything yields ``InputItem``s; an item that cannot be read or labelled carries an ``error`` instead of
+bytes, so that every input is accounted for (nothing is dropped silently).
 """
 
 from __future__ import annotations
@@ -86,8 +87,8 @@ class InputItem:
     synset: str | None
     data: bytes | None = None
     error: str | None = None
-    # Where ``data`` sits in the unit's file (``WorkUnit.path``) when it is exactly those bytes (a tar member),
-    # so that a shard writer can read it again from there; None otherwise.
+    # Where ``data`` sits in the unit's file (``WorkUnit.path``) when it is exactly those bytes (a tar
+    # member), so that a shard writer can read it again from there; None otherwise.
     at: int | None = None
 
 
@@ -101,14 +102,15 @@ def unsafe_member_reason(name: str) -> str | None:
     return None
 
 
-# Planning reads only tar headers. The training archive's members are inner tars of about 140 MB: reading 64 KiB
-# at each header skips them. The validation archive's members (about 130 KB each) sit so close together that
-# reading it end to end with the usual large buffers is faster than one small request per header.
+# Planning reads only tar headers. The training archive's members are inner tars of about 140 MB: reading
+# 64 KiB at each header skips them. The validation archive's members (about 130 KB each) sit so close together
+# that reading it end to end with the usual large buffers is faster than one small request per header.
 HEADER_BUFFER_BYTES = {KIND_TRAIN_ARCHIVE: 64 * 2**10}
 
 
 def _index_tar(path: str, kind: str) -> Iterator[tuple[tarfile.TarInfo, int]]:
-    """Members of an uncompressed tar with their data offsets, reading headers only (member data is skipped)."""
+    """Members of an uncompressed tar with their data offsets, reading headers only (member data is
+    skipped)."""
     buffer_size = HEADER_BUFFER_BYTES.get(kind)
     opened = (
         storage.open_window(path, 0, storage.size(path), buffer_size)
@@ -220,7 +222,8 @@ def _plan_inner_tar(spec: InputSpec, member: tarfile.TarInfo, offset: int) -> Wo
 
 
 def tfds_record_files(data_dir: str, split: str) -> list[str]:
-    """The TFRecord files of a prepared tensorflow-datasets ``imagenet2012`` (newest version) for ``split``."""
+    """The TFRecord files of a prepared tensorflow-datasets ``imagenet2012`` (newest version) for
+    ``split``."""
     root = storage.join(data_dir, "imagenet2012")
     try:
         entries = storage.list_dir(root)
@@ -272,10 +275,10 @@ _PLAIN_FILE_TYPES = (tarfile.REGTYPE, tarfile.AREGTYPE)
 def _plain_file_header(header: bytes) -> tuple[str, int] | None:
     """(name, size) when ``header`` is a regular file's ustar/GNU header with nothing unusual, else None.
 
-    Parsing a header with ``tarfile`` costs about 40 us in Python (a third of reading an ImageNet image);
-    this reads the same fields for the one case every ILSVRC2012 member is. Anything else (pax and GNU
-    long-name headers, links, directories, sparse files, base-256 sizes, a checksum only the signed sum
-    matches, the end of the archive, a short block) returns None and is left to ``tarfile``.
+    Parsing a header with ``tarfile`` costs a third of reading an ImageNet image (docs/performance.md,
+    'Sharding'); this reads the same fields for the one case every ILSVRC2012 member is. Anything else (pax
+    and GNU long-name headers, links, directories, sparse files, base-256 sizes, a checksum only the signed
+    sum matches, the end of the archive, a short block) returns None and is left to ``tarfile``.
     """
     if len(header) != _BLOCK or header[156:157] not in _PLAIN_FILE_TYPES or header[124] & 0x80:
         return None
@@ -308,7 +311,7 @@ def _read_plain_members(unit: WorkUnit, f, outer: str) -> Iterator[InputItem]:
         data = f.read(size)
         padding = -size % _BLOCK
         if len(data) != size or len(f.read(padding)) != padding:
-            f.seek(at)  # cut short: tarfile reads this member again and reports it as it always has
+            f.seek(at)  # cut short: tarfile reads this member again and reports the error
             return
         base = posixpath.basename(name)
         unsafe = unsafe_member_reason(name)
@@ -356,7 +359,7 @@ def _tar_member_item(unit: WorkUnit, tar: tarfile.TarFile, member, where: str, s
     try:
         if member.issparse():
             data = tar.extractfile(member).read()
-        else:  # a plain member is its bytes at offset_data: read them without tarfile's file object per member
+        else:  # a plain member is its bytes at offset_data: read without tarfile's file object per member
             tar.fileobj.seek(member.offset_data)
             data = tar.fileobj.read(member.size)
             at = unit.offset + member.offset_data  # tarfile's offsets are positions in the unit's window

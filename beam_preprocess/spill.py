@@ -1,25 +1,18 @@
-"""A work unit's spill file: everything a shard writer needs to write the unit's records, without a second copy
-of the images that sit untouched in a source archive.
+"""A work unit's spill file: what a shard writer needs to write the unit's records, without a second copy of
+the images that sit untouched in a source archive (the design: docs/sharding.md).
 
-Checking (``ProcessUnitFn``) reads every image of a unit once. An image that passes through untouched is a byte
-range of the unit's source file (a member of a tar archive), so its spill keeps only where it is, the Example's
-bytes before and after it, and the record's CRC; a shard writer reads the image from the source again, by
-exactly its byte range. An image that is not such a range (re-encoded, or read from a directory or a
-tensorflow-datasets record) is written into the spill's data region. For ImageNet the spill is about 300 bytes
-an image instead of a 140 GB copy of the training set, so the dataset is written once, as shards.
-
-File layout::
+An untouched image is a byte range of the unit's source file (a tar member), so its entry keeps only where it
+is, the Example's bytes around it and the record's CRC; anything else (re-encoded, or read from a directory
+or a tfds record) is copied into the spill's data region. File layout::
 
     [data region: the images that are not in a source file]
     [index: one entry per record, in the unit's output order, each ``entry_size`` bytes]
 
     entry = ENTRY_HEADER(in_source, image_at, image_len, pre_len, post_len, crc) + pre + post + zero padding
 
-``pre`` and ``post`` are the Example's bytes around the image; ``entry_size`` is the unit's longest entry, so a
-shard writer finds entry r at ``index_at + r * entry_size`` and reads one entry and one image per record.
-``crc`` is the record's TFRecord data CRC, computed when the image was checked: a shard writer computes it again
-over the bytes it read and refuses to write a record whose bytes differ from those checked (a source file
-changed in between).
+``entry_size`` is the unit's longest entry, so a shard writer finds entry r at ``index_at + r * entry_size``.
+``crc`` is the record's TFRecord data CRC, taken when the image was checked: a shard writer refuses a record
+whose bytes differ from those checked (a source file changed in between).
 """
 
 from __future__ import annotations
@@ -121,14 +114,15 @@ _GAP_FRACTION = 1 / 16
 
 
 class RecordReader:
-    """Reads the records of one shard: entries from the units' spills, images from the sources, by exact ranges.
+    """Reads the records of one shard: entries from the units' spills, images from the sources, by exact
+    ranges.
 
-    Consecutive ranges of a file are read in one request (``storage.plan_requests``). On an object store every
-    request has a latency (tens of milliseconds on GCS) that dwarfs the transfer of one image, and a training
-    shard of ImageNet takes one or two records from each of about 1,000 units: about two requests a record. With
-    ``threads`` > 1 that many requests are in flight at once, the records still come out in the shard's order,
-    and at most ``2 * threads`` requests' bytes (``storage.MAX_REQUEST_BYTES`` each) are held. On a local disk
-    one thread reads (``storage.read_threads``).
+    Consecutive ranges of a file are read in one request (``storage.plan_requests``). On an object store
+    every request has a latency (tens of milliseconds on GCS) that dwarfs the transfer of one image, and a
+    training shard of ImageNet takes one or two records from each of about 1,000 units: about two requests a
+    record. With ``threads`` > 1 that many requests are in flight at once, the records still come out in the
+    shard's order, and at most ``2 * threads`` requests' bytes (``storage.MAX_REQUEST_BYTES`` each) are
+    held. On a local disk one thread reads (``storage.read_threads``).
     """
 
     def __init__(self, threads: int = 1):
@@ -173,7 +167,8 @@ class RecordReader:
                 yield unit, entry
 
     def _fetch(self, wanted) -> Iterator[tuple[object, bytes]]:
-        """(item, bytes) for every ``(item, path, offset, length)`` wanted, in order; requests run on threads."""
+        """(item, bytes) for every ``(item, path, offset, length)`` wanted, in order; requests run on
+        threads."""
         requests = storage.plan_requests(wanted, _GAP_FRACTION)
         for request, data in threads.ordered_map(self._get, requests, self._threads, "read"):
             yield from zip(request.items, request.split(data), strict=True)
@@ -194,18 +189,20 @@ _CHANGED = "changed while the run was going"
 
 
 def write_record(out, entry: Entry, image: bytes, where: str) -> int:
-    """Writes the record of ``entry`` to ``out`` after checking it against the CRC taken when it was checked."""
+    """Writes the record of ``entry`` to ``out`` after checking it against the CRC taken when it was
+    checked."""
     pieces = [entry.pre, image, entry.post]
     if tfrecord.masked_crc_value(pieces) != entry.crc:
         raise ChangedSourceError(
-            f"{where} {_CHANGED}: the {entry.image_len} bytes at offset {entry.image_at} differ from the image"
-            " checked earlier in this run; rerun once the inputs stay as they are"
+            f"{where} {_CHANGED}: the {entry.image_len} bytes at offset {entry.image_at} differ from the "
+            "image checked earlier in this run; rerun once the inputs stay as they are"
         )
     return tfrecord.write_record_pieces(out, pieces, entry.crc)
 
 
 def changed_source(error: BaseException) -> str | None:
-    """The ``ChangedSourceError`` line inside ``error`` (runners wrap a worker's error in their own), or None."""
+    """The ``ChangedSourceError`` line inside ``error`` (runners wrap a worker's error in their own), or
+    None."""
     for line in str(error).splitlines():
         if _CHANGED in line:
             return line.split(f"{ChangedSourceError.__name__}: ")[-1].split(" [while running")[0].strip()

@@ -1,8 +1,10 @@
-"""tf.train.Example encoding, decoding and TFRecord framing in plain Python, so Beam workers never import TensorFlow.
+"""tf.train.Example encoding, decoding and TFRecord framing in plain Python, so Beam workers never import
+TensorFlow.
 
-Importing TensorFlow costs each worker process about 10 s and 500 MiB; writing the few message types and the
-record framing by hand costs neither. Both are byte-for-byte what TensorFlow writes (the tests compare them
-with ``tf.train.Example.SerializeToString(deterministic=True)`` and ``tf.io.TFRecordWriter``).
+Importing TensorFlow is costly in time and memory for every worker process (docs/performance.md,
+'Sharding'); the few message types and the record framing written by hand are byte-for-byte what TensorFlow
+writes (the tests compare them with ``tf.train.Example.SerializeToString(deterministic=True)`` and
+``tf.io.TFRecordWriter``).
 
 Wire format (protobuf): Example{1: Features}; Features{1: map<string, Feature>} written as repeated entries
 {1: key, 2: value} in key order (deterministic serialization); Feature{1: BytesList{1: repeated bytes},
@@ -73,7 +75,7 @@ def _entry(key: str, value: bytes | int) -> tuple[bytes, bytes]:
 
 # Entries of a short value (an int, a label, a format name, a file name) are remembered: most of an image's
 # features are the same for a whole work unit or take few values (format, colorspace, channels, synset,
-# label, common heights and widths), so building them once saves about half the encoding time.
+# label, common heights and widths), so each is built once (docs/performance.md, 'Sharding').
 _SHORT_VALUE_BYTES = 64
 
 
@@ -121,10 +123,11 @@ def short_entries(features: dict[str, bytes | int]) -> bytes:
 
 
 def spliced_example_pieces(before: bytes, key: str, value: bytes, after: bytes) -> list[bytes]:
-    """``example_pieces`` of the Example whose entries, in key order, are ``before`` (``short_entries`` of the
-    keys sorting before ``key``), ``key: value``, then ``after`` (those sorting after it); ``value`` is a piece
-    of its own, uncopied. The same bytes as ``example_pieces`` of the whole map, with a few joins instead of a
-    sort and a lookup per feature: an image's Example is built per unit from what its images share."""
+    """``example_pieces`` of the Example whose entries, in key order, are ``before`` (``short_entries`` of
+    the keys sorting before ``key``), ``key: value``, then ``after`` (those sorting after it); ``value`` is a
+    piece of its own, uncopied. The same bytes as ``example_pieces`` of the whole map, with a few joins
+    instead of a sort and a lookup per feature: an image's Example is built per unit from what its images
+    share."""
     header, payload = _entry(key, value)
     size = len(before) + len(header) + len(payload) + len(after)
     return [_LENGTH_DELIMITED_1 + _varint(size) + before + header, payload, after]

@@ -1,12 +1,12 @@
 """Work on several threads of a worker, results in input order: checking a unit's images, and the reads of a
 shard writer on an object store (``spill.RecordReader``).
 
-Decoding (``images.check_and_fix``) is most of a worker's time, and PIL releases the GIL while libjpeg runs, so
-a worker that decodes on a few threads keeps more than one core busy while its own thread reads the archive,
-builds Examples and writes the spill. That matters whenever a runner hands work out in fixed portions, as the
-DirectRunner does (each stage's input split once between its workers, no rebalancing): a worker that finishes
-its portion early leaves its core to the other worker's decode threads instead of idling (measured on 2 cores
-at 16,000 images: without threads one of two worker processes sat idle for the last 2 s of a 6.6 s stage).
+Decoding (``images.check_and_fix``) is most of a worker's time, and PIL releases the GIL while libjpeg runs,
+so a worker that decodes on a few threads keeps more than one core busy while its own thread reads the
+archive, builds Examples and writes the spill. That matters whenever a runner hands work out in fixed
+portions, as the DirectRunner does (each stage's input split once between its workers, no rebalancing): a
+worker that finishes its portion early leaves its core to the other worker's decode threads instead of
+idling (docs/performance.md, 'Sharding').
 
 Results come back in input order whatever the threads' timing, so the spill and the shards stay
 byte-identical; at most ``window`` items are in flight, so memory stays bounded.

@@ -1,12 +1,13 @@
-"""The two pieces of work a sharding run is made of, as plain functions of plain data: one work unit checked and
-spilled, one shard written. No Beam here, so that the same calls run inside a Beam worker or on a process of
-``beam_preprocess.processes`` (which imports this module ahead of time, with Beam's file systems).
+"""The two pieces of work a sharding run is made of, as plain functions of plain data: one work unit checked
+and spilled, one shard written. No Beam here, so that the same calls run inside a Beam worker or on a process
+of ``beam_preprocess.processes`` (which imports this module ahead of time, with Beam's file systems).
 
-- ``process_unit``: every image of a unit read, decoded, fixed if needed and described in the unit's spill file
-  (``beam_preprocess.spill``), in the unit's output order; what comes back is a few numbers and the failures.
-- ``write_shard``: one shard's records found through the layout, their index entries read from the spills and
-  their images from the archives by exact byte ranges, each checked against the CRC taken when it was checked,
-  written in order.
+- ``process_unit``: every image of a unit read, decoded, fixed if needed and described in the unit's spill
+  file (``beam_preprocess.spill``), in the unit's output order; what comes back is a few numbers and the
+  failures.
+- ``write_shard``: one shard's records found through the layout, their index entries read from the spills
+  and their images from the archives by exact byte ranges, each checked against the CRC taken when it was
+  checked, written in order.
 """
 
 from __future__ import annotations
@@ -52,8 +53,8 @@ def check_item(item: sources.InputItem) -> tuple[images.CheckedImage | None, str
 
 @dataclasses.dataclass(frozen=True)
 class UnitTask:
-    """One unit to check and spill. ``classes``: the run's class list (None: ImageNet's 1000); ``threads``: the
-    threads its images are decoded on (1: the calling thread only)."""
+    """One unit to check and spill. ``classes``: the run's class list (None: ImageNet's 1000); ``threads``:
+    the threads its images are decoded on (1: the calling thread only)."""
 
     unit: sources.WorkUnit
     temp_dir: str
@@ -141,8 +142,8 @@ def process_unit(task: UnitTask) -> UnitOutcome:
 
 @dataclasses.dataclass(frozen=True)
 class ShardTask:
-    """One shard to write: its path, the (unit, ranks) of its records in order, and whether the ranks of a unit
-    keep the order given (validation: by name) or may be read in file order (training)."""
+    """One shard to write: its path, the (unit, ranks) of its records in order, and whether the ranks of a
+    unit keep the order given (validation: by name) or may be read in file order (training)."""
 
     split: str
     index: int

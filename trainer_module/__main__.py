@@ -5,22 +5,10 @@ hyperparameters; draw a run's report.
     python -m trainer_module tune --preset P ...                      a hyperparameter search
     python -m trainer_module report MODEL_DIR                         a run's report.html
 
-With --plan it trains nothing and reads no data: it prints one JSON object with the resolved config, what it
-resolves to (steps per epoch, warmup and total steps, peak learning rate, per-replica batch, batch-norm group,
-replicas and hosts) and the learning rate at the steps of --lr-steps, to check a preset against a slice before
-paying for it.
-
-``python -m trainer_module tune ...`` searches hyperparameters, training each trial as a run of this command
-(``python -m trainer_module tune --help``); ``--hyperparameters TUNE_DIR/best_hyperparameters.json`` trains
-with what it found. ``--config FILE`` trains a run resolved before (a run's config.json, or the file a search
-hands each trial) instead of a preset.
-
-A training run writes MODEL_DIR/export/ (SavedModel: serving_default on JPEG bytes, serve_tf_examples for TFMA),
-MODEL_DIR/metrics.json (final and peak top-1, evaluation history, time to accuracy, images/s),
-MODEL_DIR/run_log.jsonl, MODEL_DIR/config.json, TensorBoard summaries (MODEL_DIR/tensorboard; in a Vertex AI job
-attached to a TensorBoard, AIP_TENSORBOARD_LOG_DIR) and checkpoints.
-Re-running with the same MODEL_DIR resumes from the last checkpoint. The console shows one line per
-evaluation; the libraries' logs go to MODEL_DIR/logs/trainer-<time>.log (--verbose: live on stderr).
+--plan trains nothing: it prints the resolved config, what it resolves to and the learning rate at --lr-steps.
+A run writes MODEL_DIR/export/ (the SavedModel), metrics.json, report.html, run_log.jsonl, config.json,
+TensorBoard summaries and checkpoints; the same MODEL_DIR resumes from the last checkpoint. The libraries'
+logs go to MODEL_DIR/logs/trainer-<time>.log (--verbose: live on stderr). Guide: docs/training.md.
 
 Exit status: 0 done, 2 a bad flag, setting or input, 130 Ctrl-C (a run keeps its last checkpoint and the same
 command resumes it; a search keeps its finished trials and the same command goes on).
@@ -41,7 +29,7 @@ from trainer_module import lean_imports  # noqa: E402
 
 if __name__ == "__main__" and lean_imports.wanted(sys.argv[1:]):
     # Run as the program (never when imported by a library or a test): before TensorFlow is imported, refuse
-    # the optional packages Keras would import and a run never uses (about 1.2 s of every start).
+    # the optional packages Keras would import and a run never uses (why: trainer_module.lean_imports).
     lean_imports.install()
 
 # TensorFlow (imported by the presets) prints on import: it is imported inside the console session.
@@ -101,8 +89,8 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model-dir", help="checkpoints, logs, metrics and the export")
     parser.add_argument(
         "--no-export", dest="export", action="store_false",
-        help="train and evaluate only, no SavedModel (what a search does with its trials: their evaluations are "
-        "the result, and the chosen values are trained again)",
+        help="train and evaluate only, no SavedModel (what a search does with its trials: their evaluations "
+        "are the result, and the chosen values are trained again)",
     )  # fmt: skip
     parser.add_argument(
         "--set", dest="overrides", action="append", default=[], metavar="FIELD=VALUE",
@@ -110,16 +98,16 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
     )  # fmt: skip
     parser.add_argument(
         "--hyperparameters", metavar="JSON",
-        help="a search's best_hyperparameters.json (python -m trainer_module tune): applied like --set, before "
-        "the --set overrides; warmup and decay epochs scaled to this run's loop.train_epochs",
+        help="a search's best_hyperparameters.json (python -m trainer_module tune): applied like --set, "
+        "before the --set overrides; warmup and decay epochs scaled to this run's loop.train_epochs",
     )  # fmt: skip
     parser.add_argument(
         "--cpu-devices", type=int, default=0, help="split the CPU into N logical devices (mirrored strategy)"
     )
     parser.add_argument(
         "--profile-steps", type=_step_range, metavar="FIRST-LAST",
-        help="trace training steps FIRST to LAST with TensorFlow's profiler into the run's TensorBoard directory "
-        "(loop.profile_from_step / loop.profile_steps); open it in TensorBoard's Profile tab",
+        help="trace training steps FIRST to LAST with TensorFlow's profiler into the run's TensorBoard "
+        "directory (loop.profile_from_step / loop.profile_steps); open it in TensorBoard's Profile tab",
     )  # fmt: skip
     parser.add_argument(
         "--plan",
@@ -192,8 +180,8 @@ def _upload(local_path: str, path: str) -> None:
 
 
 def base_config(args):
-    """The config the run starts from: ``--preset``'s, or the resolved run of ``--config`` (its search's values
-    stay recorded as such). Raises console.UsageError naming the flag.
+    """The config the run starts from: ``--preset``'s, or the resolved run of ``--config`` (its search's
+    values stay recorded as such). Raises console.UsageError naming the flag.
 
     A preset loads no TensorFlow (a misspelt one is refused at once); reading ``--config`` takes gfile."""
     from trainer_module import presets, resolve
@@ -336,9 +324,9 @@ def add_tune_arguments(parser: argparse.ArgumentParser) -> None:
     from trainer_module.choices import SEARCHES  # the names only: building the parser loads no TensorFlow
 
     parser.description = (
-        "Searches hyperparameters; each trial is a run of python -m trainer_module train --config, handed its "
-        "resolved run as a file (its in-loop top-1 the objective). Run again in the same --tune-dir to resume: "
-        "finished trials are kept."
+        "Searches hyperparameters; each trial is a run of python -m trainer_module train --config, handed "
+        "its resolved run as a file (its in-loop top-1 the objective). Run again in the same --tune-dir to "
+        "resume: finished trials are kept."
     )
     parser.add_argument("--preset", required=True, help="named config the trials start from")
     parser.add_argument("--train-files", action="append", required=True, help="glob of training shards")
@@ -349,7 +337,8 @@ def add_tune_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--search", default="hyperband", help=f"one of {', '.join(SEARCHES.names())}")
     parser.add_argument(
         "--max-epochs", type=int,
-        help="every trial's schedule (loop.train_epochs) and Hyperband's longest trial (default: the config's)",
+        help="every trial's schedule (loop.train_epochs) and Hyperband's longest trial "
+        "(default: the config's)",
     )  # fmt: skip
     parser.add_argument(
         "--max-trials", type=int, default=10, help="trials of the bayesian and random searches"
@@ -359,7 +348,8 @@ def add_tune_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=0, help="the search's seed (trials train with loop.seed)")
     parser.add_argument(
         "--space", action="append", default=[], metavar="KEY=KIND:LOW:HIGH",
-        help="tune KEY (kinds log, linear, int; or KEY=choice:A,B), replacing or adding to the default space",
+        help="tune KEY (kinds log, linear, int; or KEY=choice:A,B), replacing or adding to the default "
+        "space",
     )  # fmt: skip
     parser.add_argument(
         "--only",
@@ -368,7 +358,8 @@ def add_tune_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--set", dest="overrides", action="append", default=[], metavar="FIELD=VALUE",
-        help="override a config field of the run the trials start from, e.g. --set data.global_batch_size=128",
+        help="override a config field of the run the trials start from, "
+        "e.g. --set data.global_batch_size=128",
     )  # fmt: skip
     parser.add_argument("--cpu-devices", type=int, default=0, help="logical CPU devices of each trial")
     parser.add_argument("--verbose", action="store_true", help="show the libraries' logs live")
@@ -433,8 +424,8 @@ def tune_main(args, session) -> int:
     tuner = tuning.build_tuner(search, args.tune_dir)
     console.say(tuning.planned_budget_line(search))
     stopped = (
-        f"the finished trials are kept in {args.tune_dir} and the running one keeps its checkpoints; run the same "
-        "command again to go on with the search"
+        f"the finished trials are kept in {args.tune_dir} and the running one keeps its checkpoints; run the "
+        "same command again to go on with the search"
     )
     try:
         with stopping.describe(stopped):
@@ -505,8 +496,8 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     with console.session(verbose=console.wants_verbose(argv)) as session:
         args = parse_args(argv)
-        # report keeps no log file: it prints the report's path and nothing else (what the libraries print while
-        # drawing goes to the session's temporary log, removed at the end).
+        # report keeps no log file: it prints the report's path and nothing else (what the libraries print
+        # while drawing goes to the session's temporary log, removed at the end).
         return {"train": train_main, "tune": tune_main, "report": lambda args, _: report_main(args)}[
             args.command
         ](args, session)

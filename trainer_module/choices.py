@@ -1,8 +1,8 @@
 """The names every choice of the config (and the search kind) accepts, declared once, with no heavy import.
 
 Each registry here is the one the builders register against (``@OPTIMIZERS.register("lars")`` in
-``trainer_module.optim.optimizers``, and so on): the config validates a name against the declared names without
-importing TensorFlow, the builder's module refuses to register a name not declared here, and
+``trainer_module.optim.optimizers``, and so on): the config validates a name against the declared names
+without importing TensorFlow, the builder's module refuses to register a name not declared here, and
 ``tests/test_config.py`` checks that every declared name has its builder once the modules are imported.
 """
 
@@ -16,7 +16,7 @@ STRATEGIES = Registry("loop.strategy", ("tpu", "multi_worker", "mirrored", "one_
 PRECISIONS = Registry("model.precision", ("float32", "bfloat16"))
 BN_GROUP_RULES = Registry("model.bn_group_rule", ("examples128", "reference_lars", "reference_tpu"))
 BN_LAYOUTS = Registry("model.bn_group_layout", ("consecutive", "torus2d"))
-# Not a config field: the hyperparameter search of ``python -m trainer_module tune`` and of the runners' --tune.
+# Not a config field: the search of ``python -m trainer_module tune`` and of the runners' --tune.
 SEARCHES = Registry("--search", ("hyperband", "bayesian", "random"))
 
 # The modules whose import registers the builders of the registries above.

@@ -230,9 +230,9 @@ class ModelConfig(_Section):
       bn_epsilon: batch-norm epsilon.
       bn_group_size: replicas per batch-norm group; None derives it by ``bn_group_rule``.
       bn_group_rule: how an unset group size is derived: 'examples128' (about 128 examples per group, the
-        reference LARS runs), 'reference_lars' (the reference LARS runs exactly: all replicas up to 8, else about
-        128 examples) or 'reference_tpu' (1 up to 8 replicas, else max(8, replicas / 8), as tensorflow/tpu's
-        TpuBatchNormalization did for the paper's RMSProp rows).
+        reference LARS runs), 'reference_lars' (the reference LARS runs exactly: all replicas up to 8, else
+        about 128 examples) or 'reference_tpu' (1 up to 8 replicas, else max(8, replicas / 8), as
+        tensorflow/tpu's TpuBatchNormalization did for the paper's RMSProp rows).
       bn_group_layout: how replicas form groups: 'consecutive' ids or 'torus2d' tiles of the TPU torus.
       bn_virtual_batch: examples per batch-norm group within a replica ("ghost" batch norm); None = the
         replica's batch. Keeps the reference's ~128 examples per group on few replicas with large batches
@@ -287,8 +287,9 @@ class OptimizerConfig(_Section):
       lars_nesterov: Nesterov momentum in LARS.
       lars_l2_in_loss: exact reproduction of the reference: under LARS, add the L2 term to the loss as well,
         so weight decay is applied twice (once in the loss gradient, once inside LARS). Off by default.
-      l2_includes_biases: exact reproduction of the reference: the L2 loss term sums over biases too (every
-        variable but batch norm's); off, it leaves biases out, as LARS' own decay does. On in the paper presets.
+      l2_includes_biases: exact reproduction of the reference (on in the paper presets): the L2 loss term
+        sums over biases too (every variable but batch norm's); off, it leaves biases out, as LARS' own decay
+        does.
       rmsprop_rho: RMSProp mean-square decay ("decay" in TF1).
       rmsprop_epsilon: RMSProp epsilon.
       rmsprop_form: 'keras' (``keras.optimizers.RMSprop``) or 'tf1', the reference's
@@ -469,9 +470,9 @@ class LoopConfig(_Section):
         side with 1 each) or a container's CPU limit is below the machine's cores; it changes what a step
         costs, not what it computes.
       profile_from_step / profile_steps: trace ``profile_steps`` training steps from step
-        ``profile_from_step`` with TensorFlow's profiler into the run's TensorBoard directory (its Profile tab,
-        the tensorboard-plugin-profile package); 0 steps traces nothing. A step after the first (which traces
-        and compiles the step) shows the steady state.
+        ``profile_from_step`` with TensorFlow's profiler into the run's TensorBoard directory (its Profile
+        tab, the tensorboard-plugin-profile package); 0 steps traces nothing. A step after the first (which
+        traces and compiles the step) shows the steady state.
       summary_every_steps: training steps between two points of the training curves: TensorBoard's
         ``train/`` scalars and the run log's ``train`` records (the loss, the plain cross-entropy, the
         regularisation term, the learning rate and images/s), each point the mean over the steps since the
@@ -520,8 +521,8 @@ class LoopConfig(_Section):
             )
         if stop is not None and stop % self.eval_every_epochs:
             raise ValueError(
-                f"loop.stop_at_epoch={stop} is not a multiple of loop.eval_every_epochs={self.eval_every_epochs}: "
-                "a truncated run ends at an evaluation"
+                f"loop.stop_at_epoch={stop} is not a multiple of "
+                f"loop.eval_every_epochs={self.eval_every_epochs}: a truncated run ends at an evaluation"
             )
 
 
@@ -543,8 +544,8 @@ class TrainingPlan:
       steps_per_loop: training steps per compiled loop call.
       peak_learning_rate: learning rate at the end of warmup, by the linear scaling rule.
       bn_group_replicas: replicas per batch-norm group (``model.bn_group_size`` or its rule's value).
-      bn_group_examples: training examples each batch-norm statistic is taken over: ``model.bn_virtual_batch``,
-        else the per-replica batch times the group's replicas.
+      bn_group_examples: training examples each batch-norm statistic is taken over:
+        ``model.bn_virtual_batch``, else the per-replica batch times the group's replicas.
       input_size: input resolution in pixels (``model.image_size`` or the variant's).
       classifier_dropout: dropout before the classifier (``model.dropout_rate`` or the variant's).
       l2_loss_weight: weight of the L2 term in the loss: the weight decay unless LARS applies it (and
@@ -578,7 +579,7 @@ class TrainingPlan:
         return ScheduleSteps(self.steps_per_epoch, self.warmup_steps, self.total_steps)
 
     def next_eval_step(self, step: int) -> int:
-        """The step of the first evaluation after ``step``: int(k x steps_per_eval) > step, or the last step."""
+        """The first evaluation's step after ``step``: int(k x steps_per_eval) > step, or the last step."""
         k = math.floor(step / self.steps_per_eval) + 1
         while int(k * self.steps_per_eval) <= step:
             k += 1

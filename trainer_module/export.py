@@ -8,9 +8,9 @@ Two signatures, each preprocessing with the evaluation centre crop and running t
   ``b64`` object into one element of the string tensor. It answers, per image, ``classes`` (the top class's
   index), ``synsets`` (its synset, from the shards' manifest), and the top ``TOP_K`` of them:
   ``top_classes``, ``top_synsets``, ``top_probabilities`` (highest first).
-- ``serve_tf_examples(examples: tf.string[None])``: serialized tf.Example records of the beam_preprocess schema,
-  what TFMA feeds the Evaluator; it answers ``probabilities`` [batch, num_classes] (softmax of the float32
-  logits) and ``classes``.
+- ``serve_tf_examples(examples: tf.string[None])``: serialized tf.Example records of the beam_preprocess
+  schema, what TFMA feeds the Evaluator; it answers ``probabilities`` [batch, num_classes] (softmax of the
+  float32 logits) and ``classes``.
 
 Every output's first dimension is the batch, as TensorFlow Serving's row ("instances") format requires.
 """
@@ -110,8 +110,8 @@ def export_saved_model(
 ) -> str:
     """Writes the SavedModel with both signatures to ``export_dir`` and returns the path.
 
-    ``crop_padding`` is the run's evaluation crop (``TrainingPlan.eval_crop_padding_pixels``), so the served
-    model sees images prepared exactly as in the in-loop evaluation; so is ``clip_resized`` (``data.clip_resized``).
+    ``crop_padding`` (``TrainingPlan.eval_crop_padding_pixels``) and ``clip_resized`` (``data.clip_resized``)
+    are the run's, so the served model sees images prepared exactly as in the in-loop evaluation.
     ``classes`` are the synsets in label order (``input_pipeline.shard_classes`` of the training shards; see
     ``class_synsets`` without them).
     """
@@ -119,9 +119,9 @@ def export_saved_model(
         model, image_size, crop_padding, clip_resized, class_synsets(classes, int(model.output_shape[-1]))
     )
     # Keras's export archive, not tf.saved_model.save of a tf.Module holding the model: that one saves the
-    # Keras variables apart from the tf.Variables the signatures capture, so a loader that restores through the
-    # graph's saver (TensorFlow Serving's C++ LoadSavedModel) leaves the captured ones unset and every call
-    # fails with "Could not find variable" (tensorflow/tensorflow#72963); Python's tf.saved_model.load hides it.
+    # Keras variables apart from the tf.Variables the signatures capture, so a loader that restores through
+    # the graph's saver (TensorFlow Serving's C++ LoadSavedModel) leaves the captured ones unset and every
+    # call fails with "Could not find variable" (tensorflow/tensorflow#72963; Python's loader hides it).
     archive = keras.export.ExportArchive()
     archive.track(model)
     archive.add_endpoint(
@@ -133,8 +133,8 @@ def export_saved_model(
     # A fresh directory: nothing of an earlier export (another run of the same model dir) may mix in.
     if tf.io.gfile.exists(export_dir):
         tf.io.gfile.rmtree(export_dir)
-    # Serving never differentiates: leaving out the gradient functions of the swish activation's custom gradient
-    # (one per activation of the network) saves most of the export's time.
+    # Serving never differentiates: leaving out the gradient functions of the swish activation's custom
+    # gradient (one per activation of the network) saves most of the export's time.
     archive.write_out(
         export_dir, options=tf.saved_model.SaveOptions(experimental_custom_gradients=False), verbose=False
     )

@@ -1,13 +1,12 @@
-"""Keep a training process's import to what training uses: IPython, pandas and scikit-learn are refused in the
-process of ``python -m trainer_module train`` (and ``report``).
+"""Keep a training process's imports to what training uses: IPython, pandas and scikit-learn are refused in
+the process of ``python -m trainer_module train`` (and ``report``).
 
-Keras imports each of them when it is installed, inside ``try: ... except ImportError``, while TensorFlow imports
-it: IPython for notebook display (``keras.saving``), pandas to slice DataFrames given to ``fit``, scikit-learn
-for its estimator wrappers (``keras.wrappers``). TFX's dependencies install all three, and a run trains from
-tf.data pipelines, so it uses none. Measured here (2026-11-29, 2 cores): a fresh interpreter importing TensorFlow
-and ``trainer_module.run`` takes 4.1-4.5 s of CPU with them and 3.0-3.2 s without, in every trial of a search,
-every host of a slice and every run of the command. matplotlib's ``pyplot``, which Keras imports too, stays: the
-run report draws with it.
+Keras imports each of them when it is installed, inside ``try: ... except ImportError``, while TensorFlow
+imports it: IPython for notebook display (``keras.saving``), pandas to slice DataFrames given to ``fit``,
+scikit-learn for its estimator wrappers (``keras.wrappers``). TFX's dependencies install all three, and a run
+trains from tf.data pipelines, so it uses none; refusing them shortens the start of every trial of a search,
+every host of a slice and every run of the command (docs/performance.md, "a trainer process's imports").
+matplotlib's ``pyplot``, which Keras imports too, stays: the run report draws with it.
 
 The search (``tune``) keeps them: KerasTuner is its library, and its trials are ``train`` processes.
 """

@@ -1,13 +1,13 @@
 """Named trainer configs: the paper's Table 2 rows, a CPU demo and a CI smoke run.
 
 Each preset is a function returning a ``TrainerConfig``. Only the recipe's inputs appear here (variant, cores,
-global batch, optimizer, learning rate per 256 examples, warmup epochs, target); the peak learning rate, warmup
-steps, per-replica batch and batch-norm group size are derived by the config (``config.plan``).
+global batch, optimizer, learning rate per 256 examples, warmup epochs, target); the peak learning rate,
+warmup steps, per-replica batch and batch-norm group size are derived by the config (``config.plan``).
 
 The paper's rows run as the reference code did, including what this project does not do by default (see
-docs/training.md, "Exact reproduction of the paper's runs"): AutoAugment policy v0, the paper-era evaluation crop (constant 32 px
-padding), L2 in the loss as well as LARS' own weight decay, and, for the RMSProp rows, batch-norm groups
-sized by tensorflow/tpu's rule (16 replicas at 128 cores) rather than by 128 examples.
+docs/training.md, "Exact reproduction of the paper's runs"): AutoAugment policy v0, the paper-era evaluation
+crop (constant 32 px padding), L2 in the loss as well as LARS' own weight decay, and, for the RMSProp rows,
+batch-norm groups sized by tensorflow/tpu's rule (16 replicas at 128 cores) rather than by 128 examples.
 
     config = get_preset("b5-lars-1024x65536")
 """
@@ -139,14 +139,12 @@ def demo() -> TrainerConfig:
     polynomial schedule, as in the large-batch runs. Four departures from the ImageNet recipe, each because
     of the data: batch-norm momentum 0.9 (with 0.99 the moving statistics lag so far behind in a run this
     short that evaluation stays at chance); random crops of at least half the image (8% of a 32-pixel digit
-    is a blob: top-1 stays near 0.5); no flips (digits are not mirror-invariant); no stochastic depth (over
-    seeds 0-3, epoch-30 top-1 0.947-0.975 without it, 0.933-0.961 with 0.2).
+    is a blob); no flips (digits are not mirror-invariant); no stochastic depth (it lowers the demo's top-1).
+    The figures behind these choices: docs/training.md, "presets.py".
 
     The run is reproducible: seeded and with deterministic ops, so every run on the same machine and software
     stops at the same step with the same top-1. Evaluating every 10 epochs keeps the target check off the
-    still-rising middle of the run, where a top-1 just above the target would stop it with no margin. Seed 0
-    here: top-1 0.958 at epoch 20, where it stops (the 0.95 target, 0.8 points of margin; it was 0.969 before
-    issue 20's class and schedule changes).
+    still-rising middle of the run, where a top-1 just above the target would stop it with no margin.
     """
     return TrainerConfig(
         name="demo",
@@ -157,7 +155,7 @@ def demo() -> TrainerConfig:
             name="lars", weight_decay=PAPER_WEIGHT_DECAY, label_smoothing=PAPER_LABEL_SMOOTHING
         ),
         # The paper's LARS rows decay to an absolute 0.1 over hundreds of epochs; a 30-epoch run of a tiny
-        # network ends better decayed to nearly zero (measured: 0.961 at epoch 30 with 0.1).
+        # network ends better decayed to nearly zero (docs/training.md, "presets.py").
         schedule=ScheduleConfig(kind="polynomial", lr_per_256=8.0, warmup_epochs=3.0, end_lr=1e-4),
         data=DataConfig(
             num_train_examples=DEMO_TRAIN_EXAMPLES,
@@ -180,7 +178,7 @@ def demo() -> TrainerConfig:
 
 
 def smoke() -> TrainerConfig:
-    """The plumbing check: the 'micro' network (3 blocks) for one epoch at batch 8 and one evaluation. It shows
+    """The plumbing check: the 'micro' network (3 blocks), one epoch at batch 8 and one evaluation. It shows
     that a run goes through (sharding to export, a pipeline, a cloud step), in seconds; it learns little.
 
     Where shards carry a manifest (the CLI and the pipeline), an epoch is a pass over them; the example

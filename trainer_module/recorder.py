@@ -1,11 +1,11 @@
-"""What a run writes besides its checkpoints, in one place: the run log, progress lines, TensorBoard summaries,
-the evaluation history, throughput, ``config.json`` and ``metrics.json``; and the run's typed result.
+"""What a run writes besides its checkpoints, in one place (the run log, progress lines, TensorBoard
+summaries, the evaluation history, throughput, ``config.json``, ``metrics.json``) and its typed result.
 
 Every file goes through ``trainer_module.files`` (``tf.io.gfile``, written whole), so a model directory on
-``gs://`` or ``ram://`` behaves like a local one. The run log (``run_log.jsonl``, one JSON object per event) and
-the history (``checkpoints/history.json``) are rewritten at every evaluation, just before the checkpoint, and
-once more when the run ends by an exception (Ctrl-C included: an ``interrupted`` event); a resumed run drops the
-records of the steps it trains again, so its log and history never hold a step twice.
+``gs://`` or ``ram://`` behaves like a local one. The run log (``run_log.jsonl``, one JSON object per event)
+and the history (``checkpoints/history.json``) are rewritten at every evaluation, just before the checkpoint,
+and once more when the run ends by an exception (Ctrl-C included: an ``interrupted`` event); a resumed run
+drops the records of the steps it trains again, so its log and history never hold a step twice.
 
 The training curves come at a steady cadence, every ``loop.summary_every_steps`` steps, from the per-step
 values each compiled call returns (``TrainingCall``): the run log's ``train`` records and TensorBoard's
@@ -40,15 +40,15 @@ CONFIG_FILE = "config.json"
 # What each TensorBoard scalar holds (TensorBoard shows it beside the chart). The training curves' points are
 # means over the steps since the previous point.
 CURVE_DESCRIPTIONS = {
-    "loss": "The loss the gradient follows: cross-entropy against label-smoothed targets, plus the L2 term where "
-    "the loss carries one (train/regularisation). Label smoothing sets a floor under it, so it reads higher "
-    "than eval/loss; train/cross_entropy is the comparable one.",
-    "cross_entropy": "Plain cross-entropy (no label smoothing, no L2) of the training batches, in training mode: "
-    "comparable with eval/loss.",
+    "loss": "The loss the gradient follows: cross-entropy against label-smoothed targets, plus the L2 term "
+    "where the loss carries one (train/regularisation). Label smoothing sets a floor under it, so it reads "
+    "higher than eval/loss; train/cross_entropy is the comparable one.",
+    "cross_entropy": "Plain cross-entropy (no label smoothing, no L2) of the training batches, in training "
+    "mode: comparable with eval/loss.",
     "regularisation": "The L2 term of train/loss (absent when the optimizer decays the weights itself).",
     "learning_rate": "The learning rate of the next step.",
-    "images_per_second": "Training images/s of the steps since the previous point, timed inside the compiled loop "
-    "(tracing, evaluations and checkpoints left out).",
+    "images_per_second": "Training images/s of the steps since the previous point, timed inside the compiled "
+    "loop (tracing, evaluations and checkpoints left out).",
 }
 EVAL_DESCRIPTIONS = {
     "top1": "Top-1 accuracy on the validation set.",
@@ -172,7 +172,7 @@ class RunResult:
     allreduce_share: float | None
     history: tuple[dict, ...]
     export_dir: str = ""
-    # The epoch a truncated run (loop.stop_at_epoch) stopped at; None when it ran its budget or hit its target.
+    # The epoch a truncated run (loop.stop_at_epoch) stopped at; None if it ran its budget or met the target.
     stopped_at_epoch: int | None = None
 
     @property
@@ -240,8 +240,8 @@ class Recorder:
     # -- resuming
 
     def resume(self, step: int) -> None:
-        """Takes back the log and the evaluations of earlier attempts, up to the restored ``step``: the records of
-        later steps (trained again now) are dropped, the story of the attempts (starts, interruptions) kept."""
+        """Takes back the log and the evaluations of earlier attempts, up to the restored ``step``: the
+        records of later steps (trained again now) are dropped; starts and interruptions are kept."""
         self._step = step
         if files.exists(self._log_path):
             self._events = [
@@ -254,8 +254,8 @@ class Recorder:
 
     def event(self, name: str, **fields) -> None:
         """One event of the run log; logged as a line unless it is a progress, training-curve or evaluation
-        record (those have lines of their own). The chief says on the console what the start of the run is; the
-        start names the process writing the log (host and pid), so that a report can tell whether it runs."""
+        record (those have lines of their own). The chief says on the console what the start of the run is;
+        the start names the process writing the log (host and pid), so a report can tell whether it runs."""
         if name == "start":
             fields = {**fields, "host": socket.gethostname(), "pid": os.getpid()}
         self._events.append({"event": name, "time": time.time(), **fields})
@@ -293,13 +293,13 @@ class Recorder:
             files.write_json(files.join(self._model_dir, CONFIG_FILE), saved)
 
     def training(self, call: TrainingCall, total_steps: int) -> None:
-        """One compiled training call: its progress record and line, and the points of the training curves that
-        fall in it (every ``summary_every_steps`` steps: the run log's ``train`` records, TensorBoard's
+        """One compiled training call: its progress record and line, and the points of the training curves
+        that fall in it (every ``summary_every_steps`` steps: the run log's ``train`` records, TensorBoard's
         ``train/`` scalars)."""
         step, num_steps, seconds = call.end_step, call.num_steps, call.seconds
         if self._first_call_seconds is None:
             self._first_call_seconds = seconds  # tracing and compilation: kept out of the throughput
-            # The rate and ETA shown for the first call come from its steps alone (the tracing would halve them).
+            # The first call's rate and ETA come from its steps alone (the tracing would halve them).
             seconds = call.steps_seconds() or seconds
         else:
             self._train_seconds += seconds
@@ -392,9 +392,9 @@ class Recorder:
 
     @contextlib.contextmanager
     def interruptions(self) -> Iterator[None]:
-        """The run log says when the block (the training loop) ends before its end, and why: an error, or Ctrl-C,
-        which stops the process from its stopping thread without unwinding the block (``effnet_common.stopping``:
-        a clean-up writes the record then)."""
+        """The run log says when the block (the training loop) ends before its end, and why: an error, or
+        Ctrl-C, which stops the process from its stopping thread without unwinding the block
+        (``effnet_common.stopping``: a clean-up writes the record then)."""
         try:
             with stopping.cleanup(lambda: self.interrupted(KeyboardInterrupt())):
                 yield
@@ -403,8 +403,8 @@ class Recorder:
             raise
 
     def interrupted(self, error: BaseException) -> None:
-        """The run ended by ``error`` (Ctrl-C: ``KeyboardInterrupt``) before its end: said in the run log, which
-        is written with every record up to the last trained step, so that a report says so."""
+        """The run ended by ``error`` (Ctrl-C: ``KeyboardInterrupt``) before its end: said in the run log,
+        which is written with every record up to the last trained step, so that a report says so."""
         reason = (
             "stopped by the user (Ctrl-C)" if isinstance(error, KeyboardInterrupt) else type(error).__name__
         )

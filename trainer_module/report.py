@@ -1,16 +1,12 @@
 """The run report: ``report.html`` with the paper's plots, drawn from a model directory's own files.
 
 Figure 1 of the paper is top-1 against training time; the report draws it from the run's evaluations
-(``run_log.jsonl``), with top-5 and the target line, against time (from the start of the train-and-eval loop,
-the paper's clock) and against epochs, on an axis zoomed to the data and the target. Then the learning rate (the
-config's schedule at every step, warmup shaded, the values the run recorded, where it stopped); images/s over the
-run, when there are enough points to draw a curve; and the losses, each labelled with what it includes: the
-training objective (label smoothing, the L2 term where the loss carries it) beside its floor, and the plain
-cross-entropy of training batches beside the evaluation's, which is the comparable pair.
-
-The page states the run's state (finished, interrupted, running, or stopped without a word, by the rule of
-``run_state``), the config (preset and the settings that differ from it), time to target, peak top-1, replicas
-and hosts, and, when the pipeline adds it, TFMA's verdict.
+(``run_log.jsonl``), with top-5 and the target line, against time since the train-and-eval loop started (the
+paper's clock) and against epochs. Then the learning rate (the config's schedule, the values the run
+recorded); images/s, when there are enough points for a curve; and the losses, each labelled with what it
+includes (the training objective beside its floor, the plain cross-entropy of training batches beside the
+evaluation's). The page states the run's state (``run_state``), the settings that differ from the preset,
+time to target, peak top-1, replicas and hosts, and, when the pipeline adds it, TFMA's verdict.
 
 Everything is read and written through ``tf.io.gfile``, so ``python -m trainer_module report gs://...``
 redraws the report of a finished or running run where it lies. The PNGs sit beside ``report.html``.
@@ -113,7 +109,7 @@ class RunState:
 
 
 def _process_started(pid: int) -> float | None:
-    """When process ``pid`` started (seconds since the epoch), from Linux's /proc; None where there is none."""
+    """When process ``pid`` started (seconds since the epoch), by Linux's /proc; None where there is none."""
     try:
         with open(f"/proc/{pid}/stat") as stat, open("/proc/stat") as system:
             ticks = int(stat.read().rpartition(")")[2].split()[19])
@@ -140,13 +136,16 @@ def _resume_point(record: RunRecord) -> str:
     evaluations = record.evaluations
     if not evaluations:
         return "no checkpoint was written yet: running the same command again starts it over"
-    return f"its last checkpoint is step {evaluations[-1]['step']}: running the same command again resumes from it"
+    return (
+        f"its last checkpoint is step {evaluations[-1]['step']}: running the same command again resumes "
+        "from it"
+    )
 
 
 def run_state(record: RunRecord, now: float | None = None, host: str | None = None) -> RunState:
     """The run's state, by this rule, in order:
 
-    1. the run log ends with ``end``: finished (a truncated run, ``loop.stop_at_epoch``, says where it stopped);
+    1. the run log ends with ``end``: finished (a truncated run, ``loop.stop_at_epoch``, says where);
     2. it ends with ``interrupted`` (the trainer writes it when an exception ends the loop, Ctrl-C included):
        interrupted, with the reason;
     3. otherwise the writer gave no word. The last ``start`` names its host and process: on this host the run
@@ -169,7 +168,8 @@ def run_state(record: RunRecord, now: float | None = None, host: str | None = No
         if stopped is not None:
             return RunState(
                 "stopped early",
-                f"stopped at epoch {stopped} of {config['loop']['train_epochs']} (truncated: loop.stop_at_epoch)",
+                f"stopped at epoch {stopped} of {config['loop']['train_epochs']} "
+                "(truncated: loop.stop_at_epoch)",
                 "the run log ends with the run's end",
             )
         return RunState("finished", f"finished at {where}", "the run log ends with the run's end")
@@ -336,7 +336,7 @@ def schedule_plot(record: RunRecord, state: RunState) -> bytes:
     steps = np.unique(np.linspace(0, plan.total_steps, num=min(plan.total_steps + 1, 400)).astype(int))
     plt = _figure()
     figure, axis = plt.subplots(figsize=(8, 3.6))
-    # The schedules are elementwise: one call draws every step (one call per step took a second of eager ops).
+    # The schedules are elementwise: one call draws every step (a call per step is thousands of eager ops).
     axis.plot(steps, schedule(steps).numpy(), label=f"schedule ({config.schedule.kind})")
     recorded = record.curve or record.progress
     if recorded:
@@ -412,9 +412,9 @@ def throughput_plot(record: RunRecord) -> bytes | None:
 
 
 def smoothed_floor(label_smoothing: float, num_classes: int) -> float:
-    """The lowest cross-entropy against labels smoothed by ``label_smoothing`` over ``num_classes`` classes (the
-    entropy of the smoothed target, reached by predicting it exactly): the training objective cannot go below
-    it, however good the model (1.015 for 0.1 over 1000 classes)."""
+    """The lowest cross-entropy against labels smoothed by ``label_smoothing`` over ``num_classes`` classes
+    (the entropy of the smoothed target, reached by predicting it exactly): the training objective cannot go
+    below it, however good the model (1.015 for 0.1 over 1000 classes)."""
     if not label_smoothing:
         return 0.0
     other = label_smoothing / num_classes
@@ -576,17 +576,24 @@ def _captions(record: RunRecord) -> dict[str, str]:
     loop = record.config["loop"]
     every = loop.get("summary_every_steps")
     return {
-        "accuracy": "Validation top-1 and top-5 at each evaluation; the axis is zoomed to the data and the target. "
-        "The star marks the first evaluation at or above the target.",
-        "schedule": "The learning rate of the config's schedule at every step of the whole budget; the dots are the "
-        "values the run recorded.",
-        "throughput": f"Training images/s of the steps between two points (every {every} steps), timed inside the "
-        "compiled loop: tracing, compilation, evaluations and checkpoints are left out.",
+        "accuracy": "Validation top-1 and top-5 at each evaluation; the axis is zoomed to the data and the "
+        "target. The star marks the first evaluation at or above the target.",
+        "schedule": "The learning rate of the config's schedule at every step of the whole budget; the dots "
+        "are the values the run recorded.",
+        "throughput": f"Training images/s of the steps between two points (every {every} steps), timed "
+        "inside the compiled loop: tracing, compilation, evaluations and checkpoints are left out.",
         "loss": "Left: plain cross-entropy (no label smoothing, no L2) of the training batches and of the "
-        "validation set, the comparable pair; training batches are augmented and pass dropout, so they can sit "
-        "above evaluation. Right: the loss the gradient follows; label smoothing keeps it above its floor however "
-        "good the model, which is why it reads higher than the evaluation loss.",
+        "validation set, the comparable pair; training batches are augmented and pass dropout, so they can "
+        "sit above evaluation. Right: the loss the gradient follows; label smoothing keeps it above its "
+        "floor however good the model, which is why it reads higher than the evaluation loss.",
     }
+
+
+_STYLE = (
+    "body{font-family:sans-serif;max-width:1250px;margin:2em auto}th{text-align:left;padding-right:2em}\n"
+    "img{max-width:100%}table{border-collapse:collapse;margin-bottom:1.5em}"
+    "figcaption{color:#444;font-size:90%}\n"
+)
 
 
 def render_html(
@@ -644,14 +651,14 @@ def render_html(
             )
         else:
             figures.append(
-                f'<figure><img src="{name}" alt="{key}"><figcaption>{html.escape(captions[key])}</figcaption></figure>'
+                f'<figure><img src="{name}" alt="{key}">'
+                f"<figcaption>{html.escape(captions[key])}</figcaption></figure>"
             )
+    title = html.escape(str(record.config.get("name")))
     return f"""<!doctype html>
-<html><head><meta charset="utf-8"><title>EfficientNet run: {html.escape(str(record.config.get("name")))}</title>
-<style>body{{font-family:sans-serif;max-width:1250px;margin:2em auto}}th{{text-align:left;padding-right:2em}}
-img{{max-width:100%}}table{{border-collapse:collapse;margin-bottom:1.5em}}figcaption{{color:#444;font-size:90%}}
-</style></head>
-<body><h1>Run report: {html.escape(str(record.config.get("name")))}</h1>
+<html><head><meta charset="utf-8"><title>EfficientNet run: {title}</title>
+<style>{_STYLE}</style></head>
+<body><h1>Run report: {title}</h1>
 <p>{html.escape(record.model_dir)}</p>
 <table>{_rows(summary)}</table>
 <h2>Settings that differ from the preset</h2>
@@ -691,9 +698,9 @@ def write_report(model_dir: str, pipeline: dict | None = None) -> str:
 
 
 def add_pipeline_lines(model_dir: str, pipeline: dict) -> str:
-    """Writes ``report.html`` of a run again with the pipeline's lines added, keeping the plots its trainer drew:
-    they come from the run's own files, which the pipeline's later steps leave as they were. A run without a
-    report yet, or missing a plot that is always drawn (all but the rate curve), gets the whole one
+    """Writes ``report.html`` of a run again with the pipeline's lines added, keeping the plots its trainer
+    drew: they come from the run's own files, which the pipeline's later steps leave as they were. A run
+    without a report yet, or missing a plot that is always drawn (all but the rate curve), gets the whole one
     (``write_report``). Returns the report's path."""
     path = files.join(model_dir, REPORT_FILE)
     drawn = {key: name if files.exists(files.join(model_dir, name)) else None for key, name in PLOTS.items()}
@@ -705,8 +712,8 @@ def add_pipeline_lines(model_dir: str, pipeline: dict) -> str:
 
 
 def self_contained_report(model_dir: str) -> str:
-    """``report.html`` of ``model_dir`` with its plots inlined as ``data:`` URIs: one file that shows whole where
-    nothing beside it can be fetched (a pipeline run page's HTML view, which renders the file alone)."""
+    """``report.html`` of ``model_dir`` with its plots inlined as ``data:`` URIs: one file that shows whole
+    where nothing beside it can be fetched (a pipeline run page's HTML view, which renders the file alone)."""
     text = files.read_text(files.join(model_dir, REPORT_FILE))
     for name in PLOTS.values():
         source = f'src="{name}"'

@@ -1,18 +1,18 @@
 """A run resolved once: the preset, a search's values, the person's settings, the target and the data's
 manifest, turned into the one config every later step reads its facts from.
 
-In order, later ones winning: the preset's config; the values a hyperparameter search found (epoch-denominated
-ones scaled to this run's epochs, as shares of its schedule); the settings the person gave (``--set``); the
-target top-1 given to the run (the trainer's stop and, in a pipeline, the Evaluator's gate); the sizes and the
-classes of the shards it trains on (their manifests: a preset's epoch is then a pass over the data it trains
-on, and its classifier has one output per class of the shards).
+In order, later ones winning: the preset's config; a hyperparameter search's values (epoch values scaled to
+this run's epochs, as shares of its schedule); the person's settings (``--set``); the run's target top-1 (the
+trainer's stop and, in a pipeline, the Evaluator's gate); the sizes and classes of the shards' manifests (a
+preset's epoch is then a pass over the data, and its classifier has one output per class of the shards).
 
 ``ResolvedRun`` holds the result: its config (its ``loop.target_top1`` is the run's target, its
 ``data.num_train_examples`` the epoch) and the search's values that stayed. It is written as a file that a
 trial, a tuned run or ``python -m trainer_module train --config FILE`` is handed whole.
 
-Resolving loads no TensorFlow: ``trainer_module.files`` (gfile) is imported by the functions that read a file,
-so that the commands refuse a misspelt preset or setting in a fraction of a second, not after TensorFlow's 10.
+Resolving loads no TensorFlow: ``trainer_module.files`` (gfile) is imported by the functions that read a
+file, so that the commands refuse a misspelt preset or setting before TensorFlow loads (docs/performance.md,
+"a refusal of a misspelt flag").
 """
 
 from __future__ import annotations
@@ -68,8 +68,9 @@ def searched_with(config: TrainerConfig) -> dict[str, object]:
 
 
 def check_search_applies(values: Mapping, config: TrainerConfig) -> None:
-    """A search's values (``best_hyperparameters.json``) apply to ``config`` only with the optimizer and schedule
-    they were found with: refused otherwise, as a search of this config would refuse those dimensions.
+    """A search's values (``best_hyperparameters.json``) apply to ``config`` only with the optimizer and
+    schedule they were found with: refused otherwise, as a search of this config would refuse those
+    dimensions.
 
     Raises:
       ValueError: one line naming the setting that differs (or, for values recorded before searches recorded
@@ -80,8 +81,8 @@ def check_search_applies(values: Mapping, config: TrainerConfig) -> None:
     for key, value in (values.get(SEARCHED_WITH_KEY) or {}).items():
         if setting(config, key) != value:
             raise ValueError(
-                f"found by a search with {key}={value!r}, and this run has {setting(config, key)!r}: its values "
-                "(the peak LR, warmup, ...) mean something else there; search with this run's settings"
+                f"found by a search with {key}={value!r}, and this run has {setting(config, key)!r}: its "
+                "values (the peak LR, warmup, ...) mean something else there; search with this run's settings"
             )
     for key in search_values(values):
         unread = unread_setting(config, key)
@@ -99,7 +100,7 @@ UNSET = _Unset()
 
 @dataclasses.dataclass(frozen=True)
 class DataSizes:
-    """What the shards say about themselves: examples per split and, where their manifest lists them, classes."""
+    """What the shards say of themselves: examples per split and, where their manifest lists them, classes."""
 
     num_train_examples: int
     num_eval_examples: int
@@ -213,7 +214,7 @@ class ResolvedRun:
 
     @classmethod
     def from_json(cls, text: str) -> ResolvedRun:
-        """Reads ``to_json``'s file, a run's config.json, or a bare config; ValueError naming what is wrong."""
+        """Reads ``to_json``'s file, a run's config.json or a bare config; ValueError naming what is wrong."""
         try:
             values = json.loads(text)
         except json.JSONDecodeError as error:

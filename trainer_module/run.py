@@ -35,8 +35,8 @@ def size_thread_pools(threads: int) -> None:
     0 leaves them as they are).
 
     The pools can only be sized before TensorFlow's runtime starts in the process; where it has started with
-    other sizes (a pipeline that ran TensorFlow before its Trainer, in one process) the run keeps them and says
-    so in its log; the input pipelines' pools are sized by their options either way.
+    other sizes (a pipeline that ran TensorFlow before its Trainer, in one process) the run keeps them and
+    says so in its log; the input pipelines' pools are sized by their options either way.
     """
     threading = tf.config.threading
     wanted = (threads, threads)
@@ -51,8 +51,8 @@ def size_thread_pools(threads: int) -> None:
         threading.set_inter_op_parallelism_threads(threads)
     except RuntimeError:
         logger.warning(
-            "loop.cpu_threads=%d: TensorFlow's runtime started before the run in this process, so its op thread "
-            "pools keep their size; the input pipelines use %d threads",
+            "loop.cpu_threads=%d: TensorFlow's runtime started before the run in this process, so its op "
+            "thread pools keep their size; the input pipelines use %d threads",
             threads,
             threads,
         )
@@ -70,9 +70,9 @@ def run(
 
     ``resolved`` is the run (``trainer_module.resolve``), resolved here once more against the shards it trains
     on: their manifests give the epoch, the evaluation size and the classes. The settings that came from a
-    hyperparameter search (``resolved.tuned``) are listed as such in config.json and the report. A truncated run
-    (``loop.stop_at_epoch``) exports nothing: its weights are not the end of their schedule; nor does a run whose
-    paths say so (``RunPaths.exports``: a search's trial).
+    hyperparameter search (``resolved.tuned``) are listed as such in config.json and the report. A truncated
+    run (``loop.stop_at_epoch``) exports nothing: its weights are not the end of their schedule; nor does a
+    run whose paths say so (``RunPaths.exports``: a search's trial).
     """
     logging.getLogger("trainer_module").setLevel(logging.INFO)
     resolved = resolved.with_data(resolve.data_sizes(train_files, eval_files))
@@ -99,7 +99,7 @@ def run(
                 classes,
             )
         else:
-            # Every worker takes part in saving under MultiWorkerMirroredStrategy; only the chief's copy is kept.
+            # Under MultiWorkerMirroredStrategy every worker takes part in saving; the chief's copy is kept.
             scratch = tempfile.mkdtemp(prefix="export-worker-")
             export.export_saved_model(
                 trainer.model,

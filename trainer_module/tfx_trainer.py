@@ -5,18 +5,13 @@ The trainer config travels as JSON in ``custom_config['trainer_config']`` (``Tra
 manifest, so a preset's epoch means a pass over the real dataset.
 
 ``tuner_fn`` gives TFX's standard Tuner component a ``trainer_module.tuning`` search of that config, set by
-``custom_config['tuning']`` (``TUNING_KEY``: ``search``, ``max_epochs``, ``max_trials``, ``factor``,
-``iterations``, ``seed``, ``space`` as 'KEY=KIND:LOW:HIGH' strings or ``Dimension`` dicts replacing or adding to
-the default space, ``only`` to tune those alone, ``cpu_devices``, ``directory`` for a search that survives a
-restarted execution), the config resolved against the shards' manifests; each trial is handed its resolved run
-as a file and runs ``python -m trainer_module train --config`` on it. The Tuner writes the best values, which
-the Trainer hands ``run_fn`` as ``fn_args.hyperparameters``: they override the config (epoch-denominated ones
-scaled to its budget) and the run's config.json and report list them.
+``custom_config['tuning']``. The Tuner writes the best values, which the Trainer hands ``run_fn`` as
+``fn_args.hyperparameters``: they override the config (epoch-denominated ones scaled to its budget) and the
+run's config.json and report list them.
 
-``custom_config['checkpoint_root']`` (``CHECKPOINT_ROOT_KEY``, optional) keeps the run's checkpoints outside
-its model directory, which is new for every pipeline run: in ``ROOT/<checkpoint_key>``, a directory named by
-the run's resolved settings and data, so that running the pipeline again with the same settings resumes from
-the last checkpoint (or, for a run that had ended, only exports again), and any other settings start afresh.
+``custom_config['checkpoint_root']`` (optional) keeps the checkpoints outside the model directory, which is
+new for every pipeline run, in a directory named by the run's resolved settings and data: the pipeline run
+again with the same settings resumes from the last checkpoint (or only exports again); others start afresh.
 """
 
 from __future__ import annotations
@@ -99,9 +94,16 @@ def run_fn(fn_args) -> None:
 
 
 def tuner_fn(fn_args):
-    """TFX Tuner entry: a ``TunerFnResult`` holding the search of ``custom_config['tuning']`` over the config of
-    ``custom_config['trainer_config']``, trials on ``fn_args.train_files`` / ``eval_files``, its state in
-    ``tuning['directory']`` or the Tuner's working directory."""
+    """TFX Tuner entry: a ``TunerFnResult`` holding the search of ``custom_config['tuning']`` over the config
+    of ``custom_config['trainer_config']`` (resolved against the shards' manifests), trials on
+    ``fn_args.train_files`` / ``eval_files``; each trial is handed its resolved run as a file and runs
+    ``python -m trainer_module train --config`` on it.
+
+    ``custom_config['tuning']`` (``TUNING_KEY``) holds ``search``, ``max_epochs``, ``max_trials``, ``factor``,
+    ``iterations``, ``seed``, ``space`` ('KEY=KIND:LOW:HIGH' strings or ``Dimension`` dicts replacing or
+    adding to the default space), ``only`` (tune those alone), ``cpu_devices`` and ``directory``: a root under
+    which the search survives a restarted execution (else the Tuner's working directory holds its state).
+    """
     from tfx.components.tuner.component import TunerFnResult
 
     from trainer_module import resolve, tuning

@@ -4,16 +4,15 @@ strategy -> datasets -> model and optimizer under the strategy's scope -> compil
 loop (train one evaluation interval, several steps per compiled call; evaluate on the same replicas; log;
 checkpoint; stop at the target top-1 or the epoch budget) -> metrics.json and the exported SavedModel.
 
-``loop.stop_at_epoch`` ends the loop early, at an evaluation, with the schedule of the whole budget: a truncated
-run, which the same config with a later (or no) stop resumes as if it had never stopped.
-
-Time to accuracy is measured the way the paper does: from the start of the train-and-eval loop to the
-evaluation that reached peak top-1. A run killed at any point resumes from its last checkpoint with the right
-step, learning rate and data position (the training stream is seeded and skips what was already consumed).
+``loop.stop_at_epoch`` ends the loop early, at an evaluation, with the schedule of the whole budget: a
+truncated run, which the same config with a later (or no) stop resumes as if it had never stopped. Time to
+accuracy is the paper's: from the start of the train-and-eval loop to the evaluation that reached peak top-1.
+A run killed at any point resumes from its last checkpoint with the right step, learning rate and data
+position (the training stream is seeded and skips what was already consumed).
 
 ``loop.seed`` fixes everything random: initial weights, dropout and stochastic depth, file and record order,
-crops and augmentation. With ``loop.deterministic`` TensorFlow's ops run deterministically as well, so two runs
-of one config on the same hardware and software end with the same weights and metrics, bit for bit.
+crops and augmentation. With ``loop.deterministic`` TensorFlow's ops run deterministically as well, so two
+runs of one config on the same hardware and software end with the same weights and metrics, bit for bit.
 """
 
 from __future__ import annotations
@@ -52,8 +51,8 @@ class RunPaths:
     ``checkpoints`` puts the checkpoints (and the evaluation history beside them) in a directory of their own
     instead of ``model_dir/checkpoints``: one that outlives the run, which a later run resumes from.
 
-    The TensorBoard summaries (and profiles) go to ``tensorboard_dir``, else where a Vertex AI job attached to a
-    TensorBoard instance is told to write them (``AIP_TENSORBOARD_LOG_DIR``, streamed to the instance), else
+    The TensorBoard summaries (and profiles) go to ``tensorboard_dir``, else where a Vertex AI job attached to
+    a TensorBoard instance is told to write them (``AIP_TENSORBOARD_LOG_DIR``, streamed to the instance), else
     ``model_dir/tensorboard``.
 
     ``exports`` False: the run writes no SavedModel (a search's trial, whose evaluations are its result).
@@ -114,7 +113,7 @@ def l2_variables(model: keras.Model, includes_biases: bool = False) -> list:
 
 
 def seed_everything(seed: int) -> None:
-    """Seeds Python, NumPy, TensorFlow and Keras: the initial weights and the dropout and stochastic-depth masks.
+    """Seeds Python, NumPy, TensorFlow and Keras: the initial weights, the dropout and stochastic-depth masks.
 
     Keras draws each initializer's and each dropout layer's seed from Python's ``random`` when the layer is
     built, so a model built right after this call starts from the same weights and mask stream every time.
@@ -126,9 +125,9 @@ def seed_everything(seed: int) -> None:
 def random_states(model: keras.Model) -> list:
     """The states of the model's random streams (dropout and stochastic depth), in layer order.
 
-    Keras keeps each stream's position in a variable of a ``SeedGenerator`` that TensorFlow's checkpoint of the
-    model does not save, so a resumed run would draw the masks of step 0 again; checkpointed beside the model,
-    a resumed run draws the masks it would have drawn.
+    Keras keeps each stream's position in a variable of a ``SeedGenerator`` that TensorFlow's checkpoint of
+    the model does not save, so a resumed run would draw the masks of step 0 again; checkpointed beside the
+    model, a resumed run draws the masks it would have drawn.
     """
     return [v for v in model.non_trainable_variables if v.path.endswith("seed_generator_state")]
 
@@ -215,8 +214,8 @@ class Trainer:
                 self._swap_averages()
 
     def _loss(self, labels, logits):
-        """Per-replica shares of the global-batch mean loss (the smoothed cross-entropy + L2 when the optimizer
-        does not decay) and of its regularisation term (0 without one)."""
+        """Per-replica shares of the global-batch mean loss (the smoothed cross-entropy + L2 when the
+        optimizer does not decay) and of its regularisation term (0 without one)."""
         config = self.config
         one_hot = tf.one_hot(labels, config.model.num_classes, dtype=tf.float32)
         per_example = keras.losses.categorical_crossentropy(
@@ -302,7 +301,7 @@ class Trainer:
 
     @tf.function
     def eval_loop(self, iterator, num_steps):
-        """Sums of [top-1 hits, top-5 hits, loss, real examples] over ``num_steps`` batches on all replicas."""
+        """Sums of [top-1 hits, top-5 hits, loss, real examples] over ``num_steps`` batches, all replicas."""
         totals = tf.zeros([4])
         for _ in tf.range(num_steps):
             per_replica = self.strategy.run(self._eval_step, args=(next(iterator),))
@@ -323,7 +322,7 @@ def measure_allreduce_seconds(trainer: Trainer, repeats: int = 5) -> float | Non
     """Seconds one all-reduce of a full set of gradients takes on this strategy (None on one replica).
 
     Timed apart from the step, on zero tensors of the gradients' shapes, with the same reduction the optimizer
-    uses; divided by the measured step time it gives the share of a step spent in gradient all-reduce.
+    uses; divided by the step time it gives the share of a step spent in gradient all-reduce.
     """
     strategy = trainer.strategy
     if strategy.num_replicas_in_sync == 1:
@@ -430,7 +429,7 @@ class RunInputs:
         return cls(iter(train_dist), eval_dist, next(iter(eval_plans.values())))
 
     def release_training_stream(self) -> None:
-        """Lets go of the training stream without waiting for its deletion (``trainer_module.data.release``)."""
+        """Lets go of the training stream without waiting for its deletion (``data.release``)."""
         stream, self.train = [self.train], None
         release.release_in_background(stream)
 
@@ -503,7 +502,7 @@ def _train_and_evaluate(config, train_files, eval_files, paths, strategy, tuned)
         profiler.close()
     inputs.release_training_stream()
 
-    # A truncated run (loop.stop_at_epoch) says where it stopped; running it again with a later epoch resumes it.
+    # A truncated run (loop.stop_at_epoch) says where it stopped; run again with a later epoch, it resumes.
     stopped_at_epoch = None
     if plan.stop_step < plan.total_steps and step >= plan.stop_step:
         stopped_at_epoch = config.loop.stop_at_epoch
@@ -536,9 +535,10 @@ def _train_loop(config, trainer, inputs, recorder, manager, profiler, step, loop
                 bad_step, loss = non_finite
                 recorder.event("non_finite_loss", step=bad_step, loss=loss)
                 raise NonFiniteLossError(
-                    f"training loss became {loss} at step {bad_step} (of the call of steps {step + 1}-{step + num}); "
-                    f"the last good checkpoint ({manager.latest_checkpoint}) is kept. Lower schedule.lr_per_256 "
-                    "or check the input data."
+                    f"training loss became {loss} at step {bad_step} "
+                    f"(of the call of steps {step + 1}-{step + num}); the last good checkpoint "
+                    f"({manager.latest_checkpoint}) is kept. Lower schedule.lr_per_256 or check the input "
+                    "data."
                 )
             step += num
             recorder.training(call, plan.stop_step)
@@ -562,8 +562,8 @@ def last_checkpoint_step(checkpoint_dir: str) -> int | None:
 
 
 def _save(manager: tf.train.CheckpointManager, step: int) -> None:
-    """Checkpoints ``step``. TensorFlow writes a checkpoint's parts under ``<prefix>_temp`` and merges them into
-    place; Ctrl-C in between (``effnet_common.stopping``) removes that directory, as a clean exit would."""
+    """Checkpoints ``step``. TensorFlow writes a checkpoint's parts under ``<prefix>_temp``, then merges them
+    into place; Ctrl-C in between (``effnet_common.stopping``) removes that directory as a clean exit does."""
     parts = files.join(manager.directory, f"ckpt-{step}_temp")
     with stopping.cleanup(lambda: files.remove_tree(parts)):
         manager.save(checkpoint_number=step)

@@ -1,62 +1,17 @@
 """AutoAugment (policy v0) and RandAugment for training images, as stateless TensorFlow ops for tf.data.
 
-What this implements: the two augmentation policies of the tensorflow/tpu EfficientNet recipe
-(``models/official/efficientnet/autoaugment.py``, applied by its ``preprocessing.preprocess_for_train`` after
-the random crop, resize and flip), with the same sixteen operations, the same level-to-argument mappings and
-the same policy logic:
+The two policies of the tensorflow/tpu EfficientNet recipe (``models/official/efficientnet/autoaugment.py``,
+applied after the random crop, resize and flip), with its sixteen operations, level-to-argument mappings and
+policy logic. Where the reference's code differs from the PIL operation it names (Solarize at level 10,
+Posterize at levels 0-2, Contrast's grey), the reference is reproduced, since the published results were
+trained with it; each quirk is marked where it happens. Translations and cutout sizes are in pixels whatever
+the image size, as in the reference.
 
-* AutoAugment ``v0`` (https://arxiv.org/abs/1805.09501): one of the 25 sub-policies of ``POLICY_V0`` is
-  picked uniformly per image; each of its two operations is applied with its own probability at its fixed
-  level. Constants: translations up to 250 px, cutout half-side up to 100 px (unused by v0).
-* RandAugment (https://arxiv.org/abs/1909.13719): ``num_layers`` times, one of the 16 ``RANDAUGMENT_OPS`` is
-  picked uniformly and applied at level ``magnitude``. The reference also draws a probability in
-  [0.2, 0.8] for each candidate operation but never uses it (only operations taking a ``prob`` argument
-  would, and none does), so the picked operation is always applied; so it is here. Constants: translations
-  up to 100 px, cutout half-side up to 40 px.
-
-Levels run from 0 to ``MAX_LEVEL`` = 10 (RandAugment magnitudes above 10 extrapolate the same linear
-mappings, as in the reference). Rotate, ShearX/Y and TranslateX/Y negate their argument with probability
-1/2. Pixels that affine operations and Cutout leave empty are filled with ``REPLACE_VALUE`` = 128 (the
-reference's grey), affine operations sample with nearest-neighbour interpolation, and the PIL-like
-operations (Color, Contrast, Brightness, Sharpness) blend a degenerate image with the input as PIL's
-``ImageEnhance`` does: ``degenerate + factor * (image - degenerate)``, clipped to [0, 255] and truncated.
-Translations and cutout sizes are in pixels whatever the image size, as in the reference: v0's TranslateY at
-level 9 moves the content by 225 px, which at 224 px leaves a uniformly grey image.
-
-The reference's code differs from the PIL operation it names in three places; each is reproduced, because the
-published EfficientNet results were trained with that code (tensorflow/models' ``official.vision.ops.augment``
-still behaves the same), and each is marked where it happens:
-
-* Solarize at level 10 has threshold 256, which the reference's ``image < threshold`` on uint8 wraps to 0:
-  every pixel is inverted (PIL's ``solarize(image, 256)`` would leave the image unchanged).
-* Posterize at levels 0-2 keeps 0 bits, a shift by 8 that TensorFlow clamps to 7: one bit is kept (PIL's
-  ``posterize(image, 0)`` would return a black image).
-* Contrast blends towards a constant grey of (pixel count / 256), clipped to 255, where PIL uses the mean grey
-  level: the reference sums the histogram's counts instead of weighting them by the grey levels. At 224 x
-  224 that grey is 196; from 255 x 256 pixels on it is 255.
-
-Randomness: every draw is a stateless op keyed by the ``seed`` argument (int32 or int64 [2]); sub-seeds come
-from ``tf.random.experimental.stateless_split``. The same image and seed always give the same output, inside a
-parallel ``Dataset.map`` too, so a resumed seeded run sees exactly the same augmented stream. (The reference
-uses stateful ``tf.random_uniform``, which is not reproducible under a parallel map.)
-
-Why our own implementation: the maintained candidates were checked against this project's stack
-(TensorFlow 2.16.2, Keras 3, the pins of constraints.txt) and refused:
-
-* tf-models-official 2.16.0 (``official.vision.ops.augment``): resolves against constraints.txt only with one
-  extra pin (contourpy, else pip picks a 1.4.0 sdist that fails to build), then adds 25 packages, about
-  280 MB (opencv-python-headless 136 MB, matplotlib, tensorflow-text, tf-keras, pycocotools, kaggle,
-  sentencepiece, ...) without changing any pin. Its ``AutoAugment('v0')`` and ``RandAugment(2, 10)`` import
-  and run inside ``Dataset.map`` on TF 2.16.2 / Keras 3 (through tf-keras), but take no seed: all their draws
-  are stateful ``tf.random.uniform`` calls, and two iterations of the same dataset differ even after
-  ``tf.random.set_seed``. Its RandAugment also differs from the recipe: it picks among 17 choices, one of
-  them "no operation".
-* keras-cv 0.9.0 (its last release): no AutoAugment v0 policy; its RandAugment has other semantics (a
-  magnitude in [0, 1] drawn from a normal distribution, a per-layer rate of 10/11, another operation set),
-  layer-level stateful seeding, and it pulls in keras-core and kagglehub.
-
-Entry point for the input pipeline: ``distort(image, seed, policy, num_layers, magnitude)`` on the float32
-[S, S, 3] output of the resize; ``POLICIES`` is the registry of ``augment.policy`` names.
+Every draw is a stateless op keyed by the ``seed`` argument, so the same image and seed give the same output
+inside a parallel ``Dataset.map`` too, and a resumed seeded run sees the same augmented stream (the
+reference's stateful draws cannot). Why not a library's: docs/training.md, "data/augment.py". Entry point:
+``distort(image, seed, policy, num_layers, magnitude)`` on the resize's float32 [S, S, 3]; ``POLICIES`` is
+the registry of ``augment.policy`` names.
 """
 
 from __future__ import annotations
@@ -191,7 +146,8 @@ def color(image: tf.Tensor, factor) -> tf.Tensor:
 
 def _reference_contrast_grey(image: tf.Tensor) -> tf.Tensor:
     """The reference's Contrast target: pixel count / 256, clipped to 255, truncated (its histogram-based
-    "mean" sums the counts without weighting them by grey level). PIL uses the mean grey level instead."""
+    "mean" sums the counts without weighting them by grey level): 196 at 224 x 224, 255 from 255 x 256 pixels
+    on. PIL uses the mean grey level instead."""
     count = tf.cast(tf.shape(image)[0] * tf.shape(image)[1], tf.float32)
     return tf.cast(tf.minimum(count / 256.0, 255.0), tf.uint8)
 
@@ -404,7 +360,7 @@ RANDAUGMENT_OPS: tuple[str, ...] = (
 
 
 def _split(seed: tf.Tensor, num: int = 2) -> list[tf.Tensor]:
-    """``num`` independent seeds from ``seed``; int32 and int64 seeds of the same values give the same ones."""
+    """``num`` independent seeds from ``seed``; int32 and int64 seeds of equal values give the same ones."""
     seeds = tf.random.experimental.stateless_split(tf.cast(seed, tf.int64), num=num)
     return tf.unstack(seeds, num=num)
 
@@ -431,8 +387,9 @@ def autoaugment_draws(seed: tf.Tensor) -> tuple[tf.Tensor, list[tuple[tf.Tensor,
 
 
 def autoaugment(image: tf.Tensor, seed: tf.Tensor) -> tf.Tensor:
-    """AutoAugment policy v0 on uint8 [H, W, 3]: one sub-policy picked uniformly, then its steps applied in
-    order, each with its own probability (independent draws), as the reference.
+    """AutoAugment policy v0 (https://arxiv.org/abs/1805.09501) on uint8 [H, W, 3]: one sub-policy picked
+    uniformly, then its steps applied in order, each with its own probability (independent draws), as the
+    reference.
 
     Each step is one switch over the distinct (operation, level) pairs found at that position of the 25
     sub-policies, plus a last branch that leaves the image when the step is not applied: the same result as a
@@ -465,8 +422,9 @@ def randaugment_draws(seed: tf.Tensor, num_layers: int) -> list[tuple[tf.Tensor,
 
 
 def randaugment(image: tf.Tensor, seed: tf.Tensor, num_layers: int = 2, magnitude: float = 10.0) -> tf.Tensor:
-    """RandAugment on uint8 [H, W, 3]: ``num_layers`` times, one of ``RANDAUGMENT_OPS`` picked uniformly and
-    always applied at level ``magnitude`` (the reference's per-op probability is drawn but unused)."""
+    """RandAugment (https://arxiv.org/abs/1909.13719) on uint8 [H, W, 3]: ``num_layers`` times, one of
+    ``RANDAUGMENT_OPS`` picked uniformly and always applied at level ``magnitude`` (the reference draws a
+    probability per operation but never uses it)."""
     if num_layers < 0 or not magnitude >= 0:
         raise ValueError(
             f"randaugment needs num_layers >= 0 and magnitude >= 0, got {num_layers}, {magnitude}"

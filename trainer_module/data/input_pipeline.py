@@ -1,6 +1,5 @@
-"""Per-host tf.data input pipelines for training and in-loop evaluation (docs/recipe.md, "The data and the input pipeline").
-
-Both builders are written to run inside ``strategy.distribute_datasets_from_function``::
+"""Per-host tf.data input pipelines for training and in-loop evaluation (docs/recipe.md, "The data and the
+input pipeline"). Both builders run inside ``strategy.distribute_datasets_from_function``::
 
     train = strategy.distribute_datasets_from_function(
         lambda ctx: build_train_dataset(files, ctx, TrainInputs(global_batch_size, image_size, seed=seed)))
@@ -9,21 +8,10 @@ Both builders are written to run inside ``strategy.distribute_datasets_from_func
         lambda ctx: build_eval_dataset(val_files, ctx, EvalInputs(eval_batch_size, image_size)))
 
 Each input pipeline (one per host) lists the files in sorted order and keeps every ``num_input_pipelines``-th
-file starting at its own id, so a host never reads another host's shards. Batches are per-replica batches
-(``ctx.get_per_replica_batch_size``) with ``drop_remainder=True``.
-
-Elements:
-  training: ``(images, labels)``: images float32 [batch, S, S, 3] of pixel values in [0, 255] (the model
-    standardises with the ImageNet mean and std itself), labels int32 [batch] in 0..K-1 (K classes: 1000 for
-    ImageNet, the manifest's count for shards of ``beam_preprocess --classes found``).
-  evaluation: a dict ``{"images", "labels", "mask"}`` (plus ``"filenames"`` with ``with_filenames=True``):
-    mask float32 [batch] is 1 for a real image and 0 for padding; padding has label -1 and black pixels.
-    Mask the padding out of every metric and out of the loss: label -1 is not a valid class index (sparse
-    cross-entropy raises or returns NaN on it, and NaN * 0 is still NaN), so clamp labels before the loss.
-
-Every input pipeline yields exactly ``eval_plan(...).steps`` evaluation steps, the same on every host, because
-collectives need equal step counts everywhere; together the pipelines cover each validation record once.
-Shards must be JPEG records of the ``effnet_common.schema`` contract (that stage re-encodes PNG and CMYK).
+file from its own id, so a host never reads another host's shards. Batches are per-replica batches
+(``ctx.get_per_replica_batch_size``) with ``drop_remainder=True``; every pipeline yields the same number of
+evaluation steps (collectives need it), and together they cover each validation record once. Shards must be
+JPEG records of the ``effnet_common.schema`` contract (that stage re-encodes PNG and CMYK).
 """
 
 from __future__ import annotations
@@ -94,7 +82,7 @@ def _features(with_filename: bool) -> dict[str, tf.io.FixedLenFeature]:
 
 
 def parse_example(record: tf.Tensor, with_filename: bool = False) -> dict[str, tf.Tensor]:
-    """The JPEG bytes, the int64 label, the synset (and the file name) of one serialised ``tf.train.Example``."""
+    """The JPEG bytes, the int64 label, the synset (and file name) of one serialised ``tf.train.Example``."""
     return tf.io.parse_single_example(record, _features(with_filename))
 
 
@@ -254,13 +242,17 @@ def build_train_dataset(
 ) -> tf.data.Dataset:
     """The endless training stream of this host: ``(images, labels)`` per-replica batches.
 
+    Images are float32 [batch, S, S, 3] of pixel values in [0, 255] (the model standardises with the ImageNet
+    mean and std itself); labels int32 [batch] in 0..K-1 (K classes: 1000 for ImageNet, the manifest's count
+    for shards of ``beam_preprocess --classes found``).
+
     Files are sharded by input pipeline, shuffled every epoch and read ``cycle_length`` at a time; records
-    pass a ``shuffle_buffer_size`` buffer and are batched with ``drop_remainder=True``; each batch is parsed at
-    once, and its images decoded, randomly cropped, resized, flipped and augmented one by one inside that
+    pass a ``shuffle_buffer_size`` buffer and are batched with ``drop_remainder=True``; each batch is parsed
+    at once, and its images decoded, randomly cropped, resized, flipped and augmented one by one inside that
     batch's step of a parallel map, then prefetched. Preparing whole batches rather than single records saves
-    tf.data's per-element work (a function call and a buffer hand-off per stage), which dominated on small
-    images: about 3x less CPU per 28-px image on one core; every image and label is the same as one record at
-    a time gives.
+    tf.data's per-element work (a function call and a buffer hand-off per stage), which dominates on small
+    images (docs/performance.md, "input batches prepared whole"); every image and label is the same as one
+    record at a time gives.
 
     Args:
       file_patterns: glob(s) of the training shards.
@@ -272,7 +264,8 @@ def build_train_dataset(
     per_replica = ctx.get_per_replica_batch_size(inputs.global_batch_size)
     if inputs.shuffle_buffer_size < 1 or inputs.cycle_length < 1:
         raise ValueError(
-            f"shuffle_buffer_size={inputs.shuffle_buffer_size} and cycle_length={inputs.cycle_length} must be positive"
+            f"shuffle_buffer_size={inputs.shuffle_buffer_size} and cycle_length={inputs.cycle_length} "
+            "must be positive"
         )
     files = pipeline_files(list_files(file_patterns), ctx.num_input_pipelines, ctx.input_pipeline_id)
     file_seed, shuffle_seed, augment_seed = _pipeline_seeds(inputs.seed, ctx.input_pipeline_id)
@@ -333,11 +326,13 @@ def build_eval_dataset(
     plan: EvalPlan | None = None,
 ) -> tf.data.Dataset:
     """One evaluation pass of this host: exactly ``eval_plan(...).steps x replicas_per_pipeline`` per-replica
-    batches of dicts ``{"images", "labels", "mask"}``.
+    batches of dicts ``{"images", "labels", "mask"}`` (plus ``"filenames"`` with ``with_filenames``).
 
     The host's records in a fixed order, then padding (label -1, mask 0, black image) up to
     ``eval_plan(...).examples_per_pipeline``, so every replica of every host runs the same number of steps.
-    Iterate it once per evaluation (it does not repeat).
+    ``mask`` is float32 [batch], 1 for a real image. Mask the padding out of every metric and out of the loss:
+    label -1 is not a valid class index (sparse cross-entropy raises or returns NaN on it, and NaN * 0 is
+    still NaN), so clamp labels before the loss. Iterate it once per evaluation (it does not repeat).
 
     Args:
       file_patterns: glob(s) of the validation shards.

@@ -109,7 +109,7 @@ def preprocess_for_train(
     clip: bool = True,
 ) -> tf.Tensor:
     """Random crop, bicubic resize, random left-right flip, then the augmentation policy, of one JPEG;
-    float32 [S, S, 3] in [0, 255]. The order is the reference's: AutoAugment / RandAugment see the flipped crop.
+    float32 [S, S, 3] in [0, 255]. The order is the reference's: the augmentation sees the flipped crop.
 
     Args:
       seeds: int64 [3, 2]: row 0 seeds the crop sampler, row 1 the flip, row 2 the augmentation policy

@@ -85,7 +85,7 @@ def _normalised(path: str) -> str:
 
 
 def read_manifest(manifest_path: str) -> Manifest:
-    """The beam_preprocess manifest at ``manifest_path``, read through ``tf.io.gfile`` (gs://, ram://, local)."""
+    """The beam_preprocess manifest at ``manifest_path``, read by ``tf.io.gfile`` (gs://, ram://, local)."""
     return Manifest.from_json(
         files.read_text(manifest_path), directory=posixpath.dirname(manifest_path), source=manifest_path
     )
@@ -152,11 +152,11 @@ def record_counts(files: Sequence[str]) -> list[int]:
 
 
 def shard_classes(file_patterns: FilePatterns) -> tuple[str, ...] | None:
-    """The classes of the shards in label order, from their manifests; None where no manifest sits beside them.
+    """The shards' classes in label order, from their manifests; None where no manifest sits beside them.
 
     A beam_preprocess manifest names its classes (``LabelConvention.class_synsets``: ImageNet's 1000, or the
-    synsets of a run with ``--classes found``/a class file); the classifier's width and the label check follow
-    it. Shards of several manifests must agree on them.
+    synsets of a run with ``--classes found``/a class file); the classifier's width and the label check
+    follow them. Shards of several manifests must agree on them.
 
     Raises:
       ValueError: two manifests of the files list different classes (both named).
@@ -173,8 +173,8 @@ def shard_classes(file_patterns: FilePatterns) -> tuple[str, ...] | None:
     for other, other_classes in others:
         if other_classes != classes:
             raise ValueError(
-                f"{other} lists {len(other_classes)} classes and {first} {len(classes)} (or the same in another "
-                "order): the shards read together must share one label numbering"
+                f"{other} lists {len(other_classes)} classes and {first} {len(classes)} (or the same in "
+                "another order): the shards read together must share one label numbering"
             )
     return classes
 

@@ -1,37 +1,16 @@
 """Grouped synchronised batch normalisation (docs/recipe.md, "Distributed batch normalisation").
 
 In training mode the statistics of a batch-norm layer are those of the union of the batches of a *group* of
-replicas: group size 1 is per-replica batch norm, group size = all replicas is global (sync) batch norm. From
-the group's sums, mean = E[x] and variance = E[x^2] - E[x]^2 (never the average of per-replica variances).
-Sums and element counts are reduced rather than per-replica means, so the statistics are exact even if
-replicas held unequal batches; the moving statistics, however, average the groups' statistics with equal
-weight, which is the average over all replicas because every group has the same number of replicas (and
-exact when per-replica batches are equal, as the input pipeline guarantees). Every replica therefore holds
-the same moving mean and variance.
+replicas: group size 1 is per-replica batch norm, group size = all replicas is global (sync) batch norm. Mean
+and variance come from the group's sums, E[x] and E[x^2] - E[x]^2, exact even for unequal batches; the moving
+statistics average the groups' statistics over all replicas, so every replica holds the same moving mean and
+variance. The reductions (``grouped_moments``) are differentiable, as in sync batch norm.
 
-Cross-replica communication:
-
-- non-TPU strategies (MirroredStrategy, MultiWorkerMirroredStrategy, the default strategy): one all-reduce
-  (SUM) of a ``[num_groups, 2 * channels + 1]`` table in which each replica fills only its own group's row
-  with its (sum, sum of squares, count); it yields every group's sums at once, so the replica reads its own
-  row for normalising and averages all rows' statistics for the moving averages.
-- TPUStrategy: ``CrossReplicaSum`` with the group assignment, plus one all-replica ``CrossReplicaSum`` for the
-  moving averages (the reference's "one extra all-reduce per layer").
-
-Both reductions are differentiable, so gradients flow through the group statistics as in sync batch norm.
-
-A group can also be smaller than one replica's batch: ``virtual_batch`` examples, consecutive sub-batches of
-the replica's batch ("ghost" batch norm, Hoffer et al. 2017). The reference's LARS runs normalise over about
-128 examples whatever the global batch (per-core batches of 32-64 in groups); a run on few replicas with
-large per-replica batches keeps that with ``virtual_batch=128`` instead of normalising over thousands.
-
-Groups of one replica (per-replica batch norm, the only kind a single device has) take the fused batch-norm
-kernel when the input is a 4-D float32 image batch: one kernel computes the statistics and normalises, one
-computes the whole gradient. On CPU (oneDNN) that is several times faster than the two-pass form, whose
-elementwise ops and their gradients made up about 40% of an EfficientNet-B0 training step. The kernel returns
-the Bessel-corrected variance; the moving variance takes the biased one, as everywhere else here. Ghost
-batch norm takes the same kernel, once per sub-batch (``fused_virtual_batch_norm``). Cross-replica groups, bfloat16 or 5-D inputs and
-an epsilon below the kernel's floor keep the two-pass form.
+A group can also be smaller than one replica's batch: ``virtual_batch`` examples ("ghost" batch norm, Hoffer
+et al. 2017), which keeps the reference LARS runs' ~128 examples per group on few replicas with large batches.
+Groups of one replica, ghost ones included, take the fused batch-norm kernel when the input is a 4-D float32
+image batch, much faster on CPU (why: docs/training.md, "distribute/batchnorm.py"); cross-replica groups,
+bfloat16 or 5-D inputs and an epsilon below the kernel's floor keep the two-pass form.
 """
 
 from typing import NamedTuple
@@ -67,7 +46,17 @@ class GroupMoments(NamedTuple):
 def grouped_moments(x, group_size, layout="consecutive"):
     """Batch statistics of channels-last ``x`` over this replica's group of replicas.
 
-    Must run in a replica context: inside ``strategy.run`` or with no strategy at all (one replica).
+    Must run in a replica context: inside ``strategy.run`` or with no strategy at all (one replica). Sums and
+    element counts are reduced, not per-replica means, so the statistics are exact even for unequal batches;
+    the moving statistics weigh every group equally, which is the average over all replicas (every group has
+    as many replicas) and exact for equal per-replica batches, as the input pipeline guarantees.
+
+    Off TPU (MirroredStrategy, MultiWorkerMirroredStrategy, the default strategy) one all-reduce (SUM) of a
+    ``[num_groups, 2 * channels + 1]`` table, in which each replica fills only its own group's row with its
+    (sum, sum of squares, count), yields every group's sums at once: the replica reads its own row to
+    normalise and averages all rows for the moving averages. On TPUStrategy, ``CrossReplicaSum`` with the
+    group assignment, plus one all-replica ``CrossReplicaSum`` for the moving averages (the reference's "one
+    extra all-reduce per layer").
 
     Args:
         x: Float tensor ``[batch, ..., channels]``, this replica's batch.
@@ -133,10 +122,9 @@ def fused_virtual_batch_norm(x, virtual_batch, scale, offset, epsilon):
     are then exactly each sub-batch's, and the gradients of scale and offset sum over the sub-batches as in
     the two-pass form. Same results within float rounding as ``virtual_batch_norm``.
 
-    Folding the sub-batches into channels (``[G * v, H, W, C]`` to ``[v, H, W, G * C]``, one kernel call) computes
-    the same, but its four transposes (two forward, two backward) cost more than the slicing here in 10 of 12
-    shapes measured on this project's 2-core CPU (``benchmarks/ghost_batch_norm.py``, docs/performance.md), 32
-    sub-batches included.
+    Folding the sub-batches into channels (``[G * v, H, W, C]`` to ``[v, H, W, G * C]``, one kernel call)
+    computes the same, but its four transposes (two forward, two backward) cost more than the slicing here in
+    most shapes (``benchmarks/ghost_batch_norm.py`` measures both; docs/performance.md).
 
     Args:
         x: Float32 tensor ``[batch, height, width, channels]`` with a static batch size, this replica's batch.
@@ -190,7 +178,8 @@ def virtual_batch_norm(x, virtual_batch, scale, offset, epsilon):
         ``(outputs, moving_mean_update, moving_variance_update)``.
 
     Raises:
-        ValueError: outside a replica context, on an unknown batch size or one ``virtual_batch`` does not divide.
+        ValueError: outside a replica context, on an unknown batch size or one ``virtual_batch`` does not
+            divide.
     """
     context = _replica_context()
     x, _ = _checked_element_count(x)
@@ -256,8 +245,8 @@ class GroupedBatchNormalization(keras.layers.BatchNormalization):
                 )
             if group_size != 1:
                 raise ValueError(
-                    f"GroupedBatchNormalization virtual_batch={virtual_batch} splits a replica's batch; it needs "
-                    f"group_size=1, got {group_size}"
+                    f"GroupedBatchNormalization virtual_batch={virtual_batch} splits a replica's batch; it "
+                    f"needs group_size=1, got {group_size}"
                 )
         LAYOUTS.check(layout)
         axis = batch_norm_options.get("axis", -1)
@@ -416,7 +405,7 @@ def _moments_from_sums(sums, channels):
 
 
 def _replica_average(mean, variance, context):
-    """The moving-average updates: ``[channels]`` mean and variance averaged over all replicas, no gradient."""
+    """Moving-average updates: ``[channels]`` mean and variance averaged over all replicas, no gradient."""
     statistics = tf.stop_gradient(tf.concat([mean, variance], axis=0))
     if context.num_replicas_in_sync > 1:
         statistics = context.all_reduce(tf.distribute.ReduceOp.MEAN, statistics)

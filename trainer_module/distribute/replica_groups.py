@@ -4,26 +4,13 @@ Two layouts:
 
 - ``consecutive``: replicas ``[0..k-1], [k..2k-1], ...`` (the reference's ``arange(R).reshape(-1, k)``).
 - ``torus2d``: each group is a compact 2-D tile of TPU chips, walked as a back-and-forth ring so that
-  neighbours in the group are neighbours on the torus and the group's all-reduce never leaves its tile.
+  neighbours in the group are neighbours on the torus and the group's all-reduce never leaves its tile (what
+  it assumes of a TPU v3 slice: ``_torus_tile_groups``).
 
-Assumptions of the torus layout (TPU v3):
-
-- A chip holds ``CORES_PER_CHIP = 2`` cores and every core runs one replica.
-- A slice of ``2**n`` chips is a ``rows x cols`` grid with ``rows = 2**(n // 2)`` and ``cols = rows`` or
-  ``2 * rows`` (the longer side is the column axis): 8 cores = 2x2 chips, 32 = 4x4, 128 = 8x8, 256 = 8x16,
-  512 = 16x16, 1024 = 16x32, 2048 = 32x32.
-- Replica ids are laid out row-major over that grid, two consecutive ids per chip: replica ``r`` runs on
-  core ``r % 2`` of chip ``(row, col) = divmod(r // 2, cols)``.
-- A group of ``k`` cores is a tile of ``k / 2`` chips shaped by the same rule: 8 cores = 2x2 chips,
-  16 = 2x4, 32 = 4x4, 64 = 4x8. Tiles are numbered row-major across the grid. Groups of 1 or 2 cores stay on
-  one chip and groups of 4 cover a chip pair, which makes them identical to the consecutive layout.
-
-The tensorflow/tpu reference code additionally renumbers replicas along a ring over the whole slice; here the
-ids are the row-major ones above, which is what docs/recipe.md ("Distributed batch normalisation") states (2048 cores, groups of 8:
-group 0 is ``[0, 1, 2, 3, 66, 67, 64, 65]``).
-
-How many replicas form a group is the config's to resolve (``trainer_module.config.GROUP_SIZE_RULES``, the
-plan's ``bn_group_replicas``); this module takes that size and lays the groups out.
+The tensorflow/tpu reference also renumbers replicas along a ring over the whole slice; here the ids are
+row-major, as docs/recipe.md ("Distributed batch normalisation") states (2048 cores, groups of 8: group 0 is
+``[0, 1, 2, 3, 66, 67, 64, 65]``). How many replicas form a group is the config's to resolve
+(``trainer_module.config.GROUP_SIZE_RULES``, the plan's ``bn_group_replicas``); this module lays them out.
 """
 
 from trainer_module.choices import BN_LAYOUTS
@@ -40,7 +27,7 @@ def group_assignment(num_replicas, group_size, layout="consecutive"):
         num_replicas: Total number of replicas (TPU cores, GPUs, devices) in sync, >= 1.
         group_size: Replicas per group, >= 1; must divide ``num_replicas``. 1 means per-replica statistics,
             ``num_replicas`` means global statistics.
-        layout: ``"consecutive"`` or ``"torus2d"`` (see the module docstring). ``"torus2d"`` needs
+        layout: ``"consecutive"`` or ``"torus2d"`` (see ``_torus_tile_groups``). ``"torus2d"`` needs
             power-of-two ``num_replicas`` and ``group_size``, as TPU slices and their tiles have.
 
     Returns:
@@ -107,6 +94,18 @@ def _consecutive_groups(num_replicas, group_size):
 
 @LAYOUTS.register("torus2d")
 def _torus_tile_groups(num_replicas, group_size):
+    """Groups as compact tiles of TPU chips, each walked as a ring. What it assumes of a slice (TPU v3):
+
+    - A chip holds ``CORES_PER_CHIP = 2`` cores and every core runs one replica.
+    - A slice of ``2**n`` chips is a ``rows x cols`` grid with ``rows = 2**(n // 2)`` and ``cols = rows`` or
+      ``2 * rows`` (the longer side is the column axis): 8 cores = 2x2 chips, 32 = 4x4, 128 = 8x8,
+      256 = 8x16, 512 = 16x16, 1024 = 16x32, 2048 = 32x32.
+    - Replica ids are laid out row-major over that grid, two consecutive ids per chip: replica ``r`` runs on
+      core ``r % 2`` of chip ``(row, col) = divmod(r // 2, cols)``.
+    - A group of ``k`` cores is a tile of ``k / 2`` chips shaped by the same rule: 8 cores = 2x2 chips,
+      16 = 2x4, 32 = 4x4, 64 = 4x8. Tiles are numbered row-major across the grid. Groups of 1 or 2 cores stay
+      on one chip and groups of 4 cover a chip pair, which makes them identical to the consecutive layout.
+    """
     _check_power_of_two("torus2d num_replicas (TPU cores in the slice)", num_replicas)
     _check_power_of_two("torus2d group_size", group_size)
     grid_rows, grid_cols = chip_grid_shape(num_replicas // CORES_PER_CHIP)

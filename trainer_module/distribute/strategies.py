@@ -26,7 +26,7 @@ def tpu_to_resolve(config: TrainerConfig) -> str:
 
 def tpu_cluster(config: TrainerConfig) -> tf.distribute.cluster_resolver.TPUClusterResolver:
     """The resolver of the TPU the 'tpu' strategy connects to (``tpu_to_resolve``). For a slice named by its
-    node, it asks the VM's metadata server for the project and zone, and the Cloud TPU API for every host's TPU
+    node, it asks the VM's metadata server for the project and zone, and the Cloud TPU API for each host's TPU
     worker (``cluster_spec()``), before any TPU is reached."""
     return tf.distribute.cluster_resolver.TPUClusterResolver(tpu=tpu_to_resolve(config))
 

@@ -2,11 +2,10 @@
 
 TensorFlow's own swish (``tf.nn.silu``) recomputes the sigmoid in its gradient and then takes five more
 element-wise ops (1 - s, x * (1 - s), 1 + ..., s * ..., upstream * ...), each a full pass over an activation
-as large as the block's expanded feature map. On a CPU those passes, not arithmetic, were about a fifth of a
-B0 training step's op time. Here the forward pass stays ``tf.nn.silu`` (which oneDNN's graph rewrite fuses into
-one kernel) and the gradient, the same formula, is compiled by XLA into a single fused loop: the same values
-within float rounding, about 2x less wall time for an activation's forward and backward on this machine
-(``benchmarks/profile_step.py`` shows where a step's time goes).
+as large as the block's expanded feature map: on a CPU, memory traffic rather than arithmetic. Here the
+forward pass stays ``tf.nn.silu`` (which oneDNN's graph rewrite fuses into one kernel) and the gradient, the
+same formula, is compiled by XLA into a single fused loop: the same values within float rounding, in less
+time (why: docs/training.md, "models/activations.py"; ``benchmarks/profile_step.py`` measures it).
 
 TensorFlow's TPU build (``tensorflow-tpu``, the trainer-tpu image) has no XLA backend for the CPU: there the
 gradient is the same formula left to the surrounding graph, which on a TPU XLA compiles and fuses anyway.

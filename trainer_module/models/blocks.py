@@ -1,4 +1,4 @@
-"""Building blocks of EfficientNet: the input normaliser, the precision-aware layer factory and the MBConv block.
+"""EfficientNet's building blocks: the input normaliser, the precision-aware layer factory, the MBConv block.
 
 Every layer is created with an explicit name and an explicit dtype policy, so that two models built in one
 process carry identical names (name-based rules such as the LARS exclusion of '*bn*' variables rely on them)

@@ -1,4 +1,4 @@
-"""EfficientNet B0-B7 (plus two small variants) as data: B0's stage table, a scaling table, one block function.
+"""EfficientNet B0-B7 and two small variants as data: B0's stage table, a scaling table, one block function.
 
 Layer names follow keras.applications ('stem_conv', 'block2b_se_reduce', 'top_bn', 'predictions', ...); the
 model takes 0..255 pixels and returns float32 logits (no softmax: the loss and the export add it).

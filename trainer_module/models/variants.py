@@ -44,13 +44,13 @@ VARIANTS = types.MappingProxyType(
             VariantSpec("b5", width=1.6, depth=2.2, resolution=456, dropout=0.4),
             VariantSpec("b6", width=1.8, depth=2.6, resolution=528, dropout=0.5),
             VariantSpec("b7", width=2.0, depth=3.1, resolution=600, dropout=0.5),
-            # For the CPU digits demo and the tests of learning: 10 blocks (residual, SE and drop-connect included) at 32 px.
+            # For the CPU digits demo and the tests of learning: 10 blocks (residual, SE and drop-connect
+            # included) at 32 px.
             VariantSpec("tiny", width=0.25, depth=0.5, resolution=32, dropout=0.2),
-            # For the tests of plumbing (the smoke preset: distribution, resume, the console, the cloud steps),
-            # which check that a run goes through, not what it learns: B0's first two stages at tiny's width, 3
-            # blocks (one residual, with SE and drop-connect). Tracing its training step and exporting it take
-            # about a quarter of tiny's time, which is most of a short run's (measured: a smoke run 55 s with
-            # tiny, 24 s with this).
+            # For the tests of plumbing (the smoke preset: distribution, resume, the console, the cloud
+            # steps), which check that a run goes through, not what it learns: B0's first two stages at tiny's
+            # width, 3 blocks (one residual, with SE and drop-connect). Tracing and exporting it, most of a
+            # short run's time, cost a fraction of tiny's (why: docs/training.md, "models/variants.py").
             VariantSpec("micro", width=0.25, depth=1.0, resolution=32, dropout=0.2, stages=2),
         )
     }

@@ -6,15 +6,12 @@ after the optimizer step that brings the step counter to t, every averaged varia
     decay_t = min(decay, (1 + t) / (10 + t))
     a       = decay_t * a + (1 - decay_t) * w
 
-so early averages follow the weights closely (decay 0.18 after the first step, 0.9 after 80) and the fixed
-decay only takes over after about 90,000 steps at 0.9999. A fixed 0.9999 from the first step (Keras'
-``use_ema``) would leave exp(-6842 / 10000) = 50% of the average on the initial weights after the 6,842 steps
-of the B5 batch-65536 run. The averages start as copies of the initial weights.
-
-What is averaged: the trainable weights and the batch-norm moving mean and variance (the reference's
-``trainable_variables() + moving_*``), so an evaluation with the averages normalises with statistics that
-match the averaged weights. Evaluation, the target check and the export swap the averages in
-(``swapped()``); the averages are a ``tf.Module`` and travel in the run's checkpoint.
+so early averages follow the weights closely (decay 0.18 after the first step, 0.9 after 80); a fixed 0.9999
+from the first step (Keras' ``use_ema``) would leave half the average on the initial weights after the 6,842
+steps of the B5 batch-65536 run. The averages start as copies of the initial weights and cover the trainable
+weights and the batch-norm moving statistics (the reference's ``trainable_variables() + moving_*``), so an
+evaluation with the averages normalises with statistics that match the averaged weights. Evaluation, the
+target check and the export swap them in (``swapped()``); a ``tf.Module``, they travel in the checkpoint.
 """
 
 from __future__ import annotations

@@ -53,7 +53,7 @@ class LARS(keras.optimizers.Optimizer):
         trust = eeta * ||w|| / (||g|| + wd * ||w|| + epsilon)    (1.0 when ||w|| == 0 or ||g|| == 0)
         g'    = g + wd * w
         v     = m * v + lr * trust * g'
-        w     = w - v                                             (nesterov: w = w - (lr * trust * g' + m * v))
+        w     = w - v                                            (nesterov: w = w - (lr * trust * g' + m * v))
 
     Variables whose path matches ``exclude`` (batch-norm gamma/beta and biases by default) get neither trust
     scaling nor weight decay: ``v = m * v + lr * g``, then the same step on w. This is the update of
@@ -179,10 +179,10 @@ class TF1RMSProp(keras.optimizers.Optimizer):
         w   = w - mom
 
     It differs from Keras 3's ``RMSprop`` in one place only: TF1 starts the mean-square accumulator ``ms`` at
-    ones (``rmsprop.py::_create_slots``, ``init_ops.ones_initializer``), Keras at zeros. Both keep epsilon under
-    the square root. With zeros, the first step divides g by sqrt((1 - rho) g^2 + eps): every weight whose
-    gradient is well above sqrt(eps / (1 - rho)) (0.1 in the recipe) moves by about 3.2 lr whatever the size
-    of its gradient, and momentum 0.9 carries that on for ten steps. With ones, the first steps are plain
+    ones (``rmsprop.py::_create_slots``, ``init_ops.ones_initializer``), Keras at zeros. Both keep epsilon
+    under the square root. With zeros, the first step divides g by sqrt((1 - rho) g^2 + eps): every weight
+    whose gradient is well above sqrt(eps / (1 - rho)) (0.1 in the recipe) moves by about 3.2 lr whatever the
+    size of its gradient, and momentum 0.9 carries that on for ten steps. With ones, the first steps are plain
     momentum SGD (g / ~1), and the accumulator forgets its start as rho^t (0.12 after 20 steps, 0.01 after
     44): an implicit warm-up of a few dozen steps, negligible in the paper's thousands of steps but not in a
     run of a few hundred.

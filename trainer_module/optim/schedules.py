@@ -1,4 +1,4 @@
-"""Learning-rate schedules of the large-batch EfficientNet recipe, as tensorflow/tpu's EfficientNet code has them.
+"""Learning-rate schedules of the large-batch EfficientNet recipe, laid out as tensorflow/tpu's code has them.
 
 Two shapes, both starting with a linear warmup from 0 to the peak learning rate:
 
@@ -9,9 +9,9 @@ Two shapes, both starting with a linear warmup from 0 to the peak learning rate:
 
 The peak follows the linear scaling rule, ``scaled_learning_rate``. Step counts come from the run
 (``ScheduleSteps``: steps per epoch as a float, warmup and total steps truncated as the reference does). The
-``SCHEDULES`` registry maps ``schedule.kind`` to the builder; both schedules are Keras ``LearningRateSchedule``
-objects registered for serialisation, so an optimizer that holds one survives ``get_config`` /
-``from_config`` and model saving.
+``SCHEDULES`` registry maps ``schedule.kind`` to the builder; both schedules are Keras
+``LearningRateSchedule`` objects registered for serialisation, so an optimizer that holds one survives
+``get_config`` / ``from_config`` and model saving.
 """
 
 from __future__ import annotations
@@ -72,7 +72,8 @@ class WarmupPolynomialDecay(keras.optimizers.schedules.LearningRateSchedule):
             raise ValueError(f"warmup_steps must be >= 0, got {warmup_steps}")
         if total_steps <= warmup_steps:
             raise ValueError(
-                f"total_steps ({total_steps}) must exceed warmup_steps ({warmup_steps}): no steps left to decay"
+                f"total_steps ({total_steps}) must exceed warmup_steps ({warmup_steps}): "
+                "no steps left to decay"
             )
         if end_learning_rate > peak_learning_rate:
             raise ValueError(

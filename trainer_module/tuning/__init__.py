@@ -4,20 +4,14 @@ The paper tuned the learning rate and warmup for every batch size; a reproductio
 too, every optimizer with the same budget. A search runs KerasTuner over a declared space of config settings,
 each trial a run of ``python -m trainer_module train --config FILE`` handed its resolved run as a file:
 
-- ``space``: ``Dimension`` / ``SearchSpace`` (config key, kind ``log`` / ``linear`` / ``int`` / ``choice``,
-  bounds), typed and checked against the config, one line naming the key when refused; ``default_space``.
-- ``search``: ``Search`` (the resolved config trials start from, the space, ``SEARCHES``: ``hyperband``,
-  ``bayesian`` or ``random``, the budget), each trial's run built with ``config.replace``; the directory a
-  search claims; ``hyperband_budget``.
-- ``trials``: one trial as its own process (its CPU seconds measured), resumed from its checkpoints when killed,
-  a Hyperband continuation started from a copy of its source's.
+- ``space``: the tuned settings (``Dimension``: key, kind, bounds), checked against the config.
+- ``search``: ``Search`` (the start config, the space, the algorithm of ``SEARCHES``, the budget) and the
+  directory a search claims.
+- ``trials``: one trial as its own process, resumed from its checkpoints when killed.
 - ``tuner``: ``TrainerTuner``, the ``keras_tuner.Tuner`` that runs them; ``build_tuner``.
-- ``report``: ``trials.json``, ``best_hyperparameters.json`` (the winning values, with the search's schedule
-  length ``SCHEDULE_EPOCHS`` so that a run of another length scales its epoch values) and the console lines.
+- ``report``: ``trials.json``, ``best_hyperparameters.json`` and the console lines.
 
-    search = search_of_config(resolved.config, train_files, eval_files)
-    tuner = build_tuner(search, "runs/tune")
-    tuner.search()
+Use: ``build_tuner(search_of_config(config, train_files, eval_files), "runs/tune").search()``.
 """
 
 from trainer_module.resolve import SCHEDULE_EPOCHS

@@ -1,11 +1,11 @@
 """One search: the resolved config its trials start from, the space, the algorithm and its budget.
 
-``Search`` holds the run's resolved config (``trainer_module.resolve``: preset, settings and the shards'
-sizes already applied), never a preset name and strings to apply again. Each trial's config is that config
-with the search's loop settings, the trial's values and Hyperband's stop, changed as typed values
-(``config.replace``) and handed to the trial whole (``trial_run``: a ``ResolvedRun``). ``SEARCHES`` (its names
-declared in ``trainer_module.choices``) builds the KerasTuner oracle of each algorithm; ``hyperband_budget`` is
-the trials and epochs a Hyperband search schedules, from the rule KerasTuner documents (Li et al.'s brackets).
+``Search`` holds the run's resolved config (``trainer_module.resolve``: preset, settings and the shards' sizes
+already applied), never a preset name and strings to apply again. Each trial's config is that config with the
+search's loop settings, the trial's values and Hyperband's stop, changed as typed values (``config.replace``)
+and handed to the trial whole (``trial_run``: a ``ResolvedRun``). ``SEARCHES`` (its names declared in
+``trainer_module.choices``) builds the KerasTuner oracle of each algorithm; ``hyperband_budget`` is the trials
+and epochs a Hyperband search schedules, from the rule KerasTuner documents (Li et al.'s brackets).
 
     search = search_of_config(resolved.config, train_files, eval_files, search="hyperband", max_epochs=9)
     search.trial_run({"schedule.lr_per_256": 0.3, "tuner/epochs": 3}).config.loop.stop_at_epoch  # 3
@@ -187,8 +187,8 @@ def hyperband_budget(max_epochs: int, factor: int = 3, iterations: int = 1) -> t
 
 
 def with_space(search: Search, changes: SearchSpace = (), only: bool = False) -> Search:
-    """``search`` over the default space of its config with ``changes`` replacing or adding dimensions (or over
-    ``changes`` alone with ``only``), checked (see ``Search.checked``)."""
+    """``search`` over the default space of its config with ``changes`` replacing or adding dimensions (or
+    over ``changes`` alone with ``only``), checked (see ``Search.checked``)."""
     space = changes if only else space_with(default_space(search.base_config()), changes)
     return dataclasses.replace(search, space=space).checked()
 

@@ -2,12 +2,12 @@
 
 A ``Dimension`` names a setting by its dotted key ('schedule.lr_per_256') and a kind: ``log`` / ``linear``
 (floats), ``int`` or ``choice``. ``checked`` types its values as the config stores that setting (the field's
-annotation, through ``config.setting_field``; choices given as text parse as ``--set`` parses them) and refuses,
-in one line naming the key, what the config would refuse. ``default_space`` spans the settings the paper tuned
-per batch size around a config's own values.
+annotation, through ``config.setting_field``; choices given as text parse as ``--set`` parses them) and
+refuses, in one line naming the key, what the config would refuse. ``default_space`` spans the settings the
+paper tuned per batch size around a config's own values.
 
-    space = check_space(space_with(default_space(config), (Dimension.parse("schedule.lr_per_256=log:0.1:4"),)),
-                        config)
+    wider = (Dimension.parse("schedule.lr_per_256=log:0.1:4"),)
+    space = check_space(space_with(default_space(config), wider), config)
 """
 
 from __future__ import annotations
@@ -129,8 +129,8 @@ class Dimension:
         return tuple(typed)
 
     def declare(self, hp: keras_tuner.HyperParameters) -> None:
-        """Declares this (checked) dimension in a KerasTuner space. KerasTuner's ``Choice`` would keep True and
-        False as 1 and 0: a choice of both is its ``Boolean``."""
+        """Declares this (checked) dimension in a KerasTuner space. KerasTuner's ``Choice`` would keep True
+        and False as 1 and 0: a choice of both is its ``Boolean``."""
         if (
             self.kind == "choice"
             and set(self.choices) == {True, False}
@@ -181,7 +181,7 @@ def check_space(space: SearchSpace, config: TrainerConfig) -> SearchSpace:
 
 
 def default_space(config: TrainerConfig) -> SearchSpace:
-    """The settings the paper tuned per batch size and the regularisers beside them, around ``config``'s values.
+    """The settings the paper tuned per batch size and the regularisers beside them, around the config's.
 
     A decade either side of the peak LR per 256, LARS' trust coefficient and weight decay; warmup from none
     to 30% of the schedule; label smoothing 0 to 0.2; for the polynomial schedule, an end LR between 1/1000

@@ -2,10 +2,10 @@
 ``python -m trainer_module train --config FILE`` as a process of its own.
 
 A trial's directory (``trials/trial_<id>/`` of the search's) holds ``trial_run.json`` (the ``ResolvedRun`` it
-trains, the same file ``train --config`` reads), ``run/`` (its model directory: checkpoints, history, run log),
-``trainer.out`` (the trainer's console output, every attempt's) and ``attempts.json`` (each attempt's exit
-status, CPU and wall seconds; whether the run diverged). A trial killed with its search is run again from its
-own checkpoints; a Hyperband continuation starts from a copy of its source trial's run.
+trains, the same file ``train --config`` reads), ``run/`` (its model directory: checkpoints, history, run
+log), ``trainer.out`` (the trainer's console output, every attempt's) and ``attempts.json`` (each attempt's
+exit status, CPU and wall seconds; whether the run diverged). A trial killed with its search is run again from
+its own checkpoints; a Hyperband continuation starts from a copy of its source trial's run.
 
 In a Vertex AI job attached to a TensorBoard (``AIP_TENSORBOARD_LOG_DIR`` set: the Tuner's job), each trial
 writes its summaries to a directory of its own under that one, named as its trial directory: TensorBoard shows
@@ -61,8 +61,8 @@ class Outcome:
 
 
 def train_trial(run: ResolvedRun, trial_dir: str, train_files, eval_files, cpu_devices: int = 0) -> Outcome:
-    """Trains ``run`` as the trial of ``trial_dir`` (local or URL): writes its run file, runs the trainer on it
-    (resuming the run's checkpoints, if any) and records the attempt."""
+    """Trains ``run`` as the trial of ``trial_dir`` (local or URL): writes its run file, runs the trainer on
+    it (resuming the run's checkpoints, if any) and records the attempt."""
     model_dir = files.join(trial_dir, RUN_DIR)
     command = trainer_command(write_run_file(run, trial_dir), model_dir, train_files, eval_files, cpu_devices)
     attempt = _run_logged(command, files.join(trial_dir, OUTPUT_FILE), trial_environment(trial_dir))
@@ -74,8 +74,9 @@ def train_trial(run: ResolvedRun, trial_dir: str, train_files, eval_files, cpu_d
 
 
 def trial_environment(trial_dir: str) -> dict[str, str]:
-    """The variables a trial's trainer gets besides this process's: in a Vertex AI job attached to a TensorBoard,
-    its own directory under the job's ``AIP_TENSORBOARD_LOG_DIR`` (else the trials would write one mixed run)."""
+    """The variables a trial's trainer gets besides this process's: in a Vertex AI job attached to a
+    TensorBoard, its own directory under the job's ``AIP_TENSORBOARD_LOG_DIR`` (else the trials would write
+    one mixed run)."""
     vertex = os.environ.get(VERTEX_TENSORBOARD_ENV, "")
     if not vertex:
         return {}

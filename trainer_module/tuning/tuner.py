@@ -1,11 +1,11 @@
 """The KerasTuner ``Tuner`` whose trials are runs of the trainer, used through KerasTuner's public interface.
 
 ``run_trial`` hands each trial its resolved run (``Search.trial_run``) and trains it as a process of its own
-(``trials.train_trial``), then reports each in-loop evaluation's top-1 to the oracle at its epoch; the objective
-is the peak top-1. Hyperband's ``tuner/epochs`` is the trial's ``loop.stop_at_epoch``, and a trial that
-continues ``tuner/trial_id`` starts from a copy of that trial's checkpoints, so it resumes exactly. The search
-keeps its state in its directory: built there again (``build_tuner``), KerasTuner reloads the finished trials
-and the killed one runs again from its own checkpoints.
+(``trials.train_trial``), then reports each in-loop evaluation's top-1 to the oracle at its epoch; the
+objective is the peak top-1. Hyperband's ``tuner/epochs`` is the trial's ``loop.stop_at_epoch``, and a trial
+that continues ``tuner/trial_id`` starts from a copy of that trial's checkpoints, so it resumes exactly. The
+search keeps its state in its directory: built there again (``build_tuner``), KerasTuner reloads the finished
+trials and the killed one runs again from its own checkpoints.
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ class TrainerTuner(keras_tuner.Tuner):
             return
         # The chief of a parallel search serves the oracle and runs no trial itself: its summaries come here.
         write_summaries(self)
-        # TFX's Tuner lists the oracle's best ``max_trials`` trials, which Hyperband leaves unset: all of them.
+        # TFX's Tuner lists the oracle's best ``max_trials`` trials; Hyperband leaves it unset: all of them.
         if self.oracle.max_trials is None:
             self.oracle.max_trials = len(self.oracle.trials)
 
