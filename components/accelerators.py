@@ -1,27 +1,16 @@
-"""The machines a pipeline's Trainer can run on in Vertex AI custom training, and the check of a preset against one.
+"""The machines a pipeline's Trainer can run on in Vertex AI custom training, and the check of a preset
+against one.
 
 ``ACCELERATORS`` is the registry of ``--accelerator``: each name is bound to the function that builds its
 ``Accelerator`` for ``--machines`` machines. An ``Accelerator`` knows the Vertex worker pools it compiles to
 (machine type, accelerator type and count, TPU topology, the primary/worker pools of a multi-node job), the
 ``tf.distribute`` strategy that drives it, and the replicas and hosts it provides, so that a preset that does
-not fit is refused before anything is compiled, written or paid for.
+not fit is refused before anything is compiled, written or paid for. Multi-host TPU slices run through the
+Cloud TPU API instead (``backend='tpu_vm'``, ``components.tpu_slices``).
 
-What Vertex AI custom training offers, from Google's documentation and the ``aiplatform_v1`` API (sources in
-docs/accelerators-research.md and docs/vertex.md):
-
-- TPU v2 and v3 only as single-host ``cloud-tpu`` machines with 8 cores (``tpu-v2-8``, ``tpu-v3-8``): the API
-  has no v2/v3 pod accelerator type, so the paper's v3-512 and v3-1024 slices are not offered.
-- TPU v5e (``ct5lp-hightpu-{1,4,8}t``, topologies 1x1, 2x2, 2x4): single host here. Larger v5e topologies
-  (4x4 and up) run one container per host; TensorFlow drives a multi-host slice from a single client through
-  the Cloud TPU runtime service, which no Google document or sample shows inside a Vertex container, so they
-  are refused with a pointer to the standalone trainer on a TPU VM slice. From v6e Vertex no longer supports
-  TensorFlow training.
-- GPU machines with 8 GPUs each, one machine (MirroredStrategy) or several (MultiWorkerMirroredStrategy from
-  the ``TF_CONFIG`` Vertex sets: pool 0 is the chief, pool 1 the other workers).
-- How the machines can be obtained (``pipeline.cloud.PROVISIONING`` asks these): flex-start only for the GPU
-  types Vertex's Dynamic Workload Scheduler takes (``FLEX_START_GPUS``), never for TPUs or CPU machines; a
-  Compute Engine reservation for every machine but the ``cloud-tpu`` node of TPU v2/v3; Spot for all of
-  them (Vertex refuses Spot only for TPU Pods, which are not offered here).
+What Vertex offers and why (single-host TPU v2/v3 only, multi-host v5e refused, no TensorFlow from v6e,
+flex-start, reservations and Spot by machine): docs/vertex.md ('Accelerators', 'Checked before anything is
+written, submitted or paid for'); the sources in docs/accelerators-research.md.
 """
 
 from __future__ import annotations
@@ -83,7 +72,8 @@ class Accelerator:
       name: the ``--accelerator`` name, e.g. 'tpu-v3-8', 'gpu-h100x8'.
       kind: 'tpu', 'gpu' or 'cpu'.
       machine_type: Vertex machine type, e.g. 'cloud-tpu', 'a3-highgpu-8g'.
-      accelerator_type: ``aiplatform_v1.AcceleratorType`` name; '' where Vertex takes a topology instead (v5e).
+      accelerator_type: ``aiplatform_v1.AcceleratorType`` name; '' where Vertex takes a topology instead
+        (v5e).
       accelerator_count: accelerators per machine as the machine spec counts them (TPU v2/v3: cores).
       replicas_per_machine: ``tf.distribute`` replicas one machine provides (TPU cores, or GPUs).
       tpu_topology: the TPU slice's topology where Vertex needs one (v5e), else ''.
@@ -136,7 +126,8 @@ class Accelerator:
 
     @property
     def strategy(self) -> str:
-        """The trainer's ``loop.strategy`` on this machine (a name of ``trainer_module.distribute.strategies``)."""
+        """The trainer's ``loop.strategy`` on this machine (a name of
+        ``trainer_module.distribute.strategies``)."""
         if self.machines > 1:
             return "multi_worker"
         return {"tpu": "tpu", "cpu": "one_device", "gpu": "mirrored"}[self.kind]
@@ -235,7 +226,8 @@ class Accelerator:
             if self.slice_type is not None and self.slice_type.generation.replicas_per_chip == 1:
                 why = f" (TensorFlow sees one device per {self.slice_type.generation.name} chip)"
             raise AcceleratorMismatch(
-                f"preset {preset} needs {config.plan.replicas} replicas; {self.describe()} has {self.replicas}{why}"
+                f"preset {preset} needs {config.plan.replicas} replicas; "
+                f"{self.describe()} has {self.replicas}{why}"
             )
 
 
@@ -285,9 +277,9 @@ for _chips, _topology in ((1, "1x1"), (4, "2x2"), (8, "2x4")):
 _register_gpu("gpu-h100x8", "a3-highgpu-8g", "NVIDIA_H100_80GB", 8, 989.0)
 
 
-# CPU machines, one replica each: the demo and smoke presets on small data (the embedded digits copied to gs://)
-# as a cheap end-to-end check of a project's set-up, on one machine or, with --machines N, N of them in a
-# multi-worker job (what the tests run the compiled training step as, over loopback).
+# CPU machines, one replica each: the demo and smoke presets on small data (the embedded digits copied to
+# gs://) as a cheap end-to-end check of a project's set-up, on one machine or, with --machines N, N of them in
+# a multi-worker job (what the tests run the compiled training step as, over loopback).
 @ACCELERATORS.register("cpu")
 def _cpu(machines: int) -> Accelerator:
     if machines < 1:
@@ -303,7 +295,8 @@ _register_gpu("gpu-a100-80gbx8", "a2-ultragpu-8g", "NVIDIA_A100_80GB", 8, 312.0)
 
 
 def _register_slice(slice_type) -> None:
-    """A multi-host TPU slice, trained on through the Cloud TPU API (``components.tpu_vm``); one slice a run."""
+    """A multi-host TPU slice, trained on through the Cloud TPU API (``components.tpu_vm``); one slice a
+    run."""
 
     @ACCELERATORS.register(slice_type.name)
     def build(machines: int) -> Accelerator:
@@ -311,8 +304,8 @@ def _register_slice(slice_type) -> None:
         return Accelerator(
             name=slice_type.name, kind="tpu", machine_type="tpu-vm", accelerator_type=slice_type.api_type,
             accelerator_count=slice_type.chips, replicas_per_machine=slice_type.replicas,
-            peak_tflops=slice_type.peak_tflops, unit=f"TPU {slice_type.generation.name} chips", backend="tpu_vm",
-            hosts_per_machine=slice_type.hosts,
+            peak_tflops=slice_type.peak_tflops, unit=f"TPU {slice_type.generation.name} chips",
+            backend="tpu_vm", hosts_per_machine=slice_type.hosts,
         )  # fmt: skip
 
 
@@ -361,11 +354,11 @@ def get(name: str, machines: int = 1) -> Accelerator:
     return ACCELERATORS.build(name, machines)
 
 
-# The share of peak a run is assumed to reach, by kind of machine. EfficientNet's depthwise convolutions keep
-# accelerators far from peak. TPU: the paper's B5 on 128 TPU v3 cores (9.76 images/ms) and the reference B0 on
-# a TPU v2-8 (350 epochs in 23 hours) reach about 7%, its B2 on 128 cores about 4%: the lowest is taken. GPU:
-# published EfficientNet-B0 training rates on 8 A100s are about 1,500 images/s a GPU, near 1% of peak. CPU:
-# the tiny network trains at about 2 ms of CPU an image here, 2-5% of peak. Estimates err long.
+# The share of peak a run is assumed to reach, by kind of machine; estimates err long. EfficientNet's
+# depthwise convolutions keep accelerators far from peak. TPU: the paper's B5 on 128 TPU v3 cores (9.76
+# images/ms) and the reference B0 on a TPU v2-8 (350 epochs in 23 hours) reach about 7%, its B2 on 128 cores
+# about 4%: the lowest is taken. GPU: published EfficientNet-B0 rates on 8 A100s (about 1,500 images/s a GPU)
+# are near 1% of peak. CPU: the tiny network's rate on the development machine (docs/performance.md) is 2-5%.
 NOMINAL_UTILIZATION = {"tpu": 0.04, "gpu": 0.01, "cpu": 0.02}
 # Training costs about three forward passes (forward, and the two products of the backward pass); one
 # multiply-add is two FLOPs.
@@ -427,7 +420,8 @@ def estimate(config, machine: Accelerator) -> Estimate:
 
 
 def timeout_for(seconds: float) -> int:
-    """A job's timeout for a nominal ``seconds`` of work: ``TIMEOUT_FACTOR`` times it, within Vertex's limits."""
+    """A job's timeout for a nominal ``seconds`` of work: ``TIMEOUT_FACTOR`` times it, within Vertex's
+    limits."""
     return min(MAX_TIMEOUT_SECONDS, max(MIN_TIMEOUT_SECONDS, math.ceil(TIMEOUT_FACTOR * seconds)))
 
 

@@ -1,22 +1,16 @@
-"""Our TFX Beam executors: their Dataflow jobs stoppable and named after their execution, and on a local runner
-no copy of TFX packaged for workers that already import it.
+"""Our TFX Beam executors: their Dataflow jobs stoppable and named after their execution, and on a local
+runner no copy of TFX packaged for workers that already import it.
 
-``StoppableBeamExecutor`` makes a step's Beam pipeline an ``effnet_common.dataflow_jobs.StoppablePipeline`` (on
-Dataflow, the job is cancelled when the task is stopped, and a retried task follows its earlier attempt's job)
-whose job carries the run's label (``components.run_label``) and its execution's name (``execution_job_name``).
+``StoppableBeamExecutor`` makes a step's Beam pipeline an ``effnet_common.dataflow_jobs.StoppablePipeline``
+(on Dataflow, cancelled when the task is stopped, re-attached by a retried task) whose job carries the run's
+label (``components.run_label``) and its execution's name (``execution_job_name``).
 
-TFX's ``BaseBeamExecutor`` prepares a step's Beam options when it is constructed. Unless the options say how the
-workers get their Python packages (an SDK image, a setup or requirements file, extra packages), it copies the
-installed TFX (about 50 MB) into a new temporary directory, builds a source package of it there, adds that as
-``--extra_package`` and never removes the directory. That serves remote workers. The DirectRunner's workers (the
-local runner's threads and processes) import TFX from this very environment and install nothing, so on it the
-package was only cost: every local pipeline run left one such directory per Beam step in the system's
-temporary directory, and spent seconds of a step building it.
-
-``InstalledTfxOnLocalRunners`` keeps TFX's preparation for every other runner (on Dataflow the compiled steps
-name their SDK image, so none is built there either) and on a local runner hands the options to Beam as they
-were given. Left out with the package on a local runner: TFX's GCP telemetry labels (read by Dataflow only) and
-its parsing of the Beam options as absl flags, which none of our steps reads.
+``InstalledTfxOnLocalRunners``: unless the Beam options say how workers get their packages, TFX's
+``BaseBeamExecutor`` builds a source package of the installed TFX in a new temporary directory, adds it as
+``--extra_package`` and never removes the directory. That serves remote workers; a local runner's workers
+import TFX from this environment, so there the options go to Beam as given (without TFX's GCP telemetry
+labels, read by Dataflow only, and its parsing of the Beam options as absl flags, which no step of ours
+reads). On Dataflow the compiled steps name their SDK image, so nothing is built there either.
 """
 
 from __future__ import annotations
@@ -39,8 +33,8 @@ def runs_locally(beam_args: Sequence[str]) -> bool:
 
 
 class InstalledTfxOnLocalRunners:
-    """Mixin for a TFX Beam executor (before it in the bases): on a local runner, its Beam options are used as
-    given, without the TFX package TFX would build for remote workers (see the module's docstring)."""
+    """Mixin for a TFX Beam executor (before it in the bases): on a local runner, its Beam options are used
+    as given, without the TFX package TFX would build for remote workers (see the module's docstring)."""
 
     def __init__(self, context=None):
         beam_args = getattr(context, "beam_pipeline_args", None)
@@ -54,16 +48,16 @@ class InstalledTfxOnLocalRunners:
 
 
 def execution_job_name(output_dict: dict) -> str:
-    """The Dataflow job name of a step's execution: the same for a retried task (it keeps its output URIs), another
-    for every other execution (Dataflow's names: ``[a-z]([-a-z0-9]*[a-z0-9])?``)."""
+    """The Dataflow job name of a step's execution: the same for a retried task (it keeps its output URIs),
+    another for every other execution (Dataflow's names: ``[a-z]([-a-z0-9]*[a-z0-9])?``)."""
     from components import vertex_training
 
     return f"effnet-{vertex_training.outputs_digest(output_dict)}"
 
 
 class StoppableBeamExecutor:
-    """Mixin for a TFX Beam executor (before it in the bases): its Beam pipeline is a ``StoppablePipeline`` whose
-    Dataflow job carries the label of the run named among the task's arguments, or in its output URIs on
+    """Mixin for a TFX Beam executor (before it in the bases): its Beam pipeline is a ``StoppablePipeline``
+    whose Dataflow job carries the label of the run named among the task's arguments, or in its output URIs on
     Kubeflow (``components.run_label``), and the name of the task's execution (``execution_job_name``)."""
 
     _run_outputs: dict | None = None

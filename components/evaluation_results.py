@@ -1,5 +1,5 @@
-"""What the Evaluator's outputs say, read back from their URIs: the overall metrics of its evaluation, whether it
-blessed the model, and, when it did not, each blessing condition that failed, in words.
+"""What the Evaluator's outputs say, read back from their URIs: the overall metrics of its evaluation, whether
+it blessed the model, and, when it did not, each blessing condition that failed, in words.
 
 The local runner's verdict (``pipeline.outcome``) and a compiled Evaluator's run-page metrics
 (``components.run_page``) both read them here.
@@ -55,9 +55,9 @@ def is_blessed(blessing_uri: str) -> bool:
 
 
 def refusals(validation) -> tuple[str, ...]:
-    """Each blessing condition a TFMA ``ValidationResult`` says failed, in words: the top-1 below the target (a
-    value threshold), or worse than the last blessed model's (a change threshold against the baseline, whose
-    metric value is the difference)."""
+    """Each blessing condition a TFMA ``ValidationResult`` says failed, in words: the top-1 below the target
+    (a value threshold), or worse than the last blessed model's (a change threshold against the baseline,
+    whose metric value is the difference)."""
     reasons = []
     for per_slice in validation.metric_validations_per_slice:
         for failure in per_slice.failures:

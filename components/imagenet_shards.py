@@ -1,25 +1,17 @@
 """``ImageNetShardGen``: the sharding Beam pipeline as a TFX component producing an ``Examples`` artifact.
 
-Spec, executor and component in one small module. The executor is a thin shell around
-``beam_preprocess``: it points a ``ShardingConfig`` at the artifact, runs ``ShardImageNet`` in the Beam
-pipeline TFX configures (``beam_pipeline_args``: the DirectRunner locally, Dataflow on Kubeflow), enforces
-the failure budget and describes the shards on the artifact so that TFX's readers find them.
+Spec, executor and component in one small module. The executor is a thin shell around ``beam_preprocess``:
+it points a ``ShardingConfig`` at the artifact, runs ``ShardImageNet`` in the Beam pipeline TFX configures
+(``beam_pipeline_args``: the DirectRunner locally, Dataflow on Kubeflow), enforces the failure budget and
+describes the shards on the artifact so that TFX's readers find them.
 
 The inputs (archives, directories, a tensorflow-datasets dir; local or gs://) are execution parameters inside
 the config, not input artifacts: the default driver resolves nothing and stats no file, so listing and
 reading the inputs happens on Beam workers only.
 
-How TFX 1.16 reads what this writes, and why the custom properties are what they are:
-
-- Trainer (``fn_args.train_files`` / ``eval_files``) and Evaluator read ``<uri>/Split-<split>/*``: every
-  direct child of a split directory is data, so the shards are the only files there; ``manifest.json`` sits
-  at the artifact root (the trainer's ``record_counts`` looks for it in the parent of the split directory).
-- ``file_format`` must be ``'tfrecords_gzip'``: it is the only TFRecord value of TFX's ``FileFormat`` and
-  the one ``tfxio_utils.make_tfxio`` accepts besides Parquet (any other string is rejected). Despite the
-  name it does not fix the compression: tfx_bsl's ``detect_compression_type`` (tf.data) and Beam's
-  ``ReadFromTFRecord`` (AUTO) pick GZIP only for files ending in ``.gz``. The shards have no suffix, so
-  every reader reads them uncompressed, which is what they are.
-- ``payload_format`` is ``FORMAT_TF_EXAMPLE`` (serialised ``tf.train.Example``).
+TFX's readers take every direct child of ``<uri>/Split-<split>/`` as data, so only shards sit there and
+``manifest.json`` is at the artifact root. Why the artifact says ``file_format='tfrecords_gzip'`` for
+uncompressed shards: docs/sharding.md, 'In the pipeline'.
 """
 
 from __future__ import annotations
@@ -49,7 +41,8 @@ OVERRIDE_PARAMETERS = parameters.SHARDING_PARAMETERS
 EXAMPLES_KEY = "examples"
 # TFX's artifact layout: Examples readers look for <uri>/Split-<name>/.
 SPLIT_DIR_TEMPLATE = "Split-{split}"
-# The one TFRecord file format TFX readers accept; compression comes from the file suffix (none here).
+# The one TFRecord file format TFX readers accept; compression comes from the file suffix (none here), despite
+# the name (docs/sharding.md, 'In the pipeline').
 TFRECORD_FILE_FORMAT = "tfrecords_gzip"
 
 logger = logging.getLogger("components.imagenet_shards")
@@ -111,8 +104,9 @@ class Executor(
     beam_executor.InstalledTfxOnLocalRunners,
     base_beam_executor.BaseBeamExecutor,
 ):
-    """Runs ``ShardImageNet`` into the Examples artifact, then enforces the failure budget. On Dataflow, the job
-    carries the run's label and is cancelled if the task is stopped (``beam_executor.StoppableBeamExecutor``)."""
+    """Runs ``ShardImageNet`` into the Examples artifact, then enforces the failure budget. On Dataflow, the
+    job carries the run's label and is cancelled if the task is stopped
+    (``beam_executor.StoppableBeamExecutor``)."""
 
     def Do(  # noqa: N802 - TFX's executor interface
         self,

@@ -3,8 +3,8 @@ before anything heavy loads).
 
 - the sharding step (``components.imagenet_shards``): its inputs and shard layout replace the config's fields
   of the same name when given;
-- the Trainer and Evaluator (``components.runtime_gate``): ``train_epochs`` and ``target_top1``, the one target
-  that both stops the training and gates the blessing.
+- the Trainer and Evaluator (``components.runtime_gate``): ``train_epochs`` and ``target_top1``, the one
+  target that both stops the training and gates the blessing.
 
 A compiled pipeline exposes them all as root parameters (``pipeline.compiler.RUNTIME_PARAMETERS``).
 """
@@ -13,7 +13,8 @@ INPUT_PARAMETERS = {"train_archive": str, "val_archive": str, "train_dir": str, 
 LAYOUT_PARAMETERS = {"train_shards": int, "val_shards": int}
 SHARDING_PARAMETERS = {**INPUT_PARAMETERS, **LAYOUT_PARAMETERS}
 
-# Why the sharding step of a pipeline needs an input for each split (the sharding command alone may shard one).
+# Why the sharding step of a pipeline needs an input for each split (the sharding command alone may shard
+# one).
 BOTH_SPLITS = "the pipeline trains on the training split and gates on the validation split"
 
 TRAIN_EPOCHS_KEY = "train_epochs"

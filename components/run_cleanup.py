@@ -1,30 +1,17 @@
-"""``RunCleanup``: the pipeline's exit handler, which cancels every job of the run still running when it ends.
+"""``RunCleanup``: the pipeline's exit task, which cancels every job of the run still running when it ends.
 
-The steps that start cloud jobs cancel their own job when their task is stopped (``components.vertex_training``,
-``effnet_common.dataflow_jobs``), but a task killed outright (SIGKILL, out of memory, its node lost), or stopped
-before its job had an id, leaves the job running and billing: a training job until its timeout (days for some
-presets), a Dataflow job of up to a hundred workers until it ends. On Vertex AI Pipelines and Kubeflow Pipelines
-the exit handler runs once every other task of the run has ended, whatever their state (but not while a person
-cancels the run: the schema's trigger strategy starts no task then, and the steps' own handling of SIGTERM
-cancels their jobs); it finds the run's jobs by the label every step puts on them (``components.run_label``):
-the Vertex AI custom jobs (training, tuning) of the project and region, the Dataflow jobs (sharding,
-evaluation), and when the Trainer trains on a TPU VM slice, that slice's queued resources in its zone (the label is
-on their node: ``components.tpu_vm``), deleted with their nodes. Each one not ended is cancelled and followed until it ends (within ``CANCEL_WAIT_SECONDS`` of each
-module); the task logs one line per job and a summary, ``run RUN: cancelled ...`` or ``run RUN: no job left
+A step cancels its own job when its task is stopped, but a task killed outright (SIGKILL, out of memory, its
+node lost), or stopped before its job had an id, leaves the job billing. The exit task runs once every other
+task has ended, in any state (it takes no ``PipelineTaskFinalStatus``), finds the run's jobs by the label
+every step puts on them (``components.run_label``) and cancels those not ended: the Vertex AI custom jobs and
+Dataflow jobs of the project and region, and a TPU VM slice's queued resources in its zone (deleted with their
+nodes). It logs one line per job and a summary, ``run RUN: cancelled ...`` or ``run RUN: no job left
 running``.
 
-The task takes its run's id from its parameter ``RUN_ID_KEY`` when it has one: compiled for Kubeflow Pipelines it
-is the run-id placeholder, which Kubeflow fills in input parameters (and the task has no outputs to read it from;
-it is never cached, so a parameter costs nothing). Compiled for Vertex it takes it as every task of the run does,
-from the argument ``run_label.RUN_ARG``.
-
-Every call retries the services' transient faults (``effnet_common.cloud_retry``). What it could not do (a job
-not cancelled, a list refused, no run id from an orchestrator that did not replace the placeholder) is logged as
-an error naming the job and, for a refusal, the permission the service account lacks (``PERMISSIONS``), and
-said in the summary; the task still succeeds: a clean-up must never change its run's outcome (on Kubeflow before
-2.4.0 the exit task's state was the run's, and a failed clean-up would fail a good run).
-
-The handler takes no final-status input (``PipelineTaskFinalStatus``): it cancels whatever is left, in any state.
+The run's id is the parameter ``RUN_ID_KEY`` when compiled for Kubeflow (which fills its run-id placeholder in
+input parameters only, and this task has no outputs to read it from), else the argument ``run_label.RUN_ARG``.
+What it could not do is an error in its log naming the permission a refusal says is missing (``PERMISSIONS``);
+the task still succeeds, as a clean-up must never change its run's outcome. More: docs/vertex.md.
 """
 
 from __future__ import annotations
@@ -38,7 +25,7 @@ from tfx.dsl.components.base import base_beam_component, base_beam_executor, exe
 from tfx.types import component_spec
 
 from components import beam_executor, run_label, vertex_training
-from effnet_common import cloud_retry, dataflow_jobs
+from effnet_common import cloud_retry, dataflow_jobs, follower
 
 PROJECT_KEY = "project"
 REGION_KEY = "region"
@@ -46,7 +33,8 @@ TPU_ZONE_KEY = "tpu_zone"
 # Optional: the run's id (a placeholder the orchestrator fills in); without it, the id among the arguments.
 RUN_ID_KEY = "run_id"
 STEP_ID = "RunCleanup"
-# What each call needs of the service account (IAM permission, and the role of the set-up in docs/vertex.md that has it).
+# What each call needs of the service account: the IAM permission, and the role of docs/vertex.md's set-up
+# that has it.
 PERMISSIONS = {
     "list custom jobs": "aiplatform.customJobs.list (roles/aiplatform.user)",
     "cancel custom job": "aiplatform.customJobs.cancel (roles/aiplatform.user)",
@@ -60,7 +48,7 @@ logger = logging.getLogger("components.run_cleanup")
 
 @dataclasses.dataclass
 class CleanupReport:
-    """What the clean-up of one run found and did: ``(job, state after)`` of each job cancelled, and what failed."""
+    """What the clean-up of one run did: ``(job, state after)`` of each job cancelled, and what failed."""
 
     run: str
     custom_jobs: list[tuple[str, str]] = dataclasses.field(default_factory=list)
@@ -69,9 +57,10 @@ class CleanupReport:
     failures: list[str] = dataclasses.field(default_factory=list)
 
     def summary(self) -> str:
-        """One line: ``run RUN: cancelled ...``, ``run RUN: no job left running``, and what could not be cancelled."""
+        """One line: ``run RUN: cancelled ...`` or ``run RUN: no job left running``, and what failed."""
         parts = [
-            f"{len(jobs)} {kind}{'s' if len(jobs) > 1 else ''} ({', '.join(f'{job}: {state}' for job, state in jobs)})"
+            f"{len(jobs)} {kind}{'s' if len(jobs) > 1 else ''} "
+            f"({', '.join(f'{job}: {state}' for job, state in jobs)})"
             for kind, jobs in (
                 ("Vertex AI custom job", self.custom_jobs),
                 ("Dataflow job", self.dataflow_jobs),
@@ -119,14 +108,9 @@ def cancel_custom_jobs(project: str, region: str, run: str, report: CleanupRepor
         report.failures.append(_failure(what, "list custom jobs", error))
         return
     for job in jobs:
-        # best effort: UNKNOWN when the request failed
-        state = vertex_training.cancel(client, job.name, retry_seconds=cloud_retry.CALL_RETRY_SECONDS)
-        if state == "UNKNOWN":  # refused, or it ended meanwhile?
-            try:
-                retry = cloud_retry.call_retry(f"reading {job.name}")
-                state = client.get_custom_job(name=job.name, retry=retry, **calls).state.name
-            except Exception:
-                state = "UNKNOWN"
+        state = follower.cancel(
+            vertex_training.CustomJob(client, job.name), retry_seconds=cloud_retry.CALL_RETRY_SECONDS
+        ).state
         if state in vertex_training.ENDED or state == "JOB_STATE_CANCELLING":
             report.custom_jobs.append((job.name, state))
         else:
@@ -153,8 +137,8 @@ def cancel_dataflow_jobs(api: dataflow_jobs.DataflowApi, run: str, report: Clean
 
 
 def delete_tpu_slices(project: str, zone: str, endpoint: str, run: str, report: CleanupReport) -> None:
-    """Deletes the run's TPU VM slices in ``zone`` (its queued resources, found by the run's label on their node:
-    ``components.tpu_vm``), each followed until the API no longer knows it."""
+    """Deletes the run's TPU VM slices in ``zone`` (its queued resources, found by the run's label on their
+    node: ``components.tpu_vm``), each followed until the API no longer knows it."""
     from components import tpu_vm
 
     client = tpu_vm.client_for(endpoint)
@@ -179,8 +163,9 @@ def delete_tpu_slices(project: str, zone: str, endpoint: str, run: str, report: 
 def clean_up(
     project: str, region: str, run_id: str, beam_args: list[str], tpu_zone: str = "", tpu_endpoint: str = ""
 ) -> CleanupReport:
-    """Cancels every job of run ``run_id`` still running in ``project`` / ``region``: its Vertex AI custom jobs,
-    and its Dataflow jobs (reached with the Beam options ``beam_args``, as its Beam steps reach Dataflow).
+    """Cancels every job of run ``run_id`` still running in ``project`` / ``region``: its Vertex AI custom
+    jobs, its Dataflow jobs (reached with the Beam options ``beam_args``, as its Beam steps reach Dataflow),
+    and with ``tpu_zone`` its TPU VM slices there.
 
     Raises:
       run_label.NoRunId: ``run_id`` names no run.
@@ -204,9 +189,8 @@ def tpu_endpoint_of_environment() -> str:
 
 
 class Executor(beam_executor.InstalledTfxOnLocalRunners, base_beam_executor.BaseBeamExecutor):
-    """Runs ``clean_up`` for the run named by the task's ``RUN_ID_KEY`` parameter, else among its arguments, and
-    prints its summary; what it could not do is an error in its log, never the task's failure (see the module's
-    docstring)."""
+    """Runs ``clean_up`` for the run named by the task's ``RUN_ID_KEY`` parameter, else among its arguments,
+    and prints its summary; what it could not do is an error in its log, never the task's failure."""
 
     def Do(self, input_dict: dict, output_dict: dict, exec_properties: dict[str, Any]) -> None:  # noqa: N802
         del input_dict, output_dict

@@ -1,26 +1,16 @@
 """The label that names a pipeline run on every cloud job it starts, so that the run's jobs can be found.
 
 A compiled pipeline is the same for every run; what tells one run from another is the orchestrator's run id.
-Every step that starts a cloud job puts it on the job as the label ``RUN_LABEL``: the training and tuning custom
-jobs on Vertex AI, the Dataflow jobs of the sharding step and of the Evaluator; the pipeline's exit handler
-(``components.run_cleanup``) finds the run's jobs by that label. A step learns the id from the argument
-``RUN_FLAG`` (among the Beam options TFX passes to every task), compiled as one of:
+Every step that starts a cloud job (Vertex AI training and tuning jobs, the Dataflow jobs of the sharding step
+and the Evaluator) labels it ``RUN_LABEL``, and the exit handler (``components.run_cleanup``) finds the run's
+jobs by that label. A step learns the id from the argument ``RUN_FLAG``, compiled as ``RUN_ARG`` on Vertex AI
+Pipelines (which fills the placeholder in arguments) or as ``kfp_run_arg`` on Kubeflow Pipelines (which fills
+it in input parameters only): the id is then read off the step's output URIs (``run_id_in_uri``).
 
-- ``RUN_ARG`` (``--effnet_run={{$.pipeline_job_uuid}}``), on Vertex AI Pipelines, which puts the run's id in place
-  of the placeholder in a task's container arguments;
-- ``kfp_run_arg(pipeline name)`` (``--effnet_run=from-output-uri:NAME``), on Kubeflow Pipelines, which replaces
-  the placeholder in input parameters only, never in arguments. There the id is read off the step's output
-  artifacts: Kubeflow's driver places a run's artifacts under ``<pipeline root>/<pipeline name>/<run id>/``, then
-  ``<task>/<output>`` (or ``<task>/<random UUID>/<output>`` since 2024), the run id a UUID
-  (``run_id_in_uri``: the UUID right after the pipeline's name).
-
-The run id is never an input parameter of a step because Vertex AI Pipelines and Kubeflow Pipelines make a step's
-cache key of its input parameters' values and its compiled arguments: a run-id parameter would give every run's
-steps a new key, and no step of a re-run would be reused. An output URI is not in the key (Kubeflow keys a step
-by its outputs' types, not their URIs), and a cached step starts no job.
-
-An argument whose placeholder was not replaced is no run id (``run_value`` says so): a label made of it would
-name every run at once.
+The run id is never an input parameter, because both orchestrators key a step's cache on its input values
+and compiled arguments: every re-run would redo every step. Output URIs are not in the key. An argument whose
+placeholder was not replaced is no run id (``run_value`` says so): a label made of it would name every run.
+Details: docs/vertex.md, 'A cancelled or failed run stops paying'.
 """
 
 from __future__ import annotations
@@ -32,11 +22,13 @@ from typing import Any
 
 # The label key on the run's jobs.
 RUN_LABEL = "effnet_run"
-# What the orchestrator replaces with the run's id, and the argument a compiled Vertex pipeline gives every task.
+# What the orchestrator replaces with the run's id, and the argument a compiled Vertex pipeline gives every
+# task.
 RUN_ID_PLACEHOLDER = "{{$.pipeline_job_uuid}}"
 RUN_FLAG = "--effnet_run"
 RUN_ARG = f"{RUN_FLAG}={RUN_ID_PLACEHOLDER}"
-# What a pipeline compiled for Kubeflow gives every task instead (``kfp_run_arg``): the id is in its output URIs.
+# What a pipeline compiled for Kubeflow gives every task instead (``kfp_run_arg``): the id is in its output
+# URIs.
 FROM_OUTPUT_URI = "from-output-uri"
 # Google Cloud label values: lowercase letters, digits, '_' and '-', at most 63 characters (what is not one of
 # them becomes '-').
@@ -52,8 +44,8 @@ class NoRunId(ValueError):
 
 
 def kfp_run_arg(pipeline_name: str) -> str:
-    """The argument of every task of pipeline ``pipeline_name`` compiled for Kubeflow: the run's id is the UUID
-    after the pipeline's name in the task's output URIs."""
+    """The argument of every task of pipeline ``pipeline_name`` compiled for Kubeflow: the run's id is the
+    UUID after the pipeline's name in the task's output URIs."""
     return f"{RUN_FLAG}={FROM_OUTPUT_URI}:{pipeline_name}"
 
 
@@ -62,9 +54,9 @@ def take_run_id(
 ) -> tuple[str | None, list[str]]:
     """The run id among a task's arguments (``RUN_FLAG``; None when absent) and the other arguments.
 
-    ``kfp_run_arg`` stands for the run id in the URIs of the task's ``outputs`` (TFX's ``output_dict``: artifact
-    lists by key), as a Kubeflow run places them; unless they hold exactly one, the argument's value is returned
-    as it is (``run_value`` then says what is missing).
+    ``kfp_run_arg`` stands for the run id in the URIs of the task's ``outputs`` (TFX's ``output_dict``:
+    artifact lists by key), as a Kubeflow run places them; unless they hold exactly one, the argument's value
+    is returned as it is (``run_value`` then says what is missing).
     """
     run_id, rest = None, []
     for arg in args:
@@ -89,12 +81,12 @@ def _kfp_pipeline_name(value: str | None) -> str | None:
 
 
 def run_id_in_uri(uri: str, pipeline_name: str) -> str | None:
-    """The Kubeflow run id in an artifact URI of pipeline ``pipeline_name``: the UUID-shaped segment right after
-    a segment that is the pipeline's name (the last such pair), None if there is none.
+    """The Kubeflow run id in an artifact URI of pipeline ``pipeline_name``: the UUID-shaped segment right
+    after a segment that is the pipeline's name (the last such pair), None if there is none.
 
-    Kubeflow's driver writes a run's artifacts under ``<pipeline root>/<pipeline name>/<run id>/``; what follows
-    (the task, since 2024 a random UUID per execution, the output) comes after the run id, and a UUID in the
-    pipeline root is not after the pipeline's name."""
+    Kubeflow's driver writes a run's artifacts under ``<pipeline root>/<pipeline name>/<run id>/``; what
+    follows (the task, in newer Kubeflow versions a random UUID per execution, the output) comes after the run
+    id, and a UUID in the pipeline root is not after the pipeline's name."""
     segments = uri.rstrip("/").split("/")
     pairs = zip(segments, segments[1:], strict=False)
     found = [run for name, run in pairs if name == pipeline_name and _RUN_ID_SEGMENT.match(run)]
@@ -120,8 +112,8 @@ def run_value(run_id: str | None) -> str:
         )
     if not run_id or "{{$" in run_id:
         raise NoRunId(
-            f"no run id: {run_id!r} is not one; the orchestrator did not fill in {RUN_ID_PLACEHOLDER} (Vertex AI "
-            f"Pipelines does in arguments and parameters, Kubeflow Pipelines in parameters only)"
+            f"no run id: {run_id!r} is not one; the orchestrator did not fill in {RUN_ID_PLACEHOLDER} "
+            f"(Vertex AI Pipelines does in arguments and parameters, Kubeflow Pipelines in parameters only)"
         )
     return label_value(run_id)
 

@@ -1,18 +1,18 @@
-"""A run's results on its Vertex AI Pipelines or Kubeflow Pipelines run page: the Trainer's and the Evaluator's
-``system.Metrics`` outputs and the Trainer's ``system.HTML`` output (the run report).
+"""A run's results on its Vertex AI Pipelines or Kubeflow Pipelines run page: the Trainer's and the
+Evaluator's ``system.Metrics`` outputs and the Trainer's ``system.HTML`` output (the run report).
 
-The compiled spec declares them beside the TFX outputs (``pipeline.spec_patches.add_run_page_outputs``); the two
-steps' containers run this module (``python -m components.run_page``, TFX's entry point's arguments) instead of
-TFX's entry point, which cannot carry them: it imports every output's type as a TFX artifact class, and
-``system.Metrics`` is none. So the ``system.*`` outputs are taken out of the step's ExecutorInput, TFX's entry
-point runs the executor on the rest, in this process, and the outputs are then made from what the executor left
-and added to the ExecutorOutput file, where both backends' launchers read every declared output:
+The compiled spec declares them beside the TFX outputs (``pipeline.spec_patches.add_run_page_outputs``).
+TFX's container entry point cannot carry them (it imports every output's type as a TFX artifact class, and
+``system.Metrics`` is none), so the two steps' containers run ``python -m components.run_page`` with the
+entry point's arguments: it takes the ``system.*`` outputs out of the ExecutorInput, runs TFX's entry point on
+the rest in this process, then makes those outputs from what the executor left and adds them to the
+ExecutorOutput file, where both backends' launchers read every declared output.
 
-- a ``system.Metrics`` output's values are its ``metadata``: the UIs list them as name and value, and Vertex AI
-  Experiments merges every metrics output of a run into one row, so the Trainer's keys and the Evaluator's
-  differ, and the values are numbers (a yes as 1.0) but for the one line saying why a model was not blessed;
-- a ``system.HTML`` output is the HTML file itself at the artifact's URI, with its plots inlined: the UIs show
-  the file alone, in a sandboxed frame, where nothing beside it can be fetched.
+- ``system.Metrics``: values in ``metadata``, numbers (a yes as 1.0) but for the line saying why a model was
+  not blessed; the Trainer's and the Evaluator's keys differ, as Vertex AI Experiments merges a run's
+  metrics outputs into one row.
+- ``system.HTML``: the HTML file itself at the artifact's URI, plots inlined, as the UIs show it alone in a
+  sandboxed frame.
 """
 
 from __future__ import annotations

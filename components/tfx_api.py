@@ -1,13 +1,15 @@
-"""The TFX names the pipeline uses, imported from the modules that define them instead of through ``tfx.v1``.
+"""The TFX names the pipeline uses, imported from the modules that define them instead of through
+``tfx.v1``.
 
-``tfx.v1`` is TFX's public index of these same objects, but importing any part of it imports all of it, and its
-``extensions`` package loads the Vertex AI SDK (google-cloud-aiplatform): about 10 s of a 2-core machine in every
-process that builds or runs a pipeline, the local demo's and the Trainer's included, for names that only some
-cloud steps use (the compiler, the Vertex Trainer and tuner steps). Those import ``tfx.v1`` themselves.
+``tfx.v1`` is TFX's public index of these same objects, but importing any part of it imports all of it, and
+its ``extensions`` package loads the Vertex AI SDK (google-cloud-aiplatform): seconds of CPU in every process
+that builds or runs a pipeline, the local demo's and the Trainer's included (docs/performance.md), for names
+that only some cloud steps use (the compiler, the Vertex Trainer and tuner steps), which import ``tfx.v1``
+themselves.
 
-Each name here is the very object ``tfx.v1`` exports under the same dotted path, so code reads as it would with
-``from tfx import v1 as tfx`` (``from components import tfx_api as tfx``); ``tests/test_tfx_api.py`` checks every
-one against ``tfx.v1`` and that the local pipeline's modules load no Vertex AI SDK.
+Each name here is the very object ``tfx.v1`` exports under the same dotted path, so code reads as it would
+with ``from tfx import v1 as tfx`` (``from components import tfx_api as tfx``); ``tests/test_tfx_api.py``
+checks every one against ``tfx.v1`` and that the local pipeline's modules load no Vertex AI SDK.
 """
 
 from __future__ import annotations

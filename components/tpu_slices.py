@@ -1,23 +1,18 @@
-"""Multi-host Cloud TPU slices, which the Trainer reaches through the Cloud TPU API (``components.tpu_vm``), not
-Vertex AI: what each one is (chips, TensorFlow replicas, hosts, chip grid), where it is offered, which TensorFlow
-runtime its VMs boot, and what a chip-hour costs.
+"""Multi-host Cloud TPU slices, which the Trainer reaches through the Cloud TPU API (``components.tpu_vm``),
+not Vertex AI: what each one is (chips, TensorFlow replicas, hosts, chip grid), where it is offered, which
+TensorFlow runtime its VMs boot, and what a chip-hour costs. Facts and sources: docs/tpu-pods-research.md, 4.
 
-Facts and their sources are in docs/tpu-pods-research.md (section 4); in short:
-
-- A slice is named by its generation and a size: TensorCores for v3, v4 and v5p (two per chip), chips for v5e.
-  Every host (VM) holds 4 chips.
-- TensorFlow sees every TensorCore of a v3 as a device (a replica), but one device per v4 or v5p chip (the two
-  cores work as one, "megacore"), and one per v5e chip. So tpu-v3-1024 (the paper's slice: 512 chips on 128
-  hosts) has 1,024 replicas, and tpu-v4-1024 (512 chips too) has 512.
-- TensorFlow drives a multi-host slice from one client on worker 0 through the ``tpu-runtime`` service the
-  ``-pod`` runtimes start on every host. The pinned TensorFlow is 2.16; the pod runtime published for it is
-  ``tpu-vm-tf-2.16.1-pod-pjrt`` (none was found for 2.16.2).
-- Chip grids: v3 slices are 2D (hosts x 2x2 chips), v4 and v5p 3D. Only v4/v5p grids whose every side is a
-  multiple of 4 wrap around (a torus); for v3 only the full 2,048-core pod is documented as one, so smaller v3
-  slices are taken as meshes. v5e slices are 2D, the full 256-chip pod a torus.
+- A slice is named by its generation and a size: TensorCores for v3, v4 and v5p (two per chip), chips for
+  v5e; every host holds 4 chips. TensorFlow sees each v3 TensorCore as a replica but one device per v4, v5p
+  ("megacore") or v5e chip: tpu-v3-1024 (the paper's, 512 chips) has 1,024 replicas, tpu-v4-1024 has 512.
+- TensorFlow drives a multi-host slice from one client on worker 0 through the ``tpu-runtime`` service of the
+  ``-pod`` runtimes; for the pinned TensorFlow 2.16 that is ``tpu-vm-tf-2.16.1-pod-pjrt`` (none for 2.16.2).
+- Chip grids: v3 and v5e 2D, v4 and v5p 3D. Only v4/v5p grids whose every side is a multiple of 4 wrap
+  around (a torus); of v3 only the full 2,048-core pod is documented as one, so smaller v3 slices are taken as
+  meshes; of v5e the full 256-chip pod.
 - Zones: where Cloud TPU documents (or Google's own CI uses) each generation's slices. Prices: v3 from a
-  published table ($2.00 on demand, $0.60 Spot per chip-hour); the v4, v5p and v5e figures are list prices
-  commonly quoted in 2024 that no stored source confirmed: ``--plan`` says so beside its cost.
+  published table ($2.00 on demand, $0.60 Spot per chip-hour); the v4, v5p and v5e list prices no stored
+  source confirmed, which ``--plan`` says beside its cost.
 """
 
 from __future__ import annotations

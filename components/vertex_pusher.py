@@ -1,33 +1,18 @@
 """The push of a blessed model to Vertex AI: a version in the Model Registry, served alone on the endpoint.
 
-TFX's Vertex Pusher uploads every blessed model as a new Model and deploys it at 100% traffic beside all the
+TFX's Vertex Pusher uploads every blessed model as a new Model deployed at 100% traffic beside all the
 earlier ones, which keep their machines (and their cost) until someone undeploys them. This push keeps one
-registry model per pipeline and one deployed version of it:
+registry model per pipeline (labelled ``effnet-pipeline=<pipeline>``), each blessed model a new *version* of
+it labelled with the push id (a digest of the trained model's URI) and made its default version; deploys it
+at 100% on the endpoint (by display name, created if missing, or resource name); then undeploys the
+pipeline's other models there, leaving other pipelines' alone (docs/serving.md). A retried push finds its
+version by the push id instead of uploading or deploying twice.
 
-1. **Registry**: the pipeline's model is the Model labelled ``effnet-pipeline=<pipeline>`` (the first push
-   creates it); every blessed model becomes a new *version* of it (``parent_model``), labelled with the push's
-   id, a digest of the trained model's URI.
-2. **Endpoint**: the endpoint named by display name (created if missing, with the pipeline's labels) or by
-   resource name; the new version is deployed on ``machine_type`` at 100% of the traffic.
-3. **Replaced versions**: every other deployed model of this pipeline's registry models on that endpoint is
-   undeployed, after the new one serves; models of other pipelines on the same endpoint are left alone.
-
-Idempotent: a retried push (the same trained model) finds its version by the push id instead of uploading a
-second one, and does not deploy it twice. The pushed version becomes the model's *default* version (the one
-Vertex uses where no version is named), as the Vertex SDK's upload does by default.
-
-The serving image is checked when the pipeline is compiled (``check_serving_image``). The export
-(``trainer_module.export``) is written by TensorFlow 2.16, and the newest prebuilt Vertex TensorFlow image in
-the pinned google-cloud-aiplatform's list runs TensorFlow 2.15: the export was loaded with TensorFlow 2.15.1's
-C++ ``LoadSavedModel`` (the loader TensorFlow Serving calls) and answered exactly as under 2.16
-(docs/serving.md), so that image serves it. A prebuilt image the pinned SDK does not list, or one older than
-``OLDEST_SERVING_TENSORFLOW``, is refused, naming the listed image to use instead.
-
-Every call goes through ``google.cloud.aiplatform_v1``'s ModelServiceClient and EndpointServiceClient with the
-API's own messages, and retries what Vertex documents as transient (``effnet_common.cloud_retry``); a create
-whose answer was lost (the upload, the endpoint, the deployment) is looked for before it is sent again; tests replace those two clients (``tests/fake_vertex_registry.py``'s ``FakeModelRegistry``).
-Names the service returns carry the project *number* and, for a deployed model, the ``@version``: models are
-compared by the service's own names, without their version suffix.
+The serving image is checked when the pipeline is compiled (``check_serving_image``): only prebuilt images
+the pinned SDK lists, from ``OLDEST_SERVING_TENSORFLOW`` on (docs/serving.md, 'The serving image'). Calls go
+through ``aiplatform_v1``'s Model and Endpoint service clients with ``effnet_common.cloud_retry``; a create
+whose answer was lost is looked for before it is sent again (tests: ``tests/fake_vertex_registry.py``).
+Models are compared by the service's own names (project *number*), without their ``@version`` suffix.
 """
 
 from __future__ import annotations
@@ -54,25 +39,28 @@ CONFIG_KEY = "effnet_vertex_push"
 PIPELINE_LABEL = "effnet-pipeline"  # the same label the pipeline's jobs carry (pipeline.cloud)
 PUSH_LABEL = "effnet-push"
 DEFAULT_ALIAS = "default"  # the version alias Vertex uses where a request names no version
-# The oldest TensorFlow whose Serving the export is checked to load and answer with (see the module docstring).
+# The oldest TensorFlow whose Serving the export is checked to load and answer with (docs/serving.md).
 OLDEST_SERVING_TENSORFLOW = (2, 15)
-# Vertex's prebuilt TensorFlow prediction images: REGISTRY-docker.pkg.dev/vertex-ai/prediction/tf2-cpu.2-15:latest
+# Vertex's prebuilt TensorFlow prediction images:
+# REGISTRY-docker.pkg.dev/vertex-ai/prediction/tf2-cpu.2-15:latest
 _PREBUILT = re.compile(
-    r"^(?P<registry>[a-z]+)-docker\.pkg\.dev/vertex-ai/prediction/tf2-(?P<accelerator>cpu|gpu)\.2-(?P<minor>\d+)"
+    r"^(?P<registry>[a-z]+)-docker\.pkg\.dev/vertex-ai/prediction/"
+    r"tf2-(?P<accelerator>cpu|gpu)\.2-(?P<minor>\d+)"
     r"(?::[\w.-]+|@sha256:[0-9a-f]+)?$"
 )
 
 
 def serving_image_tensorflow(image: str) -> tuple[int, int] | None:
-    """The TensorFlow (major, minor) of an image named as Vertex's prebuilt prediction images are; None for any
-    other image."""
+    """The TensorFlow (major, minor) of an image named as Vertex's prebuilt prediction images are; None for
+    any other image."""
     match = _PREBUILT.match(image)
     return (2, int(match.group("minor"))) if match else None
 
 
 def prebuilt_tensorflow_images() -> dict[tuple[str, str, tuple[int, int]], str]:
     """The prebuilt TensorFlow prediction images of the pinned google-cloud-aiplatform, by (registry,
-    accelerator, TensorFlow version): ('us', 'cpu', (2, 15)) -> 'us-docker.pkg.dev/.../tf2-cpu.2-15:latest'."""
+    accelerator, TensorFlow version): ('us', 'cpu', (2, 15)) ->
+    'us-docker.pkg.dev/.../tf2-cpu.2-15:latest'."""
     from google.cloud.aiplatform.constants import prediction
 
     images = {}
@@ -94,8 +82,8 @@ def _suggested_image(images: dict, region: str, accelerator: str) -> str:
 
 def check_serving_image(image: str, region: str) -> str | None:
     """Refuses a prebuilt Vertex TensorFlow image the pinned SDK does not list, or one older than
-    ``OLDEST_SERVING_TENSORFLOW``; returns a warning for any other image (its TensorFlow cannot be told from its
-    name), else None.
+    ``OLDEST_SERVING_TENSORFLOW``; returns a warning for any other image (its TensorFlow cannot be told from
+    its name), else None.
 
     Raises:
       ValueError: one line naming the image, why, and the listed image to use (in ``region``'s registry).
@@ -109,20 +97,20 @@ def check_serving_image(image: str, region: str) -> str | None:
     oldest = ".".join(map(str, OLDEST_SERVING_TENSORFLOW))
     if match is None:
         return (
-            f"--serving-image {image} is not a prebuilt Vertex TensorFlow image: make sure it serves a SavedModel "
-            f"with TensorFlow Serving {oldest} or newer on Vertex's routes, as {suggestion} does"
+            f"--serving-image {image} is not a prebuilt Vertex TensorFlow image: make sure it serves a "
+            f"SavedModel with TensorFlow Serving {oldest} or newer on Vertex's routes, as {suggestion} does"
         )
     serving = serving_image_tensorflow(image)
     if (match.group("registry"), accelerator, serving) not in images:
         sdk = metadata.version("google-cloud-aiplatform")
         raise ValueError(
-            f"--serving-image {image}: google-cloud-aiplatform {sdk} lists no such prebuilt prediction image: "
-            f"use {suggestion}, which serves this export"
+            f"--serving-image {image}: google-cloud-aiplatform {sdk} lists no such prebuilt prediction "
+            f"image: use {suggestion}, which serves this export"
         )
     if serving < OLDEST_SERVING_TENSORFLOW:
         raise ValueError(
-            f"--serving-image {image} serves with TensorFlow {serving[0]}.{serving[1]}, older than {oldest}, the "
-            f"oldest the export is checked to load with: use {suggestion}"
+            f"--serving-image {image} serves with TensorFlow {serving[0]}.{serving[1]}, older than {oldest}, "
+            f"the oldest the export is checked to load with: use {suggestion}"
         )
     return None
 
@@ -331,7 +319,8 @@ class Evaluation:
             confidence.append({"confidenceThreshold": 0.0, "maxPredictions": 5, "recall": top5})
         metadata = {**self.metrics, "pipeline": target.pipeline, "push_id": push}
         metadata.update({key: value for key, value in
-                         (("pipeline_job_id", self.run), ("blessing_uri", self.blessing_uri)) if value})  # fmt: skip
+                         (("pipeline_job_id", self.run), ("blessing_uri", self.blessing_uri))
+                         if value})  # fmt: skip
         return aiplatform_v1.ModelEvaluation(
             display_name=f"{target.pipeline} push {push}",
             metrics_schema_uri=EVALUATION_SCHEMA,
@@ -341,8 +330,8 @@ class Evaluation:
 
 
 def _import_evaluation(models, version: str, evaluation: aiplatform_v1.ModelEvaluation) -> str:
-    """Imports ``evaluation`` as an evaluation of ``version`` (``MODEL@VERSION_ID``) once: a retried push, or an
-    import whose answer was lost, finds the one it made by its display name. Returns its name."""
+    """Imports ``evaluation`` as an evaluation of ``version`` (``MODEL@VERSION_ID``) once: a retried push, or
+    an import whose answer was lost, finds the one it made by its display name. Returns its name."""
 
     def find():
         listed = models.list_model_evaluations(
@@ -365,9 +354,9 @@ def _import_evaluation(models, version: str, evaluation: aiplatform_v1.ModelEval
 
 
 def push(target: PushTarget, artifact_uri: str, push: str, evaluation: Evaluation | None = None) -> Pushed:
-    """Uploads ``artifact_uri`` (a SavedModel directory) as a version of the pipeline's registry model (once per
-    ``push`` id) with ``evaluation`` as its model evaluation, deploys it on the endpoint at 100% and undeploys
-    the pipeline's other models there."""
+    """Uploads ``artifact_uri`` (a SavedModel directory) as a version of the pipeline's registry model (once
+    per ``push`` id) with ``evaluation`` as its model evaluation, deploys it on the endpoint at 100% and
+    undeploys the pipeline's other models there."""
     models = aiplatform_v1.ModelServiceClient(client_options=target.client_options)
     endpoints = aiplatform_v1.EndpointServiceClient(client_options=target.client_options)
     pipeline_models = _pipeline_models(models, target)
@@ -458,7 +447,12 @@ def push(target: PushTarget, artifact_uri: str, push: str, evaluation: Evaluatio
 class VertexPusherExecutor(pusher_executor.Executor):
     """TFX's Pusher contract (the blessing check, the ``pushed_model`` artifact) with ``push`` as the push."""
 
-    def Do(self, input_dict: dict[str, list], output_dict: dict[str, list], exec_properties: dict[str, Any]):  # noqa: N802
+    def Do(  # noqa: N802 - TFX's executor interface
+        self,
+        input_dict: dict[str, list],
+        output_dict: dict[str, list],
+        exec_properties: dict[str, Any],
+    ):
         self._log_startup(input_dict, output_dict, exec_properties)
         custom_config = json_utils.loads(
             exec_properties.get(standard_component_specs.CUSTOM_CONFIG_KEY, "null")

@@ -1,45 +1,14 @@
-"""A step's Vertex AI custom job (the Trainer's, the Tuner's): created or found again, followed to its end, and
-cancelled when its task is stopped.
+"""A step's Vertex AI custom job (the Trainer's, the Tuner's): created once or found again, followed to its
+end, and cancelled when its task is stopped or fails.
 
-TFX's own Vertex trainer (``tfx.extensions.google_cloud_ai_platform.runner``) creates the CustomJob and polls it
-until it ends, and never cancels it: when Vertex AI Pipelines or Kubeflow cancels the run, or the pipeline fails
-around it, the task's container gets SIGTERM and exits, while the job goes on training on its TPU slice or GPU
-machines, and billing. Here the same job is created (the CustomJob TFX's ``VertexJobClient`` builds from the
-Trainer's ``custom_config``: every worker pool runs TFX's executor with this execution's inputs and outputs) and
-polled, and:
-
-- **a retried task re-attaches.** Every job carries the labels of the task that made it (``TASK_LABEL``) and of
-  the outputs it writes (``OUTPUTS_LABEL``, a digest of this execution's output artifact URIs: Vertex AI
-  Pipelines and Kubeflow place a task's outputs under its run's and task's own path, so the digest names the
-  run and the task; it is not a runtime parameter, which would change the task's cache key every run). A task
-  whose earlier attempt was killed (OOM, eviction, SIGKILL) finds that attempt's job by these labels and
-  follows it, when it is still queued or running or has succeeded (its outputs are this attempt's), instead of
-  starting a second job on the same outputs; other such jobs still running are cancelled. (A retry given new
-  output URIs, which no documentation says either way, would start a job of its own.)
-- **a stopped task leaves nothing running.** When the task receives SIGTERM or SIGINT, or anything fails while
-  the job runs, the job is cancelled and followed until Vertex reports it ended, within the grace period a
-  stopped pod has; the task then fails with one line naming the job. The signal is raised where the step waits
-  between two reads of the job, never in the middle of a library's code (``effnet_common.task_signals``). A
-  signal that arrives while ``create_custom_job`` is in flight is held until the call returns, so the job it
-  created is known and cancelled; if the call raised, the jobs carrying this execution's labels are looked up and cancelled.
-- **a fault of the API is waited out.** Every call goes through the project's one retry policy
-  (``effnet_common.cloud_retry``): a lookup, a create, a cancel retry what Vertex documents as transient (429,
-  500, 503, a deadline exceeded, a dropped connection) with exponential backoff and jitter; following the job
-  waits out an outage of the API for ``--api-outage-hours`` (12 h by default) and a 403 or 404 for 5 minutes,
-  so a job that trains for days is never cancelled because one poll of its state failed. Only a definite answer
-  ends the step: the job ended (failed, cancelled, expired), or the API refused or did not answer for that long
-  (the step then fails with one line and cancels the job if Vertex lets it). A create that failed with a
-  transient error may have made the job: the jobs with this execution's labels are looked up before it is
-  sent again.
-- **its logs stream to Vertex AI TensorBoard** when the compiled job names an instance (``--tensorboard``): the
-  compiled ``base_output_directory`` is the step's logs root under the pipeline root, to which the job adds its
-  run (the run's id, else a digest of its outputs), so that each run's jobs get an ``AIP_TENSORBOARD_LOG_DIR``
-  of their own (``<directory>/logs/``; a retried task's job the same one); the step logs the TensorBoard page of
-  the job (``tensorboard_url``: Vertex names the instance's experiment after the job's id).
-- **the timeout is the run's.** ``TimeoutRule`` (compiled into ``custom_config`` under ``TIMEOUT_KEY``) sets the
-  job's ``scheduling.timeout`` from the config this execution trains (its epochs, its data, the accelerator;
-  for the Tuner's job, the search's epochs over its parallel trials on that data), at most the compiled upper
-  bound; the timeout compiled for the default values would kill a run of three times the epochs.
+The job is the CustomJob TFX's ``VertexJobClient`` builds from the step's ``custom_config`` (every worker pool
+runs TFX's executor on this execution's inputs and outputs). ``CustomJob`` adapts it to
+``effnet_common.follower``, which creates, re-attaches, follows and cancels it; TFX's own Vertex trainer only
+polls, so a stopped run would leave its job training. What is Vertex's own lives here: the labels that find an
+execution's job again (``TASK_LABEL``, and ``OUTPUTS_LABEL``: a digest of its output URIs, which name the run
+and the task without a runtime parameter that would change the cache key every run); the job's TensorBoard
+directory, one per run; and its timeout (``TimeoutRule``), from the run actually trained rather than the
+compiled defaults. Behaviour and tests: docs/vertex.md.
 """
 
 from __future__ import annotations
@@ -53,21 +22,18 @@ import time
 from typing import Any
 
 from components import run_label
-from effnet_common import cloud_retry
-from effnet_common.task_signals import StopSignals, TaskStopped  # noqa: F401 - TaskStopped: what run_job raises
+from effnet_common import cloud_retry, follower
+from effnet_common.task_signals import StopSignals, TaskStopped  # noqa: F401 - raised by run_job
 
 logger = logging.getLogger("components.vertex_training")
 
-# Seconds between two polls of a running job (TFX polls every 30 s; a training job runs for hours).
+# Seconds between two reads of a running job: TFX's own runner's interval (a training job lasts hours).
 POLL_SECONDS = 30.0
-# After cancelling: how long to follow the job to its end. Kubernetes gives a stopped pod 30 s by default.
-CANCEL_WAIT_SECONDS = 20.0
-CANCEL_POLL_SECONDS = 2.0
 SUCCEEDED = "JOB_STATE_SUCCEEDED"
 ENDED = ("JOB_STATE_SUCCEEDED", "JOB_STATE_FAILED", "JOB_STATE_CANCELLED", "JOB_STATE_EXPIRED")
 CONSOLE = "https://console.cloud.google.com/vertex-ai/locations/{region}/training/{job}/cpu?project={project}"
-# A custom job's page in the Vertex AI TensorBoard it streams to: the instance's experiment named after the job's id
-# (google-cloud-aiplatform's ``console_utils.custom_job_tensorboard_console_uri``).
+# A custom job's page in the Vertex AI TensorBoard it streams to: the instance's experiment named after the
+# job's id (google-cloud-aiplatform's ``console_utils.custom_job_tensorboard_console_uri``).
 TENSORBOARD_PAGE = "https://{region}.tensorboard.googleusercontent.com/experiment/{experiment}"
 # The labels that find an execution's job again (label keys and values: lowercase letters, digits, '_', '-').
 TASK_LABEL = "effnet_task"
@@ -77,7 +43,7 @@ TIMEOUT_KEY = "training_timeout"
 
 
 class TrainingJobFailed(RuntimeError):
-    """The training job ended in a state other than succeeded, or Vertex refused it; the message is one line."""
+    """The training job ended other than succeeded, or Vertex refused it; the message is one line."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -157,10 +123,11 @@ def job_request(
     """The CustomJob whose worker pools run ``executor_class_path`` on this execution, as TFX builds it.
 
     ``custom_config`` holds TFX's Vertex keys: the region, and under ``args_key`` (the Trainer's training args
-    by default; the Tuner's tuning args) the job's ``project``, ``job_spec`` (worker pools, ``scheduling``, and
-    with a TensorBoard its ``tensorboard`` and ``base_output_directory``), ``display_name`` and ``labels``. The job
-    gets the labels of ``task`` and of this execution's outputs, a ``base_output_directory`` of its run under the
-    compiled one, and, when given, ``timeout_seconds`` as its ``scheduling.timeout``.
+    by default; the Tuner's tuning args) the job's ``project``, ``job_spec`` (worker pools, ``scheduling``,
+    and with a TensorBoard its ``tensorboard`` and ``base_output_directory``), ``display_name`` and
+    ``labels``. The job gets the labels of ``task`` and of this execution's outputs, a
+    ``base_output_directory`` of its run under the compiled one, and, when given, ``timeout_seconds`` as its
+    ``scheduling.timeout``.
     """
     from tfx import v1 as tfx
     from tfx.extensions.google_cloud_ai_platform import training_clients
@@ -178,7 +145,7 @@ def job_request(
     find_labels = {TASK_LABEL: task, OUTPUTS_LABEL: outputs_digest(output_dict)}
     job_args["labels"] = {**job_args.get("labels", {}), **find_labels}
     output = job_args.get("job_spec", {}).get("base_output_directory")
-    if output:  # the compiled logs root of the step: the run's own directory under it
+    if output:  # the step's compiled logs root: a directory of the run's own (a retry's job: the same)
         run = job_args["labels"].get(run_label.RUN_LABEL) or find_labels[OUTPUTS_LABEL]
         prefix = output["output_uri_prefix"].rstrip("/")
         job_args["job_spec"]["base_output_directory"] = {"output_uri_prefix": f"{prefix}/{run}"}
@@ -204,6 +171,27 @@ def tensorboard_url(tensorboard: str, job_name: str) -> str:
     return TENSORBOARD_PAGE.format(region=region, experiment=experiment.replace("/", "+"))
 
 
+class CustomJob(follower.Resource):
+    """A Vertex AI custom job, as the follower reads and cancels it; ``last`` is the job as last read."""
+
+    ended_states = ENDED
+
+    def __init__(self, client, name: str):
+        self.client, self.name, self.last = client, name, None
+        self.what = f"training job {name}"
+        self.poll_seconds = POLL_SECONDS
+
+    def read(self) -> str:
+        self.last = self.client.get_custom_job(name=self.name, timeout=cloud_retry.CALL_TIMEOUT_SECONDS)
+        return self.last.state.name
+
+    def request_cancel(self) -> None:
+        self.client.cancel_custom_job(name=self.name, timeout=cloud_retry.CALL_TIMEOUT_SECONDS)
+
+    def url(self) -> str:
+        return console_url(self.name)
+
+
 def run_job(
     request: JobRequest, poll_seconds: float | None = None, patience: cloud_retry.Patience | None = None
 ):
@@ -212,92 +200,67 @@ def run_job(
 
     Raises:
       TaskStopped: SIGTERM / SIGINT arrived; the job was cancelled (and followed until it ended, or for
-        ``CANCEL_WAIT_SECONDS``).
-      TrainingJobFailed: the job ended failed, cancelled (by someone else) or expired; Vertex refused it; or its
-        state could not be read for the whole of ``patience`` (an outage) or 5 minutes (a refusal).
+        ``follower.CANCEL_WAIT_SECONDS``).
+      TrainingJobFailed: the job ended failed, cancelled (by someone else) or expired; Vertex refused it; or
+        its state could not be read for the whole of ``patience`` (an outage) or 5 minutes (a refusal).
     """
     from google.cloud.aiplatform import gapic
 
     client = gapic.JobServiceClient(client_options={"api_endpoint": request.api_endpoint})
-    interval = POLL_SECONDS if poll_seconds is None else poll_seconds
-    job = None
+    job: CustomJob | None = None
     stop = StopSignals()
-    with stop.installed():
-        try:
+
+    def running() -> list[CustomJob]:  # a create interrupted or failed may have made a job: found by labels
+        return [job] if job is not None else _unended(client, request)
+
+    try:
+        with stop.installed(), follower.cancelled_on_failure(running, stop):
             job = earlier_job(client, request)
             if job is None:
-                job = _create(client, request, stop)
-                logger.info("training job %s created: %s", job.name, console_url(job.name))
-            if job.job_spec.tensorboard:
-                logger.info(
-                    "TensorBoard of training job %s: %s",
-                    job.name,
-                    tensorboard_url(job.job_spec.tensorboard, job.name),
-                )
-            job = follow(client, job.name, interval, patience or cloud_retry.Patience(), stop)
-        except cloud_retry.Unanswered as error:  # its state could not be read for too long: the step gives up
-            stop.ignore()
-            cancel(client, job.name)
-            raise TrainingJobFailed(f"{error} ({console_url(job.name)})") from None
-        except BaseException:
-            stop.ignore()
-            if job is None:
-                cancel_labelled(client, request)
-            else:
-                cancel(client, job.name)
-            raise
-    if job.state.name != SUCCEEDED:
-        reason = job.error.message or "no error message"
-        raise TrainingJobFailed(
-            f"training job {job.name} ended {job.state.name}: {reason} ({console_url(job.name)})"
-        )
+                job = CustomJob(client, _create(client, request, stop).name)
+                logger.info("training job %s created: %s", job.name, job.url())
+            if poll_seconds is not None:
+                job.poll_seconds = poll_seconds
+            follower.follow(job, patience or cloud_retry.Patience(), stop, on_state=_tensorboard_once(job))
+    except cloud_retry.Unanswered as error:  # its state could not be read for too long: the step gives up
+        raise TrainingJobFailed(f"{error} ({job.url()})") from None
+    found = job.last
+    if found.state.name != SUCCEEDED:
+        reason = found.error.message or "no error message"
+        raise TrainingJobFailed(f"training job {job.name} ended {found.state.name}: {reason} ({job.url()})")
     logger.info("training job %s succeeded", job.name)
-    return job
+    return found
 
 
-def follow(client, name: str, poll_seconds: float, patience: cloud_retry.Patience, stop: StopSignals):
-    """Reads job ``name`` every ``poll_seconds`` until it has ended and returns it. A read that fails is waited
-    out as ``patience`` says (``cloud_retry.Patience.read``), never taken for the job's end.
+def _tensorboard_once(job: CustomJob):
+    """An ``on_state`` that logs the TensorBoard page of a job that streams to one, at the first read."""
+    said = []
 
-    Raises:
-      cloud_retry.Unanswered: Vertex did not answer, or refused, for longer than ``patience`` waits.
-    """
-    what = f"reading training job {name}"
+    def on_state(state: str) -> None:
+        if not said and job.last.job_spec.tensorboard:
+            url = tensorboard_url(job.last.job_spec.tensorboard, job.name)
+            logger.info("TensorBoard of training job %s: %s", job.name, url)
+        said.append(state)
 
-    def read():
-        return client.get_custom_job(name=name, timeout=cloud_retry.CALL_TIMEOUT_SECONDS)
-
-    while True:
-        job = patience.read(read, what)
-        if job.state.name in ENDED:
-            return job
-        stop.wait(poll_seconds)
+    return on_state
 
 
 def _create(client, request: JobRequest, stop: StopSignals):
-    """Creates the job, retrying transient errors (``cloud_retry.call_retry``). A create that failed that way
-    may have made the job: before each retry the jobs carrying this execution's labels are looked up, and the
-    newest is taken instead of a second one. A signal is held while the create call is in flight only."""
+    """Creates the job (``follower.create``: a create that failed with a transient error may have made it,
+    so the newest job carrying this execution's labels is taken before a second is sent)."""
     from google.api_core import exceptions
 
-    sent = False
+    def send():
+        return client.create_custom_job(
+            parent=request.parent, custom_job=request.custom_job, timeout=cloud_retry.CALL_TIMEOUT_SECONDS
+        )
 
-    def attempt():
-        nonlocal sent
-        stop.check()  # stopped while an earlier job was looked up: nothing to create and cancel
-        if sent:
-            made = labelled_jobs(client, request)
-            if made:
-                logger.warning("a create that failed had made training job %s: following it", made[0].name)
-                return made[0]
-        sent = True
-        with stop.held():
-            return client.create_custom_job(
-                parent=request.parent, custom_job=request.custom_job, timeout=cloud_retry.CALL_TIMEOUT_SECONDS
-            )
+    def find():
+        made = labelled_jobs(client, request)
+        return made[0] if made else None
 
     try:
-        return cloud_retry.retried(attempt, f"creating a training job in {request.parent}")
+        return follower.create(send, find, f"creating a training job in {request.parent}", stop)
     except (exceptions.InvalidArgument, exceptions.FailedPrecondition) as error:
         raise TrainingJobFailed(f"Vertex AI refused the training job: {error.message}") from None
 
@@ -318,54 +281,19 @@ def labelled_jobs(client, request: JobRequest) -> list:
     return sorted(jobs, key=lambda job: job.create_time, reverse=True)
 
 
-def earlier_job(client, request: JobRequest):
+def earlier_job(client, request: JobRequest) -> CustomJob | None:
     """The job an earlier attempt of this execution started, to be followed instead of a new one: the newest
     of its jobs that is queued, running or succeeded (None if there is none). Its other jobs still running are
     cancelled: they write the same outputs."""
-    reused = None
-    for job in labelled_jobs(client, request):
-        state = job.state.name
-        if reused is None and (state == SUCCEEDED or state not in ENDED):
-            reused = job
-            logger.warning(
-                "following training job %s (%s), started by an earlier attempt of this task: %s",
-                job.name, state, console_url(job.name),
-            )  # fmt: skip
-        elif state not in ENDED:
-            cancel(client, job.name)
-    return reused
+    found = [(CustomJob(client, job.name), job.state.name) for job in labelled_jobs(client, request)]
+    return follower.reattach(found, lambda state: state == SUCCEEDED or state not in ENDED)
 
 
-def cancel_labelled(client, request: JobRequest) -> list[str]:
-    """Cancels every job of this execution that has not ended (a create interrupted or failed may have made
-    one); returns their names. Best effort, as ``cancel``."""
+def _unended(client, request: JobRequest) -> list[CustomJob]:
+    """This execution's jobs that have not ended; none when they cannot be listed (logged)."""
     try:
-        running = [job.name for job in labelled_jobs(client, request) if job.state.name not in ENDED]
+        jobs = labelled_jobs(client, request)
     except Exception as error:  # the task is failing anyway; say what could not be done
         logger.error("could not look up the training jobs labelled %s: %s", request.find_labels, error)
         return []
-    for name in running:
-        cancel(client, name)
-    return running
-
-
-def cancel(client, name: str, retry_seconds: float | None = None) -> str:
-    """Asks Vertex to cancel job ``name`` and follows it until it ended (or ``CANCEL_WAIT_SECONDS``); returns
-    the last state seen. Transient errors are retried for ``retry_seconds`` (by default what fits in the grace
-    period of a stopped task). Cancellation is best effort: a failure to reach Vertex is logged, not raised."""
-    retry = cloud_retry.call_retry(f"cancelling training job {name}")
-    retry = retry.with_timeout(CANCEL_WAIT_SECONDS if retry_seconds is None else retry_seconds)
-    calls = {"retry": retry, "timeout": cloud_retry.CALL_TIMEOUT_SECONDS}
-    try:
-        client.cancel_custom_job(name=name, **calls)
-        logger.warning("cancelling training job %s", name)
-        deadline = time.monotonic() + CANCEL_WAIT_SECONDS
-        state = client.get_custom_job(name=name, **calls).state.name
-        while state not in ENDED and time.monotonic() < deadline:
-            time.sleep(CANCEL_POLL_SECONDS)
-            state = client.get_custom_job(name=name, **calls).state.name
-    except Exception as error:  # the task is failing anyway; say what could not be done
-        logger.error("could not cancel training job %s: %s (%s)", name, error, console_url(name))
-        return "UNKNOWN"
-    logger.warning("training job %s is %s", name, state)
-    return state
+    return [CustomJob(client, job.name) for job in jobs if job.state.name not in ENDED]

@@ -1,8 +1,8 @@
 """TFX's Vertex Tuner run as one Vertex AI custom job that this step follows to its end.
 
 Apart from ``components.runtime_gate`` because TFX's Vertex Tuner component loads the Vertex AI SDK on import,
-which the local pipeline never needs (``components.tfx_api``). The job carries the run's label like every cloud
-job of a run (``components.run_label``), so the pipeline's exit handler finds it if the run is stopped.
+which the local pipeline never needs (``components.tfx_api``). The job carries the run's label like every
+cloud job of a run (``components.run_label``), so the pipeline's exit handler finds it if the run is stopped.
 """
 
 from __future__ import annotations
@@ -19,11 +19,11 @@ from effnet_common import cloud_retry
 
 class VertexTunerExecutor(base_executor.BaseExecutor):
     """Runs TFX's distributed tuning flock (its chief oracle and workers, each running trials) as a Vertex AI
-    custom job to its end, cancelled if this task is stopped or fails (``components.vertex_training``), with the
-    timeout of the search on this run's data (``run_timeout``).
+    custom job to its end, cancelled if this task is stopped or fails (``components.vertex_training``), with
+    the timeout of the search on this run's data (``run_timeout``).
 
-    The job's worker pools (the primary, and ``parallel trials - 1`` workers) are compiled into the tuning args
-    of ``custom_config``; TFX's Vertex Tuner would build the same job but only poll it.
+    The job's worker pools (the primary, and ``parallel trials - 1`` workers) are compiled into the tuning
+    args of ``custom_config``; TFX's Vertex Tuner would build the same job but only poll it.
     """
 
     def Do(self, input_dict, output_dict, exec_properties):  # noqa: N802 - TFX's executor interface

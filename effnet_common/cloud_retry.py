@@ -1,27 +1,16 @@
 """Calls to cloud APIs that outlast the services' transient faults: the one retry policy of every client.
 
-Google's APIs (Vertex AI, Dataflow, Cloud Storage) document HTTP 408, 429, 500, 502, 503 and 504 (gRPC
-``RESOURCE_EXHAUSTED``, ``INTERNAL``, ``UNAVAILABLE``, ``DEADLINE_EXCEEDED``) and a dropped connection as
+Google's APIs document HTTP 408, 429, 500, 502, 503, 504 (and their gRPC codes) and a dropped connection as
 transient, to be retried with truncated exponential backoff and jitter; a Kubeflow Pipelines API behind its
-gateway answers the same codes while the server restarts. Every call this project makes to such an API goes
-through one of two policies, both ``google.api_core.retry.Retry`` objects (full jitter: each wait drawn
-uniformly from zero to the current bound), passed as ``retry=`` where the client takes it (the GAPIC clients),
-wrapped around the call where it does not (Beam's Dataflow client, ``kfp``, the Vertex SDK's submission):
+gateway answers the same while its server restarts. Two policies (their bounds: docs/vertex.md), both
+``google.api_core.retry.Retry`` (full jitter), passed as ``retry=`` where a client takes it, wrapped around
+the call where it does not (Beam's Dataflow client, ``kfp``, the Vertex SDK's submission):
 
-- ``call_retry``: one call (a create, a list, a cancel): transient errors retried, the bound doubling from
-  ``CALL_INITIAL_SECONDS`` to ``CALL_MAXIMUM_SECONDS``, for ``CALL_RETRY_SECONDS`` in all, each attempt given
-  ``CALL_TIMEOUT_SECONDS`` (a slow answer is a ``DEADLINE_EXCEEDED``, retried too); anything else raised at once.
-- ``Patience.read``: following a job that may run for days: the job's state is read until the API answers. An
-  outage (transient errors, no answer) is waited out for ``outage_seconds``, by default ``OUTAGE_HOURS`` (12 h:
-  longer than the regional incidents of Google Cloud's status history, which last minutes to a few hours) and
-  settable (``--api-outage-hours``); a refusal (401, 403, 404) for ``REFUSAL_SECONDS`` (5 minutes: an IAM change
-  takes effect within about 2 minutes, Google says, a resource just created can be briefly missing, and a token
-  rotated in place may be read a moment late). Only
-  then, or on any other error, does the read fail, with one line (``Unanswered``): a job is never given up
-  because its state could not be read once. A step told to stop (``task_signals``) stops at the next retry.
-
-A create that fails with a transient error may have created its resource: each caller looks for it (by its
-labels, its id or its name) before creating again; that is the caller's, not this module's.
+- ``call_retry``: one call (a create, a list, a cancel), transient errors and slow answers retried for
+  ``CALL_RETRY_SECONDS``; anything else raised at once.
+- ``Patience.read``: a job's state, read until its API answers (a stopped step stops at the next retry): an
+  outage is waited out for ``OUTAGE_HOURS`` (``--api-outage-hours``), a refusal (401, 403, 404) for
+  ``REFUSAL_SECONDS``; only then does the read fail (``Unanswered``): one failed read never gives a job up.
 """
 
 from __future__ import annotations
@@ -123,8 +112,8 @@ def is_transient(error: BaseException) -> bool:
 
 
 def is_refusal(error: BaseException) -> bool:
-    """A 401 (a token expired, perhaps about to be rotated), 403 (a permission missing, perhaps only until an IAM
-    change takes effect) or 404."""
+    """A 401 (a token expired, perhaps about to be rotated), 403 (a permission missing, perhaps only until an
+    IAM change takes effect) or 404 (a resource just created can be briefly missing)."""
     return http_status(error) in REFUSAL_STATUSES
 
 

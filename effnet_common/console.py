@@ -1,28 +1,18 @@
 """What a person sees while a command runs, and where everything else goes.
 
-The commands (``python -m beam_preprocess``, ``python -m trainer_module``, ``python -m pipeline.local_runner``)
-print a short account: the lines of ``say`` on stdout and, for a problem the user can fix, one ``error: ...``
-line on stderr (``fail``). Everything the libraries log (Beam, TFX, TensorFlow, absl, and this project's own
-INFO records) goes to a log file whose path is printed near the start; ``--verbose`` shows it live on stderr
-instead. How:
+The commands (``python -m beam_preprocess``, ``python -m trainer_module``, ``python -m
+pipeline.local_runner``) print a short account: ``say``'s lines on stdout and, for a problem the user can
+fix, one ``error: ...`` line on stderr (``fail``). Everything the libraries log goes to a log file whose path
+is printed near the start; ``--verbose`` shows it live on stderr instead. Nothing here imports TensorFlow:
+Beam workers import this module.
 
-- The account is the ``console`` logger. Inside a ``session`` its records print as bare lines (and reach the
-  log file too); outside one (a TFX Trainer on Vertex, a test calling the trainer) they are ordinary records.
-- Every other record goes through the root logger to the log file.
-- What bypasses Python logging (TensorFlow's C++ messages when it is imported or shuts down, gRPC, Beam's
-  worker processes) is written to file descriptor 2: from the start of a session of a real process to its
-  exit, that descriptor points at the log file and Python's ``sys.stderr`` at the terminal, so tracebacks and
-  ``fail`` lines still show. (Under a test's capture, ``sys.stderr`` is not descriptor 2's stream and both
-  are left alone.)
-- The log starts in a local temporary file, because the imports that print come before the output location is
-  checked; ``Session.keep_log(path)`` moves it to its place once the preflight passed (a local path is
-  written from then on; a remote one, ``gs://...``, is uploaded when the session closes). A session that ends
-  before ``keep_log`` (a preflight error) leaves no file behind.
-- Ctrl-C: in a command's own process the session arms ``effnet_common.stopping``, which ends the command in one
-  ``stopped by the user: ...`` line on the terminal (what was kept, what to run), completes the log file and
-  exits with ``STOPPED_EXIT`` (130), wherever the program was.
-
-Nothing here imports TensorFlow: Beam workers import ``beam_preprocess``.
+- The account is the ``console`` logger: bare lines inside a ``session`` (and in the log file too), ordinary
+  records outside one (a TFX Trainer on Vertex, a test). Every other record goes to the log file.
+- What bypasses Python logging (TensorFlow's C++, gRPC, Beam's worker processes) writes to descriptor 2, which
+  a real process's session points at the log file while ``sys.stderr`` stays on the terminal.
+- The log starts in a local temporary file (imports print before the output is checked); ``keep_log`` moves
+  it into place after the preflight (a ``gs://`` log is uploaded at the end); an early error leaves none.
+- Ctrl-C: the session arms ``effnet_common.stopping`` (one ``stopped by the user`` line, exit 130).
 """
 
 from __future__ import annotations
@@ -78,7 +68,8 @@ class ArgumentParser(argparse.ArgumentParser):
         sys.exit(USAGE_EXIT)
 
     def option_strings(self) -> list[str]:
-        """This parser's options and its subcommands' (the top parser reports a subcommand's unknown option)."""
+        """This parser's options and its subcommands' (the top parser reports a subcommand's unknown
+        option)."""
         options = [option for action in self._actions for option in action.option_strings]
         for action in self._actions:
             if isinstance(action.choices, dict):  # the subcommands' parsers, by name
@@ -89,7 +80,8 @@ class ArgumentParser(argparse.ArgumentParser):
 
 
 def did_you_mean(unknown: list[str], known: list[str]) -> str:
-    """`` (did you mean --a?)`` for the unknown options spelt like a known one (``_`` for ``-``, a typo), or ''."""
+    """`` (did you mean --a?)`` for the unknown options spelt like a known one (``_`` for ``-``, a typo), or
+    ''."""
     options = [option.partition("=")[0] for option in unknown if option.startswith("--")]
     guesses = {}
     for name in options:
@@ -261,8 +253,8 @@ class Session:
         self._finish_log()
 
     def _finish_log(self, close: bool = True) -> None:
-        """The log file completed: kept where ``keep_log`` put it, uploaded to a remote place, or removed when it
-        was never kept (an early error, or a command that keeps none). A stop (``close=False``) flushes it
+        """The log file completed: kept where ``keep_log`` put it, uploaded to a remote place, or removed when
+        it was never kept (an early error, or a command that keeps none). A stop (``close=False``) flushes it
         instead of closing it: the program's other threads may still write until the process exits."""
         if self._stream is not None:
             self._stream.flush()
@@ -276,7 +268,8 @@ class Session:
                 self._upload(self._temp_path, self.log_path)
             except Exception as e:  # the run's own outcome matters more than its log
                 sys.stderr.write(
-                    f"warning: the log stays at {self._temp_path}: copying it to {self.log_path} failed ({one_line(e)})\n"
+                    f"warning: the log stays at {self._temp_path}: copying it to {self.log_path} failed "
+                    f"({one_line(e)})\n"
                 )
                 return
         os.remove(self._temp_path)
@@ -393,7 +386,8 @@ def program_command(name: str) -> str:
 
 
 def tensorboard_command(logdir: str) -> str:
-    """The command that opens ``logdir`` in TensorBoard as printed (``program_command``), the directory quoted."""
+    """The command that opens ``logdir`` in TensorBoard as printed (``program_command``), the directory
+    quoted."""
     return f"{program_command('tensorboard')} --logdir {shlex.quote(logdir)}"
 
 

@@ -1,35 +1,17 @@
-"""Dataflow jobs: a Beam pipeline's job cancelled when its process is stopped, a run's jobs found and cancelled.
+"""Dataflow jobs: a Beam pipeline's job cancelled when its process stops; a run's jobs found and cancelled.
 
-Beam's DataflowRunner submits a pipeline's job and then waits on it; when the process that waits is stopped (a
-pipeline task whose run is cancelled or whose pod is evicted gets SIGTERM; a person presses Ctrl-C), the process
-exits and the job goes on, on up to a hundred workers. ``StoppablePipeline`` is the Beam pipeline of such a
-process (the sharding command line, the pipeline's sharding step and Evaluator): on Dataflow, a SIGTERM or SIGINT
-while the job runs, or any failure while the process waits on it, cancels the job and follows it until Dataflow
-reports it ended (within the grace period a stopped pod has); the process then fails with one line naming the
-job. A signal that arrives while the job is being submitted is held until Dataflow has returned its id, then
-acted on. The submission writes its files (Beam's stager: the list of the submitting environment's packages, the
-requirements cache) into a temporary directory of its own, removed once the job is submitted: Beam leaves them
-in the process's temporary directory. On other runners it is Beam's pipeline as it is.
+Beam's DataflowRunner submits a job and waits on it; a process stopped while it waits (a task's SIGTERM, a
+person's Ctrl-C) leaves the job running, on up to a hundred workers. On Dataflow, ``StoppablePipeline`` (the
+sharding command's, the sharding step's and the Evaluator's pipeline) cancels its job when the process is
+stopped or fails while it waits; a signal during the submission is held until the job has an id. ``Job``
+adapts a job to ``effnet_common.follower``. A retried task re-attaches: a step's job is named after its
+execution (``components.beam_executor``), and when Dataflow answers the create with the active job of that
+name, which Beam refuses, the pipeline follows that job (``_adopt``). Beam's stager files go to a temporary
+directory removed after the submission. On other runners it is Beam's pipeline as it is.
 
-It lives here, below both ``beam_preprocess`` (whose command line runs its Dataflow jobs in one) and
-``components`` (whose Beam executors do, ``components.beam_executor``), because both stages share it and it
-knows neither: it needs Beam, the jobs API and the one retry policy (``effnet_common.cloud_retry``), as the
-Ctrl-C handling it stands in for while a job runs (``effnet_common.stopping``) lives here too.
-
-A retried task re-attaches: a step's job is named after its execution (``components.beam_executor``: a digest of
-the task's output URIs, which a retried task keeps), and Dataflow answers a create whose name is that of an
-active job with that job, which Beam's DataflowRunner refuses (it is not the job its request made). A submission
-that fails while an active job carries the pipeline's job name follows that job instead of failing
-(``StoppablePipeline.run``: the job is this execution's, an earlier attempt's). The same answer finds the job of
-a create whose first answer was lost, when Beam's client sends it again.
-
-``DataflowApi`` reaches the jobs of one project and region with Dataflow's public client,
-google-cloud-dataflow-client's ``JobsV1Beta3Client``, over its REST transport to the endpoint the DataflowRunner
-submits to (``--dataflow_endpoint``), with the credentials Beam uses for the submission: the application default
-credentials with ``--gcp_oauth_scopes``, through ``--impersonate_service_account`` (a chain, comma-separated,
-the last one impersonated) when given, none with ``--no_auth``. Every call takes the one call policy
-(``cloud_retry.call_retry``) as the client's ``retry=``. ``jobs_labelled`` finds a run's jobs by a label:
-Dataflow's list returns summaries without labels, so each active job is read with the view that carries them.
+``DataflowApi`` reaches the jobs of one project and region with ``JobsV1Beta3Client`` over REST, at Beam's
+``--dataflow_endpoint`` and with the credentials Beam submits with (``credentials_of``). The module sits below
+``beam_preprocess`` and ``components``, which both use it.
 """
 
 from __future__ import annotations
@@ -44,14 +26,11 @@ import time
 
 import apache_beam as beam
 
-from effnet_common import cloud_retry, task_signals
+from effnet_common import cloud_retry, follower, task_signals
 from effnet_common.task_signals import StopSignals, TaskStopped
 
 logger = logging.getLogger("effnet_common.dataflow_jobs")
 
-# After cancelling: how long to follow the job to its end. Kubernetes gives a stopped pod 30 s by default.
-CANCEL_WAIT_SECONDS = 20.0
-CANCEL_POLL_SECONDS = 2.0
 # Following a job this process did not submit (an earlier attempt's): how often its state is read.
 FOLLOW_POLL_SECONDS = 10.0
 CANCELLED = "JOB_STATE_CANCELLED"
@@ -78,8 +57,10 @@ def state_name(job) -> str:
 
 
 def credentials_of(cloud):
-    """The credentials Beam submits with, for ``GoogleCloudOptions`` ``cloud`` (see the module's docstring); none
-    found: anonymous, as Beam goes on without them (the service then refuses, and the caller says so)."""
+    """The credentials Beam submits with, for ``GoogleCloudOptions`` ``cloud``: the application default
+    credentials with ``--gcp_oauth_scopes``, through ``--impersonate_service_account`` when given (a chain,
+    comma-separated, the last one impersonated), none with ``--no_auth``. None found: anonymous, as Beam goes
+    on without them (the service then refuses, and the caller says so)."""
     import google.auth
     from google.auth import credentials, impersonated_credentials
     from google.auth import exceptions as auth_exceptions
@@ -129,8 +110,9 @@ class DataflowApi:
     def console_url(self, job_id: str) -> str:
         return CONSOLE.format(region=self.region, job=job_id, project=self.project)
 
-    def get(self, job_id: str, with_labels: bool = False):
-        """The job (a Dataflow ``Job`` message); ``with_labels`` asks for the view that carries its labels."""
+    def get(self, job_id: str, with_labels: bool = False, retried: bool = True):
+        """The job (a Dataflow ``Job`` message); ``with_labels`` asks for the view that carries its labels.
+        ``retried``: transient errors retried under the call policy, else raised (a caller that retries)."""
         view = self._types.JobView
         request = self._types.GetJobRequest(
             project_id=self.project,
@@ -138,6 +120,8 @@ class DataflowApi:
             job_id=job_id,
             view=view.JOB_VIEW_DESCRIPTION if with_labels else view.JOB_VIEW_SUMMARY,
         )
+        if not retried:
+            return self._client.get_job(request=request, timeout=cloud_retry.CALL_TIMEOUT_SECONDS)
         return self._client.get_job(
             request=request, **cloud_retry.call_policy(f"reading Dataflow job {job_id}")
         )
@@ -145,8 +129,11 @@ class DataflowApi:
     def state(self, job_id: str) -> str:
         return state_name(self.get(job_id))
 
+    def job(self, job_id: str) -> Job:
+        return Job(self, job_id)
+
     def active_jobs(self):
-        """Every job not in a terminal state, as summaries, page after page (each page under the call policy)."""
+        """Every job not in a terminal state, as summaries, page after page (each under the call policy)."""
         request = self._types.ListJobsRequest(
             project_id=self.project, location=self.region, filter=self._types.ListJobsRequest.Filter.ACTIVE
         )
@@ -156,7 +143,8 @@ class DataflowApi:
         )
 
     def jobs_labelled(self, key: str, value: str) -> list[DataflowJob]:
-        """The active jobs carrying label ``key=value``."""
+        """The active jobs carrying label ``key=value`` (Dataflow's list gives summaries without labels, so
+        each job is read with the view that carries them)."""
         found = []
         for summary in self.active_jobs():
             job = self.get(summary.id, with_labels=True)
@@ -165,55 +153,55 @@ class DataflowApi:
                 found.append(DataflowJob(job.id, job.name, state))
         return found
 
-    def named(self, name: str) -> list[str]:
-        """The ids of the active jobs named ``name`` (at most one: Dataflow's names are unique among them)."""
-        return [summary.id for summary in self.active_jobs() if summary.name == name]
-
-    def cancel(self, job_id: str) -> str:
-        """Asks Dataflow to cancel job ``job_id`` and follows it until it ended (or ``CANCEL_WAIT_SECONDS``);
-        returns the last state seen. A job that ended before the request stays as it ended.
-
-        Raises:
-          google.api_core.exceptions.GoogleAPICallError: Dataflow refused the request and the job has not ended.
-        """
-        from google.api_core import exceptions
-
+    def request_cancel(self, job_id: str) -> None:
+        """One request to cancel job ``job_id`` (Dataflow refuses it for a job that has ended)."""
         request = self._types.UpdateJobRequest(
             project_id=self.project,
             location=self.region,
             job_id=job_id,
             job=self._types.Job(requested_state=self._types.JobState.JOB_STATE_CANCELLED),
         )
-        try:
-            self._client.update_job(
-                request=request, **cloud_retry.call_policy(f"cancelling Dataflow job {job_id}")
-            )
-        except (exceptions.GoogleAPICallError, exceptions.RetryError):
-            state = self.state(job_id)
-            if state in TERMINAL:  # it ended meanwhile: nothing to cancel
-                return state
-            raise
-        logger.warning("cancelling Dataflow job %s (%s)", job_id, self.console_url(job_id))
-        deadline = time.monotonic() + CANCEL_WAIT_SECONDS
-        try:
-            state = self.state(job_id)
-            while state not in TERMINAL and time.monotonic() < deadline:
-                time.sleep(CANCEL_POLL_SECONDS)
-                state = self.state(job_id)
-        except Exception as error:  # the cancel was accepted; only following it failed
-            logger.error(
-                "Dataflow job %s: cancel requested, its state unread: %s", job_id, cloud_retry.one_line(error)
-            )
-            return "JOB_STATE_CANCELLING"
-        logger.warning("Dataflow job %s is %s", job_id, state)
-        return state
+        self._client.update_job(request=request, timeout=cloud_retry.CALL_TIMEOUT_SECONDS)
+
+    def cancel(self, job_id: str) -> str:
+        """Cancels job ``job_id`` and follows it to its end (``follower.cancel``); returns the last state
+        seen. A job that ended before the request stays as it ended.
+
+        Raises:
+          google.api_core.exceptions.GoogleAPICallError: Dataflow refused the request and the job has not
+            ended.
+        """
+        cancelled = follower.cancel(self.job(job_id))
+        if cancelled.error is not None:
+            raise cancelled.error
+        return cancelled.state
+
+
+class Job(follower.Resource):
+    """A Dataflow job, as the follower reads and cancels it."""
+
+    ended_states = TERMINAL
+
+    def __init__(self, api: DataflowApi, job_id: str):
+        self.api, self.id = api, job_id
+        self.what = f"Dataflow job {job_id}"
+        self.poll_seconds = FOLLOW_POLL_SECONDS
+
+    def read(self) -> str:
+        return state_name(self.api.get(self.id, retried=False))
+
+    def request_cancel(self) -> None:
+        self.api.request_cancel(self.id)
+
+    def url(self) -> str:
+        return self.api.console_url(self.id)
 
 
 class _StoppableResult:
-    """The DataflowRunner's result, whose ``wait_until_finish`` cancels the job if the task is stopped or fails
-    while it waits, and outlasts an outage of Dataflow's API: Beam's waiter gives up after its own retries (about
-    ten minutes of a failing ``get``) and would end the step while the job runs on. Everything else is the
-    result's own."""
+    """The DataflowRunner's result, whose ``wait_until_finish`` cancels the job if the task is stopped or
+    fails while it waits, and outlasts an outage of Dataflow's API: Beam's waiter gives up after its own
+    retries (about ten minutes of a failing ``get``) and would end the step while the job runs on. Everything
+    else is the result's own."""
 
     def __init__(self, result, options, patience: cloud_retry.Patience | None = None):
         self._result = result
@@ -229,16 +217,16 @@ class _StoppableResult:
         where = ""
         with task_signals.ignoring():
             try:
-                api = DataflowApi(self._options)
-                where = f" ({api.console_url(job_id)})"
-                try:
-                    state = api.state(job_id)
-                except (
-                    Exception
-                ):  # its state cannot be read (the reason the step stops?): cancel it all the same
-                    state = "UNKNOWN"
-                if state not in TERMINAL:
-                    state = api.cancel(job_id)
+                job = DataflowApi(self._options).job(job_id)
+                where = job.where()
+                # Its state unread (the reason the step stops?): cancelled all the same.
+                state = follower.read_now(job, follower.CANCEL_WAIT_SECONDS)
+                if not job.ended(state):
+                    cancelled = follower.cancel(job, wait_seconds=follower.CANCEL_WAIT_SECONDS)
+                    error = cancelled.error
+                    state = (
+                        cancelled.state if error is None else f"not cancelled ({cloud_retry.one_line(error)})"
+                    )
             except Exception as error:  # the task is failing anyway; say what could not be done
                 logger.error("could not cancel Dataflow job %s: %s", job_id, error)
                 state = f"not cancelled ({error})"
@@ -262,28 +250,29 @@ class _StoppableResult:
                 self.stop(error)
 
     def _still_running(self, error: Exception) -> bool:
-        """Whether Beam's waiter failed while its job still runs (its API out for longer than Beam retries): the
-        job's state read with the follower's patience (``cloud_retry.Patience``); True to wait on it again."""
+        """Whether Beam's waiter failed while its job still runs (its API out for longer than Beam retries):
+        the job's state read with the follower's patience (``cloud_retry.Patience``); True to wait on it
+        again."""
         from apache_beam.runners.runner import PipelineState
 
         if self._result.is_in_terminal_state() and self._result.state != PipelineState.UNKNOWN:
             return False
-        job_id = self._result.job_id()
-        api = DataflowApi(self._options)
-        state = self._patience.read(lambda: api.state(job_id), f"reading Dataflow job {job_id}")
+        job = DataflowApi(self._options).job(self._result.job_id())
+        state = self._patience.read(job.read, f"reading {job.what}")
         if state in TERMINAL:
             return False
         logger.warning(
-            "Dataflow job %s is %s, still followed after Beam's waiter failed: %s",
-            job_id, state, cloud_retry.one_line(error),
+            "%s is %s, still followed after Beam's waiter failed: %s",
+            job.what, state, cloud_retry.one_line(error),
         )  # fmt: skip
         return True
 
 
 @contextlib.contextmanager
 def _submission_tempdir():
-    """The process's temporary directory is a new one while Beam submits the job, removed after: Beam's stager
-    writes files there (the submitting environment's packages, its requirements cache) and leaves them."""
+    """The process's temporary directory is a new one while Beam submits the job, removed after: Beam's
+    stager writes files there (the submitting environment's packages, its requirements cache) and leaves
+    them."""
     previous, private = tempfile.tempdir, tempfile.mkdtemp(prefix="dataflow-submission-")
     tempfile.tempdir = private
     try:
@@ -294,19 +283,18 @@ def _submission_tempdir():
 
 
 class _FollowedJob:
-    """The result of a pipeline whose job an earlier attempt submitted: Beam's ``PipelineResult`` interface over
-    the jobs API. ``wait_until_finish`` reads the job's state every ``FOLLOW_POLL_SECONDS``, an outage waited out
-    with the follower's patience, until it ended: done returns, any other end raises Beam's
-    ``DataflowRuntimeException`` naming the state."""
+    """The result of a pipeline whose job an earlier attempt submitted: Beam's ``PipelineResult`` interface
+    over the jobs API. ``wait_until_finish`` follows the job (``follower.follow``) until it ended: done
+    returns, any other end raises Beam's ``DataflowRuntimeException`` naming the state."""
 
     has_job = True
 
-    def __init__(self, api: DataflowApi, job_id: str, patience: cloud_retry.Patience):
-        self._api, self._job_id, self._patience = api, job_id, patience
+    def __init__(self, job: Job, patience: cloud_retry.Patience):
+        self._job, self._patience = job, patience
         self._job_state = "JOB_STATE_UNKNOWN"
 
     def job_id(self) -> str:
-        return self._job_id
+        return self._job.id
 
     @property
     def state(self) -> str:
@@ -323,51 +311,42 @@ class _FollowedJob:
         from apache_beam.runners.dataflow.dataflow_runner import DataflowRuntimeException
 
         deadline = None if duration is None else time.monotonic() + duration / 1000
-        what = f"reading Dataflow job {self._job_id}"
-        while True:
-            self._job_state = self._patience.read(lambda: self._api.state(self._job_id), what)
-            if self._job_state in TERMINAL or (deadline is not None and time.monotonic() >= deadline):
-                break
-            time.sleep(FOLLOW_POLL_SECONDS)
+        self._job_state = follower.follow(self._job, self._patience, deadline=deadline)
         if self._job_state in TERMINAL and self._job_state != DONE:
-            where = self._api.console_url(self._job_id)
-            raise DataflowRuntimeException(
-                f"Dataflow job {self._job_id} is {self._job_state} ({where})", self
-            )
+            raise DataflowRuntimeException(f"{self._job.what} is {self._job_state}{self._job.where()}", self)
         return self.state
 
     def cancel(self):
-        return self._api.cancel(self._job_id)
+        return self._job.api.cancel(self._job.id)
 
     def metrics(self):
-        raise NotImplementedError(
-            f"Dataflow job {self._job_id} was submitted by an earlier attempt: see its page"
-        )
+        raise NotImplementedError(f"{self._job.what} was submitted by an earlier attempt: see its page")
 
 
 def _adopt(pipeline: StoppablePipeline, error: Exception) -> _FollowedJob:
-    """The result of the active job named as this pipeline's (an earlier attempt's, or a create whose answer was
-    lost), followed through the jobs API; re-raises ``error`` when there is none (or none can be listed)."""
+    """The result of the active job named as this pipeline's (an earlier attempt's, or a create whose answer
+    was lost, which Beam refuses as not the job its request made), followed through the jobs API; re-raises
+    ``error`` when there is none (or none can be listed)."""
     from apache_beam.options.pipeline_options import GoogleCloudOptions
 
     name = pipeline.options.view_as(GoogleCloudOptions).job_name
     api = DataflowApi(pipeline.options)
     try:
-        found = api.named(name) if name else []
+        found = [(api.job(summary.id), state_name(summary)) for summary in api.active_jobs()
+                 if name and summary.name == name]  # fmt: skip
     except Exception as listing:
         logger.error("looking for an active Dataflow job named %s: %s", name, cloud_retry.one_line(listing))
         found = []
-    if not found:
+    job = follower.reattach(found, lambda state: state not in TERMINAL)
+    if job is None:
         raise error
-    logger.warning("following Dataflow job %s (%s), made by an earlier attempt: %s", found[0], name,
-                   api.console_url(found[0]))  # fmt: skip
-    return _FollowedJob(api, found[0], pipeline.patience or cloud_retry.Patience())
+    return _FollowedJob(job, pipeline.patience or cloud_retry.Patience())
 
 
 class StoppablePipeline(beam.Pipeline):
-    """A Beam pipeline whose Dataflow job is cancelled when its process is stopped or fails while the job runs
-    (see the module's docstring); on another runner, or off the main thread (signals reach the main thread only),
-    Beam's pipeline as it is."""
+    """A Beam pipeline whose Dataflow job is cancelled when its process is stopped or fails while the job
+    runs (see the module's docstring); on another runner, or off the main thread (signals reach the main
+    thread only), Beam's pipeline as it is."""
 
     # How long an outage of Dataflow's API is waited out while the job runs (``cloud_retry.Patience``).
     patience: cloud_retry.Patience | None = None

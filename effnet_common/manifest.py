@@ -1,9 +1,9 @@
 """manifest.json: the data contract between the sharding run and everything that reads its shards.
 
 One frozen dataclass tree, written by ``beam_preprocess`` and read by the TFX component, the runners and the
-trainer. ``to_json`` / ``from_json`` are pure (no file system, no TensorFlow, no Beam), so the trainer can read
-the text with ``tf.io.gfile`` on any TensorFlow file system (``ram://`` included, which Beam does not know) and
-parse it here; ``read`` / ``write`` go through ``effnet_common.storage`` (Beam FileSystems).
+trainer. ``to_json`` / ``from_json`` are pure (no file system, no TensorFlow, no Beam), so the trainer can
+read the text with ``tf.io.gfile`` on any TensorFlow file system (``ram://`` included, which Beam does not
+know) and parse it here; ``read`` / ``write`` go through ``effnet_common.storage`` (Beam FileSystems).
 
 Shard paths are written relative to the manifest's directory, so a copied dataset stays readable; in memory
 they are resolved against the directory the manifest was read from (``Manifest.directory``), so
@@ -166,7 +166,7 @@ class Manifest:
             "splits": {name: _split_to_dict(s, self.directory) for name, s in self.splits.items()},
             "failures": [dataclasses.asdict(f) for f in self.failures],
         }
-        if labels.synsets is not None:  # ImageNet's 1000 go without a list, as before
+        if labels.synsets is not None:  # ImageNet's 1000 go without a list (older manifests have none)
             values["synsets"] = list(labels.synsets)
         return json.dumps(values, indent=2, sort_keys=True)
 

@@ -1,25 +1,17 @@
-"""How a process of this project ends: without the interpreter's slow last garbage collection, and never while
-one of its threads is still inside TensorFlow.
+"""How a process of this project ends: without the interpreter's slow last garbage collection, and never
+while one of its threads is still inside TensorFlow.
 
 ``exit_with(status)`` ends the program as ``sys.exit`` does, after moving what is alive into the collector's
-permanent generation (``gc.freeze``): the interpreter's last pass over the millions of objects a TensorFlow,
-TFX or Beam process holds is most of its exit. ``atexit`` handlers still run, files are flushed and closed,
-and whatever reference counting frees is finalized; only garbage cycles among the frozen objects are left to
-the end of the process. Writers in this project close or flush their files themselves.
+permanent generation (``gc.freeze``): the last pass over the millions of objects a TensorFlow, TFX or Beam
+process holds is most of its exit. ``atexit`` handlers still run and files are flushed and closed; only
+garbage cycles among the frozen objects are left to the end of the process.
 
 ``track(thread)`` names a daemon thread that may be inside a native call when the program ends: the deletion
-of a finished tf.data iterator (``trainer_module.data.release``). Such a deletion must not end while the
-interpreter finalizes or after it: it ends by destroying the dataset's traced functions, whose Python stack
-traces take the GIL from a C++ destructor, and a daemon thread taking the GIL then is ended by a forced unwind
-that the destructor cannot pass (abort, exit 134) or finds the interpreter gone (segmentation fault). So:
-
-- ``exit_with`` ends a program with such a deletion under way without finalizing the interpreter: the
-  ``atexit`` handlers run and the standard streams are flushed, then the process exits with its status; the
-  deletion ends with the process, which loses nothing (an iterator holds no state that outlives it);
-- any other end (an entry point of TFX's, which runs the Trainer in a container) waits for the tracked
-  threads at exit, for at most ``LONGEST_WAIT_SECONDS``.
-
-docs/performance.md ("the crash at exit after a pushed model") has how this was found.
+of a finished tf.data iterator (``trainer_module.data.release``). That deletion must not end while the
+interpreter finalizes or after it: its traced functions' stack traces take the GIL from a C++ destructor,
+which then aborts or finds the interpreter gone. So ``exit_with`` leaves such a program without finalizing
+(``atexit`` run, streams flushed; the deletion loses nothing by ending with the process), and any other end
+(a TFX entry point) waits for the tracked threads, at most ``LONGEST_WAIT_SECONDS`` (docs/performance.md).
 """
 
 from __future__ import annotations
@@ -64,8 +56,8 @@ def _wait_for_tracked() -> None:
         thread.join(max(0.0, deadline - time.monotonic()))
     if pending():
         print(
-            f"warning: a tf.data iterator deletion still runs after {LONGEST_WAIT_SECONDS:.0f} s; the process may "
-            "crash as it ends",
+            f"warning: a tf.data iterator deletion still runs after {LONGEST_WAIT_SECONDS:.0f} s; "
+            "the process may crash as it ends",
             file=sys.stderr,
             flush=True,
         )

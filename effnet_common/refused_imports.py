@@ -1,12 +1,12 @@
-"""Optional packages a command's process never uses, refused so that the libraries that import them "if installed"
-skip them (``refuse``).
+"""Optional packages a command's process never uses, refused so that the libraries that import them "if
+installed" skip them (``refuse``).
 
 Beam, TensorFlow and Keras import optional packages when they are installed, each inside ``try: ... except
-ImportError``, whether or not the process will use them; TFX's dependencies install most of them here. A finder
-at the front of ``sys.meta_path`` raises ``ModuleNotFoundError`` for exactly the refused packages and their
-submodules, so those imports take their ``except ImportError`` branch, as on a machine without the packages.
-Only a command's own process refuses (``python -m beam_preprocess``, ``python -m trainer_module train``), before
-the libraries are imported; a library caller (TFX's executors, a test's process) never does.
+ImportError``, whether or not the process will use them; TFX's dependencies install most of them here. A
+finder at the front of ``sys.meta_path`` raises ``ModuleNotFoundError`` for exactly the refused packages and
+their submodules, so those imports take their ``except ImportError`` branch, as on a machine without the
+packages. Only a command's own process refuses (``python -m beam_preprocess``, ``python -m trainer_module
+train``), before the libraries are imported; a library caller (TFX's executors, a test's process) never does.
 """
 
 from __future__ import annotations
@@ -16,7 +16,8 @@ import sys
 
 
 class _RefuseFinder(importlib.abc.MetaPathFinder):
-    """Raises ModuleNotFoundError for the refused packages and their submodules; every other import is untouched."""
+    """Raises ModuleNotFoundError for the refused packages and their submodules; every other import is
+    untouched."""
 
     def __init__(self, refused: tuple[str, ...], owner: str):
         self.refused = refused
@@ -32,9 +33,9 @@ class _RefuseFinder(importlib.abc.MetaPathFinder):
 
 
 def refuse(names: tuple[str, ...], owner: str) -> bool:
-    """Refuses ``names`` (and their submodules) in this process from now on; an import of one then fails naming
-    ``owner``. Returns True if they are refused (or a refusal is in place already), False (changing nothing) if
-    one of them is imported already."""
+    """Refuses ``names`` (and their submodules) in this process from now on; an import of one then fails
+    naming ``owner``. Returns True if they are refused (or a refusal is in place already), False (changing
+    nothing) if one of them is imported already."""
     if any(isinstance(finder, _RefuseFinder) for finder in sys.meta_path):
         return True
     if any(name in sys.modules for name in names):

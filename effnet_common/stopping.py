@@ -1,26 +1,17 @@
 """Ctrl-C: a command stops in one line, within about a second, leaving nothing temporary behind.
 
-A person's Ctrl-C (SIGINT to the terminal's process group, or to the command alone) ends every command the same
-way, wherever it is: its child processes are stopped (Beam's worker processes, a search's trial processes), the
-clean-ups the running code registered are run (``cleanup``: a half-written file, spill files, the output of a
-pipeline step that did not finish), one line says what was kept and what to run next (``describe``), the log file
-is completed, and the process exits with ``STOPPED_EXIT`` (130, the shell's status for SIGINT).
+Ctrl-C ends every command the same way, wherever it is: its child processes are stopped, the clean-ups the
+running code registered run (``cleanup``), one line says what was kept and what to run next (``describe``),
+the log is completed, and the process exits with ``STOPPED_EXIT`` (130, the shell's status for SIGINT).
 
-Why not Python's ``KeyboardInterrupt``: Python runs a signal's handler in the main thread between two bytecodes,
-so a main thread inside a long native call (a TensorFlow call that trains a whole evaluation interval, a Beam
-bundle) notices Ctrl-C only when that call returns, seconds or minutes later; and the exception then unwinds
-through libraries that print it, wrap it or wait for their threads. Here the signal is noticed at once by a
-thread of its own: the interpreter's C-level handler writes the signal's number to a pipe
-(``signal.set_wakeup_fd``) that the thread reads. That thread stops the command and ends the process with
-``os._exit``, without waiting for Beam's or TensorFlow's threads: it leaves what a SIGKILL would leave
-consistent (checkpoints, the metadata store, files written whole) consistent, and removes what only a clean
-exit would have removed (TensorFlow's generated autograph sources).
-
-``arm`` is called by ``effnet_common.console.session`` in a command's own process (never in a test's process,
-where a stop would end the test run). While another handler owns SIGINT (a Dataflow job being followed, which
-cancels its job on Ctrl-C: ``effnet_common.dataflow_jobs``), that handler acts and this module stands aside.
-
-Nothing here imports TensorFlow or Beam: Beam's worker processes import it (through ``effnet_common.whole``).
+Not Python's ``KeyboardInterrupt``: it reaches a main thread inside a long native call (a TensorFlow call that
+trains a whole evaluation interval, a Beam bundle) only when the call returns, then unwinds through libraries
+that print, wrap or wait on it. Here a thread of its own reads the signal (``signal.set_wakeup_fd``), stops
+the command and ends the process with ``os._exit``: what a SIGKILL leaves consistent stays so, and what only a
+clean exit removes (TensorFlow's autograph sources) is removed. ``arm`` is called by
+``effnet_common.console.session`` in a command's own process, never a test's (a stop would end the test run);
+while another handler owns SIGINT (a followed Dataflow job's: ``effnet_common.dataflow_jobs``), that one acts.
+Nothing here imports TensorFlow or Beam, as Beam's worker processes import it.
 """
 
 from __future__ import annotations
@@ -64,11 +55,11 @@ _armed: _Armed | None = None
 def cleanup(remove: Callable[[], None]) -> Iterator[None]:
     """Runs ``remove`` if the command is stopped inside the block (latest first); nothing otherwise.
 
-    ``remove`` runs on the stopping thread while the rest of the program may still be running: it deletes what
-    the block would leave half-done (and must not fail when it is not there). Once a stop has begun, a thread of
-    the program that enters a block (a Beam worker thread's next spill file) or leaves one waits there for the
-    process to end (``_hold_if_stopping``): nothing it would write is made after the clean-ups ran, and no
-    clean-up is taken away before they run.
+    ``remove`` runs on the stopping thread while the rest of the program may still be running: it deletes
+    what the block would leave half-done (and must not fail when it is not there). Once a stop has begun, a
+    thread of the program that enters a block (a Beam worker thread's next spill file) or leaves one waits
+    there for the process to end (``_hold_if_stopping``): nothing it would write is made after the clean-ups
+    ran, and no clean-up is taken away before they run.
     """
     _hold_if_stopping()
     key = next(_order)
@@ -106,9 +97,8 @@ def _hold_if_stopping() -> None:
     (``atexit``, while armed). Leaving and exiting count because the same Ctrl-C ends the command's worker
     processes, which can fail the main thread's call at once (Beam: "Channel closed prematurely") while the
     stop is still stopping children: that error would unwind the blocks, taking away the clean-ups and the
-    line the stop is about to use, and the main thread would exit first with status 1, its error line sent to
-    the log by ``quiet``: a Ctrl-C that printed nothing (the sharding Ctrl-C test saw it, 1 run in 12 under
-    load)."""
+    line the stop is about to use, and the main thread would exit first, with status 1 and nothing printed
+    (docs/troubleshooting.md, "A Ctrl-C that misbehaved")."""
     if _armed is not None and _armed.started.is_set() and threading.current_thread() is not _armed.stopper:
         threading.Event().wait()  # never set: the stop ends the process
 
@@ -187,13 +177,13 @@ def _process_table() -> dict[int, tuple[int, str]]:
 
 
 def stop_children(grace: float = CHILD_GRACE_SECONDS) -> None:
-    """SIGINT to every process below this one (a command of this project stops as this one does; Beam's workers
-    end), then SIGKILL to those still running after ``grace`` seconds; returns once each has ended.
+    """SIGINT to every process below this one (a command of this project stops as this one does; Beam's
+    workers end), then SIGKILL to those still running after ``grace`` seconds; returns once each has ended.
 
     Grandchildren count: Beam starts each multi-process worker through ``sh -c`` (which does not exec it), so
-    the worker is the shell's child; SIGINT ends the shell at once while the worker, now nobody's child here,
-    was still tearing down when the command exited (the Ctrl-C test saw it 1 run in 5). The whole tree is
-    listed before any signal, so a process whose parent ends first is still waited for.
+    the worker is the shell's child, and SIGINT ends the shell at once while the worker may still be tearing
+    down. The whole tree is listed before any signal, so a process whose parent ends first is still waited
+    for.
     """
     processes = descendant_processes()
     for pid in processes:
@@ -231,8 +221,7 @@ def die_with_parent() -> None:
 
     The child asks for it itself, rather than its parent between fork and exec (a ``preexec_fn``): a
     ``preexec_fn`` makes Python fork the whole parent, which runs every loaded library's fork handlers in the
-    child; gRPC's (loaded by the pipeline's libraries) aborted a trial's process before it started
-    ("epoll_wait error: Bad file descriptor", exit -6), once in a suite run."""
+    child, and gRPC's (loaded by the pipeline's libraries) can abort the child before it starts."""
     parent = os.environ.pop(PARENT_PID_VARIABLE, None)  # the child's own children do not inherit it
     if parent is None or not sys.platform.startswith("linux"):
         return
@@ -302,8 +291,8 @@ class _Armed:
             logger.info("SIGINT: stopping")
             stop_children()
             # Blocks entered from now on wait (``cleanup``); one entered just before gets a moment to make its
-            # file, so that its clean-up finds it. A heuristic: a thread held up longer than that between entering
-            # its block and making its file would still make it after the clean-ups ran.
+            # file, so that its clean-up finds it. A heuristic: a thread held up longer than that between
+            # entering its block and making its file would still make it after the clean-ups ran.
             time.sleep(SETTLE_SECONDS)
             run_cleanups()
             remove_generated_sources()
@@ -328,8 +317,8 @@ class _Armed:
 
 
 def log_thread_exception(args) -> None:
-    """``threading.excepthook`` of a command: a thread's failure goes to the log file (a Beam thread whose worker
-    process the terminal's Ctrl-C ended fails before this process's stop has begun)."""
+    """``threading.excepthook`` of a command: a thread's failure goes to the log file (a Beam thread whose
+    worker process the terminal's Ctrl-C ended fails before this process's stop has begun)."""
     logger.error(
         "thread %s failed: %s",
         getattr(args.thread, "name", "?"),

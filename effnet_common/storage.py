@@ -1,23 +1,18 @@
-"""Every user path goes through Beam's ``FileSystems``: local disks, ``gs://`` and any other Beam file system.
+"""Every user path goes through Beam's ``FileSystems``: local disks, ``gs://`` and any other Beam file
+system. What Beam's API does not offer is done here per file system, and only here:
 
-Three things Beam's ``FileSystems`` API does not offer are done here per file system, and only here:
+- **Whole-object writes** (``effnet_common.whole``, the rule the trainer's files follow too).
+- **Exact range reads.** ``FileSystems.open`` on ``gs://`` buffers 16 MiB per read miss, so reading one
+  record of a spill object, or one inner tar, would fetch up to 16 MiB more. ``RangeReader`` and
+  ``open_window`` ask GCS for exactly the bytes wanted, through Beam's own GCS client (the same credentials
+  and endpoint, ``STORAGE_EMULATOR_HOST`` included).
+- **Listing one directory level** (Beam lists recursively): a delimiter listing on GCS, ``os.scandir`` on a
+  local disk.
+- **Local files without Beam.** A path without a scheme is read and written as Beam's ``LocalFileSystem``
+  does, without importing Beam, which would cost every sharding worker process seconds of CPU before its
+  first image (``beam_preprocess.processes``). Other schemes, ``file://`` included, go through Beam.
 
-- **Whole-object writes** (``effnet_common.whole``, the rule the trainer's files follow too): on a local disk
-  under a temporary name, then renamed; on an object store in one upload under the final name.
-- **Exact range reads.** ``FileSystems.open`` on ``gs://`` buffers 16 MiB per read miss: reading a 110 KiB
-  record from the middle of a spill object would fetch 16 MiB, and reading one inner tar would fetch up to
-  16 MiB past its end. ``RangeReader`` and ``open_window`` ask GCS for exactly the bytes wanted, through
-  Beam's own GCS client (the same credentials and endpoint, ``STORAGE_EMULATOR_HOST`` included).
-- **Listing one directory level.** Beam lists recursively (its local file system even walks the whole tree
-  for ``dir/*``); one level is listed by a delimiter listing on GCS and by ``os.scandir`` on a local disk.
-- **Local files without Beam.** Reading and writing a path without a scheme does what Beam's
-  ``LocalFileSystem`` does (``io.open``, ``os.makedirs`` of the parent, ``os.replace``, ``os.remove``) without
-  importing Beam: the sharding run's worker processes (``beam_preprocess.processes``) read archives and write
-  spills and shards, and importing Beam would cost each of them 1.5-4.5 s of CPU before its first image.
-  Object stores, ``file://`` and every other scheme go through Beam's ``FileSystems``.
-
-Beam is imported on first use only: the trainer imports ``effnet_common.manifest``, which imports this
-module lazily, on hosts where importing Beam would only cost time.
+Beam is imported on first use only: the trainer reads manifests through this module and needs no Beam.
 """
 
 from __future__ import annotations
@@ -156,13 +151,15 @@ def plan_requests(wanted: Iterable[tuple[object, str, int, int]], max_gap: float
         yield run
 
 
-# Reads in flight at once for a shard writer whose files are on an object store: enough to hide a GCS request's
-# latency (tens of milliseconds, against about 1 ms to transfer an ImageNet image) without holding much memory.
+# Reads in flight at once for a shard writer whose files are on an object store: enough to hide a GCS
+# request's latency (far longer than transferring an ImageNet image) without holding much memory
+# (docs/performance.md, 'Sharding': requests in flight on GCS).
 OBJECT_STORE_READ_THREADS = 8
 
 
 def read_threads(paths) -> int:
-    """Threads worth reading ``paths`` on: 1 when all are on local disks, else ``OBJECT_STORE_READ_THREADS``."""
+    """Threads worth reading ``paths`` on: 1 when all are on local disks, else
+    ``OBJECT_STORE_READ_THREADS``."""
     one_per_scheme = {path.split("://", 1)[0] if "://" in path else "": path for path in paths}
     return 1 if all(is_local(path) for path in one_per_scheme.values()) else OBJECT_STORE_READ_THREADS
 
@@ -242,7 +239,8 @@ class _Window:
 
 
 class _WindowRaw(_Window, io.RawIOBase):
-    """``size`` bytes at ``offset`` of a file as a seekable raw stream; each read fetches exactly what it asks."""
+    """``size`` bytes at ``offset`` of a file as a seekable raw stream; each read fetches exactly what it
+    asks."""
 
     def __init__(self, path: str, offset: int, size: int):
         self._reader, self._offset, self._size, self._pos = RangeReader(path), offset, size, 0
@@ -262,9 +260,9 @@ class _WindowRaw(_Window, io.RawIOBase):
 
 
 class _MappedWindow(_Window):
-    """``size`` bytes at ``offset`` of a local file, read through a memory map: a read is one copy of the bytes
-    asked for (a buffered window copies each byte three times: file to bytes, bytes to buffer, buffer to the
-    result; for the images of a work unit that was about a tenth of the checking stage's time beside decoding)."""
+    """``size`` bytes at ``offset`` of a local file, read through a memory map: a read is one copy of the
+    bytes asked for, where a buffered window copies each byte three times (file to bytes, bytes to buffer,
+    buffer to the result), a noticeable share of the checking stage beside decoding (docs/performance.md)."""
 
     def __init__(self, mapped: mmap.mmap, offset: int, size: int):
         self._map, self._offset, self._size, self._pos = mapped, offset, size, 0

@@ -1,21 +1,17 @@
-"""A pipeline task's stop: SIGTERM (Kubernetes ending the pod, Vertex cancelling the run) or SIGINT while a step
-follows its cloud job or TPU slice, raised as ``TaskStopped`` where the step's own code can act on it.
+"""A pipeline task's stop: SIGTERM (Kubernetes ending the pod, Vertex cancelling the run) or SIGINT while a
+step follows its cloud job or TPU slice, raised as ``TaskStopped`` where the step's own code can act on it.
 
-A signal handler that raises at whatever line the main thread is on is not safe: the exception can land in a
-library's ``except Exception`` and be swallowed (TensorFlow's import does this: a step that was importing it
-when SIGTERM came went on following its slice as if nothing had happened), or between a lock's acquire and its
-``try`` (a logging or connection-pool lock never released, the clean-up then waiting on it for ever). So the
-handler here only notes the signal, and ``TaskStopped`` is raised where the step waits:
+A handler that raised wherever the main thread is could be swallowed by a library's ``except Exception``, or
+land between a lock's acquire and its ``try`` and leave the lock held (docs/vertex.md). So the handler only
+notes the signal, and ``TaskStopped`` is raised where the step waits:
 
 - in ``wait(seconds)``, the follower's sleep between two reads, at once (the signal interrupts the sleep);
-- in ``check()``, which a follower calls after each read, and ``cloud_retry.Patience`` before each retry of a
-  read that failed (an outage of hours is not waited out by a stopped step);
+- in ``check()``, after each read and before each retry of a failed read (``cloud_retry.Patience``);
 - inside ``held()`` (a create call in flight, whose answer names what it made) not at all: on its way out.
 
-``anywhere=True`` raises at once wherever the signal arrives: for a wait that is a library's own loop of
-sleeps (Beam's ``wait_until_finish``), where there is no line of ours to raise at.
-
-Signal handlers belong to the process: one ``StopSignals`` is installed at a time, and ``check_stop()`` asks it.
+``anywhere=True`` raises wherever the signal arrives, for a wait in a library's own loop of sleeps (Beam's
+``wait_until_finish``). One ``StopSignals`` is installed at a time (handlers belong to the process), and
+``check_stop()`` asks it.
 """
 
 from __future__ import annotations

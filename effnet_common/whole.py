@@ -1,9 +1,10 @@
 """Writing a file whole: one rule for every file system, whichever library opens it.
 
 A reader, or a run killed half-way, must never see half a file. On a local disk the file is written under
-``path + TEMPORARY_SUFFIX`` and renamed over ``path`` (atomic), and the temporary file is removed if the write
-fails (or the command is stopped by Ctrl-C). On an object store the object appears whole when its single upload completes, and a rename would be a
-copy plus a delete, so the object is written once under its final name.
+``path + TEMPORARY_SUFFIX`` and renamed over ``path`` (atomic), and the temporary file is removed if the
+write fails (or the command is stopped by Ctrl-C). On an object store the object appears whole when its
+single upload completes, and a rename would be a copy plus a delete, so the object is written once under its
+final name.
 
 Two backends use it: ``effnet_common.storage`` (Beam's ``FileSystems``, for the sharding stage) and
 ``trainer_module.files`` (``tf.io.gfile``, for the trainer, which does not import Beam). Each passes the four
@@ -52,7 +53,8 @@ def write(path: str, backend: Backend) -> Iterator[BinaryIO]:
             backend.delete(temporary)
 
     try:
-        # Ctrl-C ends a command without unwinding this block (``effnet_common.stopping``): it removes the file.
+        # Ctrl-C ends a command without unwinding this block (``effnet_common.stopping``): it removes the
+        # file.
         with stopping.cleanup(remove_temporary):
             with backend.create(temporary) as f:
                 yield f

@@ -32,9 +32,9 @@ PRESET_LABEL = "effnet-preset"
 
 # How the training job's machines are obtained (``--provisioning``): each name builds the job's
 # ``scheduling`` entries for a machine (``accelerators.Accelerator``) and a flex-start wait, and refuses a
-# machine the service would refuse. Spot and flex-start machines cost less; Spot ones can be reclaimed (the job
-# restarts on new machines and the trainer resumes from its last checkpoint), flex-start ones are queued until
-# capacity frees up, for at most the wait asked (``max_wait_duration``; 0 waits indefinitely).
+# machine the service would refuse. Spot and flex-start machines cost less; Spot ones can be reclaimed (the
+# job restarts on new machines and the trainer resumes from its last checkpoint), flex-start ones are queued
+# until capacity frees up, for at most the wait asked (``max_wait_duration``; 0 waits indefinitely).
 PROVISIONING = Registry("--provisioning")
 # Flex-start's wait for machines when none is given: a day, the service's own default, written into the job.
 # Queued time is not billed, and the sharded data waits for the machines.
@@ -105,8 +105,8 @@ class CloudSettings:
       subnetwork: Dataflow's ``regions/REGION/subnetworks/NAME`` (or a full URL).
       sharding_workers / evaluator_workers: the Dataflow workers of the sharding step and of the Evaluator.
       provisioning: how the training job's machines are obtained (``PROVISIONING``).
-      max_wait_hours: with flex-start, how long the job waits for its machines (None: ``DEFAULT_MAX_WAIT_HOURS``;
-        0 waits indefinitely).
+      max_wait_hours: with flex-start, how long the job waits for its machines (None:
+        ``DEFAULT_MAX_WAIT_HOURS``; 0 waits indefinitely).
       reservation: ``projects/P/zones/Z/reservations/NAME`` the training machines are taken from ('' = none).
       training_timeout_hours: the upper bound of the training job's timeout (0: Vertex's 7 days). The timeout
         is three times the estimate of the run that is actually run (at least 2 hours;
@@ -116,14 +116,15 @@ class CloudSettings:
         artifact: every run starts from zero).
       check_region: refuse a region where the accelerator is not known to be offered.
       enable_cache: let Vertex reuse a step whose inputs, parameters and image are unchanged.
-      api_outage_hours: how long a step following its job (and ``--wait``) waits out an outage of the job's API
-        (``effnet_common.cloud_retry``); compiled into the steps' arguments when it is not the default.
-      zone: a TPU VM slice's zone ('' = the first zone of ``region`` that offers it; ``components.tpu_slices``).
+      api_outage_hours: how long a step following its job (and ``--wait``) waits out an outage of the job's
+        API (``effnet_common.cloud_retry``); compiled into the steps' arguments when it is not the default.
+      zone: a TPU VM slice's zone ('' = the first zone of ``region`` that offers it:
+        ``components.tpu_slices``).
       max_recreations: how many times a preempted or lost TPU VM slice is created again.
-      tensorboard: ``projects/P/locations/REGION/tensorboards/ID``, a Vertex AI TensorBoard instance the training
-        and tuning jobs stream their logs to ('' = none). Vertex requires a service account with it, and takes
-        logs only from jobs of the instance's region; each job also gets a ``base_output_directory`` under the
-        pipeline root (``TENSORBOARD_DIR``), where Vertex points ``AIP_TENSORBOARD_LOG_DIR``.
+      tensorboard: ``projects/P/locations/REGION/tensorboards/ID``, a Vertex AI TensorBoard instance the
+        training and tuning jobs stream their logs to ('' = none). Vertex requires a service account with it,
+        and takes logs only from jobs of the instance's region; each job also gets a ``base_output_directory``
+        under the pipeline root (``TENSORBOARD_DIR``), where Vertex points ``AIP_TENSORBOARD_LOG_DIR``.
     """
 
     project: str
@@ -180,7 +181,8 @@ class CloudSettings:
         slice_type = self.machine.slice_type
         if self.max_wait_hours is not None and self.provisioning != "flex-start" and slice_type is None:
             raise ValueError(
-                f"--max-wait-hours is flex-start's wait for machines; --provisioning {self.provisioning} does not wait"
+                f"--max-wait-hours is flex-start's wait for machines; "
+                f"--provisioning {self.provisioning} does not wait"
             )
         if self.zone and slice_type is None:
             raise ValueError(
@@ -207,8 +209,8 @@ class CloudSettings:
             )
         if self.reservation and not machine.takes_reservations:
             raise ValueError(
-                f"--reservation: {machine.name} runs on a Cloud TPU node, which no Compute Engine reservation holds "
-                f"(Vertex takes reservations of CPU, GPU and TPU VMs)"
+                f"--reservation: {machine.name} runs on a Cloud TPU node, which no Compute Engine "
+                f"reservation holds (Vertex takes reservations of CPU, GPU and TPU VMs)"
             )
         self._check_tensorboard(slice_type)
         if self.check_region:
@@ -221,28 +223,32 @@ class CloudSettings:
 
     def _check_tensorboard(self, slice_type) -> None:
         """``tensorboard``'s form and what Vertex requires of a job writing to it (the research of
-        ``docs/run-page-research.md``, 2): a service account, the instance in the job's region, a Vertex job."""
+        ``docs/run-page-research.md``, 2): a service account, the instance in the job's region, a Vertex
+        job."""
         if not self.tensorboard:
             return
         match = TENSORBOARD_NAME.match(self.tensorboard)
         if not match:
             raise ValueError(
-                f"--tensorboard {self.tensorboard!r} must be projects/PROJECT/locations/REGION/tensorboards/ID"
+                f"--tensorboard {self.tensorboard!r} must be "
+                "projects/PROJECT/locations/REGION/tensorboards/ID"
             )
         if match["location"] != self.region:
             raise ValueError(
-                f"--tensorboard {self.tensorboard} is in {match['location']}: Vertex AI takes a training job's logs "
-                f"only into a TensorBoard of the job's region (--region {self.region}); name one in {self.region}"
+                f"--tensorboard {self.tensorboard} is in {match['location']}: Vertex AI takes a training "
+                f"job's logs only into a TensorBoard of the job's region (--region {self.region}); "
+                f"name one in {self.region}"
             )
         if not self.service_account:
             raise ValueError(
-                "--tensorboard needs --service-account: Vertex AI runs a job that writes to a TensorBoard only as a "
-                "service account given to it (one with roles/aiplatform.user and roles/storage.admin)"
+                "--tensorboard needs --service-account: Vertex AI runs a job that writes to a TensorBoard "
+                "only as a service account given to it (one with roles/aiplatform.user and "
+                "roles/storage.admin)"
             )
         if slice_type is not None:
             raise ValueError(
-                f"--tensorboard attaches Vertex AI training jobs; --accelerator {self.accelerator} trains on a TPU VM "
-                "slice, outside Vertex AI"
+                f"--tensorboard attaches Vertex AI training jobs; --accelerator {self.accelerator} trains "
+                "on a TPU VM slice, outside Vertex AI"
             )
 
     @property
@@ -261,28 +267,26 @@ class CloudSettings:
         return offered[0] if offered else f"{self.region}-a"
 
     def tpu_vm_config(self, pipeline_name: str, labels: dict[str, str]) -> dict:
-        """``custom_config`` entries of a Trainer on a TPU VM slice (``components.runtime_gate.TpuVmTrainer``):
-        the slice's project, zone, tier and bounds, the image worker 0 trains in; its checkpoints
-        where they outlive the run (with ``checkpoint_root``)."""
+        """``custom_config`` entries of a Trainer on a TPU VM slice
+        (``components.tpu_vm_trainer.TpuVmTrainer``): the slice's project, zone, tier and bounds, the image
+        worker 0 trains in; its checkpoints where they outlive the run (with ``checkpoint_root``)."""
         from components import tpu_vm
         from trainer_module import tfx_trainer
 
         tier = {"spot": "spot"}.get(self.provisioning, "reserved" if self.reservation else "on-demand")
-        entries = {
-            tpu_vm.CONFIG_KEY: {
-                "project": self.project,
-                "zone": self.tpu_zone,
-                "accelerator": self.accelerator,
-                "tier": tier,
-                "reservation": self.reservation,
-                "max_wait_seconds": self.max_wait_seconds,
-                "service_account": self.service_account,
-                "max_recreations": self.max_recreations,
-                "labels": labels,
-                "api_endpoint": tpu_vm.API_ENDPOINT,
-                "image": self.training_image,
-            }
-        }
+        settings = tpu_vm.SliceSettings(
+            project=self.project,
+            zone=self.tpu_zone,
+            accelerator=self.accelerator,
+            image=self.training_image,
+            tier=tier,
+            reservation=self.reservation,
+            max_wait_seconds=self.max_wait_seconds,
+            service_account=self.service_account,
+            max_recreations=self.max_recreations,
+            labels=labels,
+        )
+        entries = {tpu_vm.CONFIG_KEY: settings.to_config()}
         if self.checkpoint_root:
             entries[tfx_trainer.CHECKPOINT_ROOT_KEY] = f"{self.checkpoint_root.rstrip('/')}/{pipeline_name}"
         return entries
@@ -344,8 +348,8 @@ class CloudSettings:
         return min(accelerators.timeout_for(hours * 3600), self.max_timeout_seconds)
 
     def scheduling(self, timeout_seconds: int) -> dict:
-        """A job's ``scheduling``: its timeout, restart on a worker's restart (the trainer resumes from its last
-        checkpoint), and the provisioning strategy."""
+        """A job's ``scheduling``: its timeout, restart on a worker's restart (the trainer resumes from its
+        last checkpoint), and the provisioning strategy."""
         return {
             "timeout": f"{timeout_seconds}s",
             "restart_job_on_worker_restart": True,
@@ -353,9 +357,9 @@ class CloudSettings:
         }
 
     def tensorboard_root(self, pipeline_name: str, task: str) -> str:
-        """Where the ``task`` ("trainer", "tuner") jobs of pipeline ``pipeline_name`` keep their TensorBoard logs,
-        a directory a run each (``components.vertex_training.job_request``): ``tensorboard --logdir`` on it shows
-        the runs side by side."""
+        """Where the ``task`` ("trainer", "tuner") jobs of pipeline ``pipeline_name`` keep their TensorBoard
+        logs, a directory a run each (``components.vertex_training.job_request``): ``tensorboard --logdir`` on
+        it shows the runs side by side."""
         return f"{self.pipeline_root.rstrip('/')}/{TENSORBOARD_DIR}/{pipeline_name}/{task}"
 
     def _job_args(
@@ -382,8 +386,8 @@ class CloudSettings:
         return {"project": self.project, "display_name": display_name, "labels": labels, "job_spec": job_spec}
 
     def vertex_training_config(self, trainer_config, pipeline_name: str, labels: dict[str, str]) -> dict:
-        """``custom_config`` entries of the Vertex Trainer: a custom job on the accelerator's worker pools, its
-        timeout compiled for the default run and set again by the training step for the run's own values
+        """``custom_config`` entries of the Vertex Trainer: a custom job on the accelerator's worker pools,
+        its timeout compiled for the default run and set again by the training step for the run's own values
         (``components.vertex_training.TimeoutRule``), and where its checkpoints outlive the run (with
         ``checkpoint_root``)."""
         from tfx import v1 as tfx
@@ -408,8 +412,8 @@ class CloudSettings:
         return entries
 
     def check_tuning(self, parallel_trials: int) -> None:
-        """What Vertex needs of a Tuner step on these machines (``vertex_tuning_config``), checked without TFX:
-        the compiler checks it while planning, before TensorFlow and TFX are loaded.
+        """What Vertex needs of a Tuner step on these machines (``vertex_tuning_config``), checked without
+        TFX: the compiler checks it while planning, before TensorFlow and TFX are loaded.
 
         Raises:
           AcceleratorMismatch: the accelerator is several machines: Vertex runs each trial on one.
@@ -420,9 +424,9 @@ class CloudSettings:
         machine = self.machine
         if machine.slice_type is not None:
             raise accelerators.AcceleratorMismatch(
-                f"--tune: the Tuner's trials run on Vertex AI machines, and {machine.name} is a TPU VM slice; tune "
-                "on tpu-v3-8 or GPU machines (or with python -m trainer_module tune), then train on the slice with "
-                "--set the values found"
+                f"--tune: the Tuner's trials run on Vertex AI machines, and {machine.name} is a TPU VM "
+                "slice; tune on tpu-v3-8 or GPU machines (or with python -m trainer_module tune), then "
+                "train on the slice with --set the values found"
             )
         if machine.machines > 1:
             raise accelerators.AcceleratorMismatch(
@@ -435,8 +439,8 @@ class CloudSettings:
     def vertex_tuning_config(
         self, trainer_config, pipeline_name: str, labels: dict[str, str], parallel_trials: int, epochs: int
     ) -> dict:
-        """``custom_config`` entries of the Vertex Tuner: one custom job of ``parallel_trials`` machines of the
-        accelerator (the chief runs the search's oracle and trials, each worker trials), for a search that
+        """``custom_config`` entries of the Vertex Tuner: one custom job of ``parallel_trials`` machines of
+        the accelerator (the chief runs the search's oracle and trials, each worker trials), for a search that
         trains ``epochs`` epochs in all; its timeout compiled for the default data and set again by the tuning
         step for the run's own shards (``components.vertex_training.TimeoutRule``).
 

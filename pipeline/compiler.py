@@ -26,8 +26,9 @@ from pipeline.cloud import CloudSettings
 if TYPE_CHECKING:
     from pipeline.presets import PipelinePreset, PipelineRun
 
-# The runtime parameters of a compiled pipeline and their types (names as the Vertex run form shows them): the
-# sharding step's inputs and layout, the Trainer's and Evaluator's run values, each declared by its component.
+# The runtime parameters of a compiled pipeline and their types (names as the Vertex run form shows them):
+# the sharding step's inputs and layout, the Trainer's and Evaluator's run values, each declared by its
+# component.
 RUNTIME_PARAMETERS = {**parameters.SHARDING_PARAMETERS, **parameters.RUN_PARAMETERS}
 INPUT_KEYS = tuple(parameters.INPUT_PARAMETERS)
 # The PipelineSpec 2.1 type of each Python type above.
@@ -36,8 +37,8 @@ PARAMETER_TYPES = {str: "STRING", int: "NUMBER_INTEGER", float: "NUMBER_DOUBLE"}
 
 @dataclasses.dataclass(frozen=True)
 class VertexPush:
-    """Optional push of the blessed model to the Vertex AI Model Registry, served on ``endpoint``: a version of
-    the pipeline's registry model per blessed model, deployed alone (``components.vertex_pusher``)."""
+    """Optional push of the blessed model to the Vertex AI Model Registry, served on ``endpoint``: a version
+    of the pipeline's registry model per blessed model, deployed alone (``components.vertex_pusher``)."""
 
     endpoint: str
     serving_image: str
@@ -88,8 +89,9 @@ class Tuning:
 
 @dataclasses.dataclass(frozen=True)
 class Compiled:
-    """What ``plan_pipeline`` resolved: the pipeline run (``pipeline.presets.PipelineRun``: the trainer config
-    with its target and epochs, the sharding step) and the tuning step (``Tuning``, or None without tuning)."""
+    """What ``plan_pipeline`` resolved: the pipeline run (``pipeline.presets.PipelineRun``: the trainer
+    config with its target and epochs, the sharding step) and the tuning step (``Tuning``, or None without
+    tuning)."""
 
     resolved: PipelineRun
     tuning: Tuning | None = None
@@ -216,9 +218,9 @@ def build_pipeline(
 
     Each Beam step gets its own Dataflow workers; the pushed models of each pipeline (one per preset) go to a
     serving directory of its own, ``ROOT/serving_model/PIPELINE``. ``for_kubeflow`` leaves out the
-    latest-blessed-model lookup (a TFX resolver node, which the open-source Kubeflow Pipelines backend does not
-    run): the Evaluator then gates on the target top-1 alone; and it tells the steps to find their run's id in
-    their output URIs, as Kubeflow fills no placeholder in arguments (``components.run_label``).
+    latest-blessed-model lookup (a TFX resolver node, which the open-source Kubeflow Pipelines backend does
+    not run): the Evaluator then gates on the target top-1 alone; and it tells the steps to find their run's
+    id in their output URIs, as Kubeflow fills no placeholder in arguments (``components.run_label``).
     """
     from tfx.orchestration import data_types
 
@@ -234,8 +236,8 @@ def build_pipeline(
     root = settings.pipeline_root.rstrip("/")
     name = compiled.name
     labels = settings.labels(name, compiled.resolved.preset.name)
-    # Every task's arguments say where its run's id is, for the run's label on its jobs: filled in by Vertex, or
-    # in the output URIs on Kubeflow.
+    # Every task's arguments say where its run's id is, for the run's label on its jobs: filled in by Vertex,
+    # or in the output URIs on Kubeflow.
     run_args = (run_label.kfp_run_arg(name) if for_kubeflow else run_label.RUN_ARG,)
     if (
         settings.api_outage_hours != cloud_retry.OUTAGE_HOURS
@@ -266,17 +268,18 @@ def build_pipeline(
 
 def _trainer_step(compiled: Compiled, settings: CloudSettings, name: str, labels: dict):
     """The Trainer: a Vertex AI custom job on the accelerator, or a TPU VM slice (``components.tpu_vm``)."""
-    from components import runtime_gate
+    from components import runtime_gate, tpu_vm_trainer
     from pipeline import pipeline_def
 
     if settings.machine.slice_type is not None:
-        return pipeline_def.TrainerStep(runtime_gate.TpuVmTrainer, settings.tpu_vm_config(name, labels))
+        return pipeline_def.TrainerStep(tpu_vm_trainer.TpuVmTrainer, settings.tpu_vm_config(name, labels))
     config = settings.vertex_training_config(compiled.resolved.trainer_config, name, labels)
     return pipeline_def.TrainerStep(runtime_gate.VertexTrainer, config)
 
 
 def _tuning_step(compiled: Compiled, settings: CloudSettings, name: str, labels: dict):
-    """The Tuner step on Vertex: TFX's Vertex Tuner, trials in parallel on the accelerator (None: no tuning)."""
+    """The Tuner step on Vertex: TFX's Vertex Tuner, trials in parallel on the accelerator (None: no
+    tuning)."""
     tuning = compiled.tuning
     if tuning is None:
         return None
@@ -292,9 +295,9 @@ def _tuning_step(compiled: Compiled, settings: CloudSettings, name: str, labels:
 def _tfx_compile(pipeline, settings: CloudSettings, defaults: dict, for_kubeflow: bool) -> dict:
     """The PipelineJob TFX's ``KubeflowV2DagRunner`` compiles (schema 2.1.0, nothing written), with the
     runtime parameters' ``defaults`` in its ``runtimeConfig``, and the run's clean-up as its exit handler
-    (``components.run_cleanup``), which reaches Dataflow as the pipeline's steps do, with their Beam options. On
-    Vertex it finds its run's id among them too; ``for_kubeflow``, in its parameter: Kubeflow fills the run-id
-    placeholder in input parameters only."""
+    (``components.run_cleanup``), which reaches Dataflow as the pipeline's steps do, with their Beam options.
+    On Vertex it finds its run's id among them too; ``for_kubeflow``, in its parameter: Kubeflow fills the
+    run-id placeholder in input parameters only."""
     from tfx import v1 as tfx
 
     from components import run_cleanup, run_label

@@ -1,25 +1,18 @@
-"""python -m pipeline.kubeflow_v2_runner: compile the pipeline for Vertex AI Pipelines or Kubeflow, and submit.
+"""python -m pipeline.kubeflow_v2_runner: compile the pipeline for Vertex AI Pipelines or Kubeflow; submit it.
 
-The same ``create_pipeline`` as the local runner, with: the pipeline image on every step, a gs:// pipeline
-root, the sharding step's Beam pipeline on Dataflow, and the Trainer as a Vertex AI custom job on the
-machines of ``--accelerator`` (a single-host TPU slice, or one or more 8-GPU machines) in ``--trainer-image``.
-The preset is checked against the accelerator before anything is written. ``--output`` ending in ``.json``
-writes a Vertex PipelineJob; ``.yaml`` writes a bare PipelineSpec for open-source Kubeflow Pipelines.
+The local runner's ``create_pipeline`` with the pipeline image on every step, a gs:// pipeline root, the Beam
+steps on Dataflow, and the Trainer as a Vertex AI custom job on the machines of ``--accelerator`` (or on a
+multi-host TPU VM slice) in ``--trainer-image``; the preset is checked against the accelerator first.
+``--output X.json`` writes a Vertex PipelineJob, ``X.yaml`` a PipelineSpec for Kubeflow Pipelines. The inputs,
+shard layout, epochs and top-1 gate are runtime parameters: ``--param NAME=VALUE`` sets their defaults, or
+with ``--submit`` (or ``--template FILE --submit``) this run's values. Full commands: docs/vertex.md.
 
-The inputs, the shard layout, the training epochs and the top-1 gate are runtime parameters of the compiled
-pipeline (``--param NAME=VALUE`` at compile time sets their defaults; with ``--submit``, or ``--template FILE
---submit`` for a pipeline compiled earlier, the values of this run; or the Vertex console's run form).
-
-    python -m pipeline.kubeflow_v2_runner --output effnet.json --project P --region us-central1 \\
-        --image us-docker.pkg.dev/P/effnet/pipeline@sha256:... \\
-        --trainer-image us-docker.pkg.dev/P/effnet/trainer-tpu@sha256:... \\
-        --pipeline-root gs://BUCKET/pipelines --accelerator tpu-v3-8 --preset b0-rmsprop-8x2048 \\
-        --train-archive gs://BUCKET/ILSVRC2012_img_train.tar --val-archive gs://BUCKET/ILSVRC2012_img_val.tar \\
-        --service-account effnet@P.iam.gserviceaccount.com \\
-        --tensorboard projects/P/locations/us-central1/tensorboards/ID --submit --experiment effnet-b0
-    python -m pipeline.kubeflow_v2_runner --template effnet.json --project P --region us-central1 \\
-        --pipeline-root gs://BUCKET/pipelines --param train_epochs=30 --param target_top1=0.5 --submit
     python -m pipeline.kubeflow_v2_runner --preset b0-rmsprop-8x2048 --accelerator gpu-h100x8 --plan
+    python -m pipeline.kubeflow_v2_runner --output effnet.json --project P --region us-central1 \\
+        --image IMAGE@sha256:... --trainer-image IMAGE@sha256:... --pipeline-root gs://BUCKET/pipelines \\
+        --accelerator tpu-v3-8 --preset b0-rmsprop-8x2048 --train-archive gs://BUCKET/train.tar \\
+        --val-archive gs://BUCKET/val.tar --service-account SA@P.iam.gserviceaccount.com --submit
+    python -m pipeline.kubeflow_v2_runner --template effnet.json --param train_epochs=30 --submit --wait
 """
 
 from __future__ import annotations
@@ -49,7 +42,8 @@ from pipeline.cloud import (  # noqa: E402
 
 
 def parse_params(pairs: list[str]) -> dict:
-    """``NAME=VALUE`` pairs of the compiled pipeline's runtime parameters, typed (``template.parse_params``)."""
+    """``NAME=VALUE`` pairs of the compiled pipeline's runtime parameters, typed
+    (``template.parse_params``)."""
     from pipeline import template
 
     return template.parse_params(
@@ -87,17 +81,17 @@ def build_parser() -> argparse.ArgumentParser:
         "multi-user install needs it",
     )  # fmt: skip
     what.add_argument(
-        "--kfp-token-file", default="", help="with --kfp-host: a file holding the bearer token for its API (a "
-        "Kubernetes service-account token or one from the cluster's identity provider; default: the file kfp's "
-        "KF_PIPELINES_SA_TOKEN_PATH names)",
+        "--kfp-token-file", default="", help="with --kfp-host: a file holding the bearer token for its API "
+        "(a Kubernetes service-account token or one from the cluster's identity provider; default: the file "
+        "kfp's KF_PIPELINES_SA_TOKEN_PATH names)",
     )  # fmt: skip
     what.add_argument(
         "--wait", action="store_true", help="with --submit: follow the run to its end; exit 0 if it succeeded"
     )
     what.add_argument(
         "--experiment", default="", metavar="NAME",
-        help="with --submit to Vertex AI: put the run into this Vertex AI experiment (created if missing; 4-128 "
-        "of a-z, 0-9, '-'), where runs compare side by side",
+        help="with --submit to Vertex AI: put the run into this Vertex AI experiment (created if missing; "
+        "4-128 of a-z, 0-9, '-'), where runs compare side by side",
     )  # fmt: skip
     where = parser.add_argument_group("where it runs")
     where.add_argument("--project", default="", help="compiling: required; with --template: as compiled")
@@ -125,8 +119,8 @@ def build_parser() -> argparse.ArgumentParser:
     where.add_argument("--subnetwork", default="", help="Dataflow workers' regions/REGION/subnetworks/NAME")
     where.add_argument(
         "--tensorboard", default=CLOUD_DEFAULTS["tensorboard"], metavar="NAME",
-        help="projects/P/locations/REGION/tensorboards/ID: a Vertex AI TensorBoard of --region the training and "
-        "tuning jobs stream their curves and profiles to (needs --service-account)",
+        help="projects/P/locations/REGION/tensorboards/ID: a Vertex AI TensorBoard of --region the training "
+        "and tuning jobs stream their curves and profiles to (needs --service-account)",
     )  # fmt: skip
     where.add_argument(
         "--provisioning",
@@ -135,18 +129,18 @@ def build_parser() -> argparse.ArgumentParser:
     )
     where.add_argument(
         "--max-wait-hours", type=float, default=CLOUD_DEFAULTS["max_wait_hours"],
-        help=f"flex-start: how long the job waits for machines; a TPU VM slice: how long it may stay queued (default "
-        f"{DEFAULT_MAX_WAIT_HOURS:g}; 0: indefinitely)",
+        help=f"flex-start: how long the job waits for machines; a TPU VM slice: how long it may stay queued "
+        f"(default {DEFAULT_MAX_WAIT_HOURS:g}; 0: indefinitely)",
     )  # fmt: skip
     where.add_argument(
         "--zone", default=CLOUD_DEFAULTS["zone"],
-        help="a TPU VM slice's zone (multi-host slices: tpu-v3-32 and up, tpu-v4-16 and up, tpu-v5p-16 and up, "
-        "tpu-v5litepod-16 and up; default: the first zone of --region that offers it)",
+        help="a TPU VM slice's zone (multi-host slices: tpu-v3-32 and up, tpu-v4-16 and up, tpu-v5p-16 and "
+        "up, tpu-v5litepod-16 and up; default: the first zone of --region that offers it)",
     )  # fmt: skip
     where.add_argument(
         "--max-recreations", type=int, default=CLOUD_DEFAULTS["max_recreations"],
-        help="times a preempted or lost TPU VM slice is created again, the training resuming from its checkpoint "
-        "(default %(default)s)",
+        help="times a preempted or lost TPU VM slice is created again, the training resuming from its "
+        "checkpoint (default %(default)s)",
     )  # fmt: skip
     where.add_argument(
         "--skip-region-check", action="store_true", help="compile for a region the accelerator table lacks"
@@ -180,20 +174,21 @@ def build_parser() -> argparse.ArgumentParser:
     where.add_argument("--no-cache", action="store_true", help="run every step, reusing none")
     where.add_argument(
         "--api-outage-hours", type=float, default=CLOUD_DEFAULTS["api_outage_hours"],
-        help="how long a step following its job, and --wait, wait out an outage of the service's API before giving "
-        "up (default %(default)g; a 403/404 is waited out 5 minutes)",
+        help="how long a step following its job, and --wait, wait out an outage of the service's API before "
+        "giving up (default %(default)g; a 403/404 is waited out 5 minutes)",
     )  # fmt: skip
     where.add_argument(
         "--vertex-endpoint",
         default="",
-        help="also push a blessed model to the Vertex Model Registry (a version of the pipeline's model) and serve "
-        "it alone on this endpoint (display name, created if missing, or projects/.../endpoints/N)",
+        help="also push a blessed model to the Vertex Model Registry (a version of the pipeline's model) and "
+        "serve it alone on this endpoint (display name, created if missing, or projects/.../endpoints/N)",
     )
     where.add_argument(
         "--serving-image",
         default="",
         help="the Vertex serving image for --vertex-endpoint: a prebuilt tf2-cpu/gpu image the pinned "
-        "google-cloud-aiplatform lists, 2.15 or newer (e.g. us-docker.pkg.dev/vertex-ai/prediction/tf2-cpu.2-15:latest)",
+        "google-cloud-aiplatform lists, 2.15 or newer "
+        "(e.g. us-docker.pkg.dev/vertex-ai/prediction/tf2-cpu.2-15:latest)",
     )
     run = parser.add_argument_group("what it runs")
     run.add_argument(
@@ -210,7 +205,8 @@ def build_parser() -> argparse.ArgumentParser:
     for key in compiler.INPUT_KEYS:
         run.add_argument(
             f"--{key.replace('_', '-')}", default="",
-            help=f"{inputs[key]}: the default of --param {key} (a run needs a training and a validation input)",
+            help=f"{inputs[key]}: the default of --param {key} "
+            "(a run needs a training and a validation input)",
         )  # fmt: skip
     tune = tune_flags.add_tune_flags(
         parser,
@@ -311,9 +307,9 @@ def _check_output_directory(output: str) -> None:
 
 
 def _template_for(args):
-    """The compiled template to submit, refused in one line when a given flag differs from what it was compiled
-    for: its jobs (training, Dataflow) run in the compiled project, region, identity and network, and its
-    serving directory and Dataflow temp location sit under the compiled pipeline root."""
+    """The compiled template to submit, refused in one line when a given flag differs from what it was
+    compiled for: its jobs (training, Dataflow) run in the compiled project, region, identity and network, and
+    its serving directory and Dataflow temp location sit under the compiled pipeline root."""
     from pipeline.template import Template
 
     template = Template.read(args.template)
@@ -329,8 +325,9 @@ def _template_for(args):
     root = args.pipeline_root.rstrip("/")
     if root and template.pipeline_root and root != template.pipeline_root:
         raise ValueError(
-            f"--pipeline-root {args.pipeline_root}: {args.template} was compiled for {template.pipeline_root} (its "
-            f"serving directory and Dataflow temp location are under it); compile again for another root"
+            f"--pipeline-root {args.pipeline_root}: {args.template} was compiled for "
+            f"{template.pipeline_root} (its serving directory and Dataflow temp location are under it); "
+            f"compile again for another root"
         )
     if not template.pipeline_root and not root:
         raise ValueError(f"--pipeline-root: {args.template} names none; give the gs:// root of its artifacts")
@@ -343,8 +340,8 @@ def _check_destination(args, kubeflow: bool, path: str) -> None:
     ``--kfp-host``. Refused in one line otherwise, before anything is compiled or sent."""
     if kubeflow and not args.kfp_host:
         raise ValueError(
-            f"--kfp-host: {path} is a Kubeflow Pipelines PipelineSpec; give --kfp-host URL to submit it (Vertex AI "
-            "takes the .json PipelineJob)"
+            f"--kfp-host: {path} is a Kubeflow Pipelines PipelineSpec; give --kfp-host URL to submit it "
+            "(Vertex AI takes the .json PipelineJob)"
         )
     if args.kfp_host and not kubeflow:
         raise ValueError(f"--kfp-host takes a PipelineSpec: compile to .yaml, not {path}")
@@ -358,29 +355,30 @@ def _check_destination(args, kubeflow: bool, path: str) -> None:
 
 
 def _check_experiment(args) -> None:
-    """``--experiment`` names a Vertex AI experiment a submitted Vertex run goes into (a Kubeflow run goes into
-    the experiment named after the pipeline): refused in one line otherwise, before anything is loaded."""
+    """``--experiment`` names a Vertex AI experiment a submitted Vertex run goes into (a Kubeflow run goes
+    into the experiment named after the pipeline): refused in one line otherwise, before anything is
+    loaded."""
     if not args.experiment:
         return
-    from pipeline import submission
+    from pipeline import vertex_submission
 
     if not args.submit:
         raise ValueError("--experiment puts a submitted run into a Vertex AI experiment: add --submit")
     if args.kfp_host:
         raise ValueError(
-            "--experiment is a Vertex AI experiment; a Kubeflow Pipelines run goes into the experiment named after "
-            "the pipeline"
+            "--experiment is a Vertex AI experiment; a Kubeflow Pipelines run goes into the experiment "
+            "named after the pipeline"
         )
-    submission.check_experiment_name(args.experiment)
+    vertex_submission.check_experiment_name(args.experiment)
 
 
 def submit(template, args) -> int:
-    """Checks the run's parameter values against the template, submits it, and with ``--wait`` follows the run
-    to its end. Returns the exit status: 0 once submitted (or, with ``--wait``, when the run succeeded), 1 when
-    the run ended in another state, or when its state could not be read for ``--api-outage-hours`` (one line,
-    the run going on)."""
+    """Checks the run's parameter values against the template, submits it, and with ``--wait`` follows the
+    run to its end. Returns the exit status: 0 once submitted (or, with ``--wait``, when the run succeeded), 1
+    when the run ended in another state, or when its state could not be read for ``--api-outage-hours`` (one
+    line, the run going on)."""
     from effnet_common.cloud_retry import Patience
-    from pipeline import submission
+    from pipeline import kfp_submission, submission, vertex_submission
 
     _check_destination(args, not template.is_job, template.path)
     params = template.parse(args.params)
@@ -388,11 +386,13 @@ def submit(template, args) -> int:
     where = f"Kubeflow Pipelines at {args.kfp_host}" if args.kfp_host else "Vertex AI Pipelines"
     with stopping.describe(f"stopped while submitting: look for the run in {where} before submitting again"):
         if args.kfp_host:
-            run = submission.submit_kfp(
+            run = kfp_submission.submit_kfp(
                 template, params, args.kfp_host, not args.no_cache, args.kfp_namespace, args.kfp_token_file
             )
         else:
-            run = submission.submit_vertex(template, params, not args.no_cache, experiment=args.experiment)
+            run = vertex_submission.submit_vertex(
+                template, params, not args.no_cache, experiment=args.experiment
+            )
     print(f"submitted {run.description}")
     print(f"follow it at {run.url}")
     for note in run.notes:
@@ -473,8 +473,9 @@ def compile_run(args) -> int:
     print(f"compiled {args.output}: {preset.name} on {machine.describe()} ({replicas})")
     if for_kubeflow:
         print(
-            "note: Kubeflow Pipelines runs no TFX resolver node, so this PipelineSpec has no latest-blessed-model "
-            "baseline: its Evaluator blesses on the target top-1 alone (the .json PipelineJob for Vertex has both)"
+            "note: Kubeflow Pipelines runs no TFX resolver node, so this PipelineSpec has no "
+            "latest-blessed-model baseline: its Evaluator blesses on the target top-1 alone "
+            "(the .json PipelineJob for Vertex has both)"
         )
     if args.submit:
         from pipeline.template import Template

@@ -1,20 +1,16 @@
 """python -m pipeline.local_runner: the whole pipeline on this machine with the TFX LocalDagRunner.
 
-Runs on the embedded default data (scikit-learn's real digits laid out as the ILSVRC2012 archives) unless
-archives or directories are given: a training and a validation input, as the pipeline trains on one and gates on
-the other. Metadata goes to a SQLite store under the pipeline root, so a second run reuses the cached steps (an
-unchanged model is neither evaluated nor pushed again). Ends by printing the top-1 the Evaluator measured, whether
-the model was blessed (or which condition failed), and where it was pushed; exits 0 when a model was pushed, 3
-when the model missed the target (nothing pushed), 2 with one ``error:`` line when a flag is wrong (checked before
-anything runs) or a step fails for a known reason, 130 on Ctrl-C. Every run that got as far as running the
-pipeline, failed and stopped ones too, adds a row to the page of the root's runs, PIPELINE_ROOT/runs/index.html
-(``pipeline.runs_page``), which the last lines name.
+Runs on the embedded data (scikit-learn's real digits laid out as the ILSVRC2012 archives) unless a training
+and a validation input are given (the pipeline trains on one and gates on the other). Metadata goes to a
+SQLite store under the pipeline root, so a second run reuses the cached steps (an unchanged model is neither
+evaluated nor pushed again). It ends by printing the Evaluator's top-1, the verdict and where the model was
+pushed, and exits 0 when a model was pushed, 3 when it missed the target, 2 with one ``error:`` line for a
+wrong flag or a known failure, 130 on Ctrl-C. Every run that got as far as the pipeline, failed and stopped
+ones too, adds a row to PIPELINE_ROOT/runs/index.html (``pipeline.runs_page``).
 
-The console shows a short account: each step as it starts and ends, one line per training evaluation, the
-verdict. The libraries' logs go to PIPELINE_ROOT/logs/local_runner-<time>.log (``--verbose``: live on stderr).
-Ctrl-C stops the run in one line: the step that was running leaves nothing behind, and the same command goes on
-from the steps that finished; the Trainer keeps its checkpoints in PIPELINE_ROOT/checkpoints/ (a directory per
-preset and settings), so a stopped training resumes where it stopped.
+The console shows each step, one line per training evaluation and the verdict; the libraries' logs go to
+PIPELINE_ROOT/logs/local_runner-<time>.log (``--verbose``: live on stderr). After Ctrl-C the same command goes
+on from the finished steps, the training from its checkpoints in PIPELINE_ROOT/checkpoints/.
 """
 
 from __future__ import annotations
@@ -38,8 +34,8 @@ NOT_BLESSED_EXIT = console.MISSED_TARGET_EXIT
 TUNE_MAX_EPOCHS = 6
 LOG_DIR = "logs"
 EMBEDDED_DIR = "embedded_data"
-# Under the pipeline root, per pipeline: the Trainer's checkpoints (by settings and data) and the Tuner's trials,
-# which outlive a stopped run so that the next one resumes them.
+# Under the pipeline root, per pipeline: the Trainer's checkpoints (by settings and data) and the Tuner's
+# trials, which outlive a stopped run so that the next one resumes them.
 CHECKPOINTS_DIR = "checkpoints"
 TUNING_DIR = "tuning"
 # The trainer-tpu image a rehearsed slice's worker 0 runs: what scripts/images.sh builds.
@@ -64,15 +60,15 @@ def build_parser() -> argparse.ArgumentParser:
         default="demo",
         choices=names,
         metavar="PRESET",
-        help="what to train and how to shard (default %(default)s: the embedded digits' tiny EfficientNet; smoke: "
-        "one epoch, target 0; or a row of the paper's Table 2); one of: " + ", ".join(names),
+        help="what to train and how to shard (default %(default)s: the embedded digits' tiny EfficientNet; "
+        "smoke: one epoch, target 0; or a row of the paper's Table 2); one of: " + ", ".join(names),
     )
     parser.add_argument(
         "--target-top1",
         type=float,
         default=None,
-        help="override the preset's target top-1: the trainer stops once it is reached and the Evaluator blesses "
-        "only a model that reaches it (the same as --param target_top1 on Vertex)",
+        help="override the preset's target top-1: the trainer stops once it is reached and the Evaluator "
+        "blesses only a model that reaches it (the same as --param target_top1 on Vertex)",
     )
     inputs = parser.add_argument_group(
         "inputs (default: the embedded digits; otherwise a training and a validation input)"
@@ -114,9 +110,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--rehearse-slice",
         default="",
         metavar="ACCELERATOR",
-        help="train through the TPU VM backend on a rehearsed slice of this type (e.g. tpu-v4-32): a Cloud TPU API "
-        "on 127.0.0.1 whose hosts are local processes; worker 0 trains in the trainer image with Docker (logical "
-        "CPUs standing in for the TPU), and the slice is deleted at the end",
+        help="train through the TPU VM backend on a rehearsed slice of this type (e.g. tpu-v4-32): a Cloud "
+        "TPU API on 127.0.0.1 whose hosts are local processes; worker 0 trains in the trainer image with "
+        "Docker (logical CPUs standing in for the TPU), and the slice is deleted at the end",
     )
     rehearsal.add_argument(
         "--rehearse-image",
@@ -130,8 +126,8 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         default=0,
         metavar="STEP",
-        help="with --rehearse-slice: the service preempts the slice once the trainer logged this step (the step "
-        "creates it again and the trainer resumes from its checkpoint)",
+        help="with --rehearse-slice: the service preempts the slice once the trainer logged this step (the "
+        "step creates it again and the trainer resumes from its checkpoint)",
     )
     parser.add_argument(
         "--verbose",
@@ -157,16 +153,17 @@ def write_embedded(root: str) -> None:
 
 
 def known_errors() -> tuple[type[BaseException], ...]:
-    """Failures a person fixes from one line (the log file holds the rest): bad inputs and budgets, a rehearsed
-    slice that failed. Their modules load Beam and TensorFlow: imported when a run fails, never for a refused
-    flag (``main``)."""
+    """Failures a person fixes from one line (the log file holds the rest): bad inputs and budgets, a
+    rehearsed slice that failed. Their modules load Beam and TensorFlow: imported when a run fails, never for
+    a refused flag (``main``)."""
     from beam_preprocess.run import FailureBudgetExceeded, OutputExistsError
     from components.tpu_vm import SliceFailed
     from trainer_module.data.input_pipeline import LabelError
     from trainer_module.train import NonFiniteLossError
 
     return (
-        console.UsageError, FailureBudgetExceeded, OutputExistsError, LabelError, NonFiniteLossError, SliceFailed
+        console.UsageError, FailureBudgetExceeded, OutputExistsError, LabelError, NonFiniteLossError,
+        SliceFailed,
     )  # fmt: skip
 
 
@@ -190,8 +187,8 @@ def preflight(args, preset):
     that a failed check leaves nothing behind). Returns the resolved pipeline run.
 
     The ``--set`` strings are parsed first: checking the inputs' files loads Beam (its FileSystems), and the
-    embedded data's names numpy, seconds that a misspelt setting should not wait for. A search's name is checked
-    before KerasTuner (and TensorFlow with it) checks the rest of the search.
+    embedded data's names numpy, seconds that a misspelt setting should not wait for. A search's name is
+    checked before KerasTuner (and TensorFlow with it) checks the rest of the search.
 
     Raises:
       console.UsageError: naming the flag and the problem.

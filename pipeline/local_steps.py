@@ -1,19 +1,17 @@
 """The local pipeline's steps as the console shows them, and what Ctrl-C in the middle of one leaves.
 
-The LocalDagRunner runs each component in turn, in this process, and logs (through absl) when a component starts
-and finishes, the execution it runs or the cached one it reuses, and an execution that failed. ``StepLines``
-turns those records into the console's account, one line as a step starts and one as it ends, and so knows at any
-moment which step runs and which execution it is.
+The LocalDagRunner runs each component in turn, in this process, and logs (through absl) when a component
+starts and finishes, the execution it runs or the cached one it reuses, and an execution that failed.
+``StepLines`` turns those records into the console's account, one line as a step starts and one as it ends,
+and so knows at any moment which step runs and which execution it is.
 
-Ctrl-C stops the command (``effnet_common.stopping``); the step that was running did not finish, and TFX would
-leave its directories behind as they were: its output artifacts' directories (``<node>/<output>/<execution>``),
-its temporary directory (``<node>/.system/executor_execution/<execution>``), its working directory
-(``<node>/.system/stateful_working_dir/<id>``) and, for a Pusher, a half-copied version in the serving directory.
-``StepLines.remove_unfinished`` removes them (the next run starts that step again in new directories); the steps
-that finished are in the metadata store and cached. ``StepLines.stop_description`` says what was kept: the
-Trainer's checkpoints (in a directory of their own that the next run resumes from), the Tuner's trials, the
-cached steps. The pipeline root is a local directory (the local runner refuses any other: its metadata store is
-SQLite), so the directories are read and removed with the local file calls.
+Ctrl-C stops the command (``effnet_common.stopping``) and TFX would leave the unfinished step's directories
+as they were: its outputs (``<node>/<output>/<execution>``), its ``.system/executor_execution`` and
+``.system/stateful_working_dir`` directories and, for a Pusher, a half-copied serving version.
+``StepLines.remove_unfinished`` removes them (the next run starts that step again); finished steps are in the
+metadata store and cached. ``StepLines.stop_description`` says what was kept (the Trainer's checkpoints, the
+Tuner's trials, the cached steps). The pipeline root is local (the metadata store is SQLite), so plain local
+file calls read and remove the directories.
 """
 
 from __future__ import annotations
@@ -180,14 +178,14 @@ class StepLines(logging.Handler):
             return f"the Trainer stopped: {kept}; run the same command again to resume the training"
         if self._node == TUNER:
             return (
-                f"the Tuner stopped: its finished trials are kept in {self._tuning}; run the same command again to "
-                "resume the search"
+                f"the Tuner stopped: its finished trials are kept in {self._tuning}; run the same command "
+                "again to resume the search"
             )
         if self._index == 1:
             return f"{self._node} did not finish (its partial output was removed); run the same command again"
         return (
-            f"{self._node} did not finish (its partial output was removed), the steps before it are cached: run the "
-            "same command again to go on from there"
+            f"{self._node} did not finish (its partial output was removed), the steps before it are cached: "
+            "run the same command again to go on from there"
         )
 
 

@@ -86,7 +86,8 @@ def _int_property(artifact, name: str) -> int | None:
 
 
 def read_outcome(metadata_path: str, pipeline_name: str, target_top1: float) -> Outcome:
-    """The latest Evaluator and Pusher outputs of ``pipeline_name`` in the SQLite store at ``metadata_path``."""
+    """The latest Evaluator and Pusher outputs of ``pipeline_name`` in the SQLite store at
+    ``metadata_path``."""
     store = _store(metadata_path)
     context = store.get_context_by_type_and_name("pipeline", pipeline_name)
     if context is None:

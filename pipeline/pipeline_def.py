@@ -1,7 +1,7 @@
 """The pipeline: ImageNet shards -> Trainer -> latest blessed model -> Evaluator (top-1 gate) -> Pusher.
 
-``create_pipeline`` is pure: it builds the same ``tfx.dsl.Pipeline`` for the LocalDagRunner and for Kubeflow /
-Vertex; the runners only choose where it runs (metadata store, Beam runner options, the Trainer's executor).
+``create_pipeline`` is pure: it builds the same ``tfx.dsl.Pipeline`` for the LocalDagRunner and for Kubeflow
+/ Vertex; the runners only choose where it runs (metadata store, Beam runner options, the Trainer's executor).
 """
 
 from __future__ import annotations
@@ -31,9 +31,9 @@ CHANGE_TOLERANCE = 1e-10
 
 
 def eval_config(target_top1: float) -> tfma.EvalConfig:
-    """Top-1 and top-5 on the validation split through the export's tf.Example signature (its default one takes
-    a client's JPEG bytes); blessed only when top-1 reaches ``target_top1`` and is not worse than the last
-    blessed model (when there is one)."""
+    """Top-1 and top-5 on the validation split through the export's tf.Example signature (its default one
+    takes a client's JPEG bytes); blessed only when top-1 reaches ``target_top1`` and is not worse than the
+    last blessed model (when there is one)."""
     return tfma.EvalConfig(
         model_specs=[
             tfma.ModelSpec(
@@ -68,8 +68,8 @@ def eval_config(target_top1: float) -> tfma.EvalConfig:
 
 @dataclasses.dataclass(frozen=True)
 class TrainerStep:
-    """The Trainer component and its extra ``custom_config`` entries (``runtime_gate.Trainer`` here; the Vertex
-    runner passes ``runtime_gate.VertexTrainer`` and the Vertex job spec, region...)."""
+    """The Trainer component and its extra ``custom_config`` entries (``runtime_gate.Trainer`` here; the
+    Vertex runner passes ``runtime_gate.VertexTrainer`` and the Vertex job spec, region...)."""
 
     component_class: type = runtime_gate.Trainer
     custom_config: dict | None = None

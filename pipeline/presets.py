@@ -89,9 +89,9 @@ class PipelinePreset:
         its strategy and replicas per host) with this preset's settings, then the person's ``settings``
         (typed, by dotted key), then ``target_top1`` when given (``--target-top1``, ``--param``); and the
         sharding step reading ``inputs`` (``train_archive``, ``val_archive``, ``train_dir``, ``val_dir``,
-        ``tfds_data_dir``; empty ones ignored) into the shard ``layout`` (``train_shards``, ``val_shards``; this
-        preset's unless given), for the hosts that will read them (the machine's, else this preset's); no
-        ``inputs``: the trainer's run alone.
+        ``tfds_data_dir``; empty ones ignored) into the shard ``layout`` (``train_shards``, ``val_shards``;
+        this preset's unless given), for the hosts that will read them (the machine's, else this preset's);
+        no ``inputs``: the trainer's run alone.
 
         Raises:
           ValueError / TypeError: a setting, input or layout that does not fit, naming it;

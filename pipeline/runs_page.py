@@ -1,19 +1,17 @@
-"""The page of a pipeline root's runs: each local run adds a row, and ``runs/index.html`` lists them, newest first.
+"""The page of a pipeline root's runs: each local run adds a row, and ``runs/index.html`` lists them, newest
+first.
 
-A run's report lives in its Trainer's artifact directory, one directory per run; this page is where the runs of a
-root are seen together: when each started, its preset and target, the top-1 and top-5 the Evaluator measured,
-the epochs and training time the Trainer recorded, whether the model was blessed (or which condition failed, or
-that the run failed or was stopped), the version pushed, a link to the run's report and its TensorBoard command.
+A run's report lives in its Trainer's artifact directory; this page is where a root's runs are seen together:
+when each started, its preset and target, the Evaluator's top-1 and top-5, the Trainer's epochs and training
+time, whether the model was blessed (or why not, or that the run failed or was stopped), the version pushed,
+and links to its report and TensorBoard.
 
-The rows are kept as JSON lines in ``runs/runs.jsonl`` beside the page: the page is drawn from them after every
-run, so either can be read by a person or a script. Both files are written whole (``effnet_common.whole``:
-a temporary file renamed over the old one), so a run stopped while writing leaves the previous rows and page. A
-line that is not a row (a file edited by hand) is left out with a warning and a note on the page. The page is
-one self-contained HTML file (inline CSS, no script); its links to the reports are relative when they lie under
-the root, so the root can be copied elsewhere and browsed.
-
-Paths go through ``effnet_common.storage``: the pipeline root is a local directory (the local runner refuses any
-other), which it reads and writes without importing Beam or TensorFlow.
+The rows are kept as JSON lines in ``runs/runs.jsonl`` beside the page, which is drawn from them after every
+run. Both files are written whole (``effnet_common.whole``), so a run stopped while writing leaves the
+previous ones; a line that is not a row (a hand edit) is left out with a warning and a note on the page. The
+page is one self-contained HTML file (inline CSS, no script) whose links under the root are relative, so the
+root can be copied and browsed. Paths go through ``effnet_common.storage`` (the root is a local directory),
+with no Beam or TensorFlow import.
 """
 
 from __future__ import annotations
@@ -177,7 +175,8 @@ def _read(path: str) -> str:
 
 
 def parse_rows(text: str) -> tuple[list[Row], list[int]]:
-    """The rows of a ``runs.jsonl``'s text, and the numbers of the lines that are not rows (with a warning)."""
+    """The rows of a ``runs.jsonl``'s text, and the numbers of the lines that are not rows (with a
+    warning)."""
     rows, skipped = [], []
     for number, line in enumerate(text.splitlines(), 1):
         if not line.strip():
@@ -278,8 +277,10 @@ HEADINGS = (
     "TensorBoard",
 )
 STYLE = """body{font-family:sans-serif;margin:2em;color:#222}
-table{border-collapse:collapse}th,td{padding:.35em .8em;border-bottom:1px solid #ddd;text-align:left;vertical-align:top}
-th{background:#f2f2f2}:is(th,td):nth-child(n+3):nth-child(-n+7){text-align:right;font-variant-numeric:tabular-nums}
+table{border-collapse:collapse}th,td{padding:.35em .8em;border-bottom:1px solid #ddd;\
+text-align:left;vertical-align:top}
+th{background:#f2f2f2}:is(th,td):nth-child(n+3):nth-child(-n+7){text-align:right;\
+font-variant-numeric:tabular-nums}
 .blessed{color:#17692b;font-weight:bold}.refused{color:#a35a00}.failed{color:#b00020;font-weight:bold}
 .stopped,.note,.intro{color:#666}td:first-child{white-space:nowrap}td:empty::after{content:"–";color:#bbb}
 code{font-size:90%;word-break:break-all}td code{user-select:all}summary{cursor:pointer;color:#1a56c4}"""
@@ -295,8 +296,10 @@ def render(rows: list[Row], root: str, skipped: Sequence[int] = ()) -> str:
     return f"""<!doctype html>
 <html><head><meta charset="utf-8"><title>Runs of {html.escape(root)}</title><style>{STYLE}</style></head>
 <body><h1>Runs of {html.escape(root)}</h1>
-<p class="intro">{console.plural(len(rows), "run")}, newest first: each run of <code>python -m pipeline.local_runner
---pipeline-root {html.escape(root)}</code> adds its row to {ROWS_FILE} beside this page. Top-1 and top-5 are the
+<p class="intro">{console.plural(len(rows), "run")}, newest first: each run of \
+<code>python -m pipeline.local_runner
+--pipeline-root {html.escape(root)}</code> adds its row to {ROWS_FILE} beside this page. \
+Top-1 and top-5 are the
 Evaluator's on the validation split; epochs and training time are where the Trainer's last evaluation was.</p>
 <table><thead><tr>{"".join(f"<th>{heading}</th>" for heading in HEADINGS)}</tr></thead>
 <tbody>{body}</tbody></table>{note}

@@ -19,8 +19,8 @@ def patch(
     """Patches the compiled PipelineJob ``job`` of pipeline ``name``.
 
     The latest-blessed-model lookup is scoped to this pipeline (``scope_baseline_query``); the runtime
-    parameters' ``defaults`` go into the root's input definitions (``set_parameter_defaults``), and the DAG the
-    exit handler follows gets the root's parameters (``bind_exit_dag_parameters``). The
+    parameters' ``defaults`` go into the root's input definitions (``set_parameter_defaults``), and the DAG
+    the exit handler follows gets the root's parameters (``bind_exit_dag_parameters``). The
     pipeline root goes into ``defaultPipelineRoot`` (the serving directory and Dataflow's temp location are
     compiled under it, so a run must use it); ``labels`` onto the PipelineJob. Each task's caching is written
     (``set_caching``: the exit task never cached), and the steps that start cloud jobs get a retry policy
@@ -96,9 +96,9 @@ def bind_exit_dag_parameters(spec: dict) -> None:
     """Passes the root's runtime parameters into the DAG the exit handler follows (TFX's ``tfx-dag``).
 
     With an exit handler, TFX compiles the pipeline's steps into that DAG but leaves their parameters bound to
-    the root's inputs (``componentInputParameter``), which a task resolves against its parent DAG's inputs only
-    (Kubeflow's driver: "parent DAG does not have input parameter"). The DAG declares each root parameter under
-    the same name, and the root's task of the DAG passes it in.
+    the root's inputs (``componentInputParameter``), which a task resolves against its parent DAG's inputs
+    only (Kubeflow's driver: "parent DAG does not have input parameter"). The DAG declares each root
+    parameter under the same name, and the root's task of the DAG passes it in.
     """
     from tfx.orchestration.kubeflow import utils
 
@@ -130,9 +130,10 @@ def set_caching(spec: dict, enable_cache: bool) -> None:
     A cached exit task does nothing: its inputs are the same every run (on Vertex its run id is an argument,
     not an input), so from the second run on it would be skipped as cached and cancel nothing. And the
     submitting clients cannot say it: the Vertex SDK's ``enable_caching`` sets every task alike, the exit task
-    included, and ``kfp.Client``'s reaches the root's tasks only (not the steps inside ``tfx-dag``). So the runner
-    submits with the clients' caching unset, which keeps these per-task settings (both clients document it). The
-    DAG tasks themselves are left without one: a DAG is not cached, its container tasks are.
+    included, and ``kfp.Client``'s reaches the root's tasks only (not the steps inside ``tfx-dag``). So the
+    runner submits with the clients' caching unset, which keeps these per-task settings (both clients
+    document it). The DAG tasks themselves are left without one: a DAG is not cached, its container tasks
+    are.
     """
     for task in _all_tasks(spec):
         component = spec["components"].get(task.get("componentRef", {}).get("name", ""), {})
@@ -142,9 +143,10 @@ def set_caching(spec: dict, enable_cache: bool) -> None:
         task["cachingOptions"] = {"enableCache": enable_cache and not exit_task}
 
 
-# The steps that start cloud jobs (``components.run_label``): an orchestrator retries their task when it fails, so
-# a launcher lost with its pod (eviction, out of memory, its node gone) is started again and re-attaches to its
-# job (the training step finds it by its labels; a Beam step's retry submits again under the same job name).
+# The steps that start cloud jobs (``components.run_label``): an orchestrator retries their task when it
+# fails, so a launcher lost with its pod (eviction, out of memory, its node gone) is started again and
+# re-attaches to its job (the training step finds it by its labels; a Beam step's retry submits again under
+# the same job name).
 RETRIED_STEPS = ("ImageNetShardGen", "Tuner", "Trainer", "Evaluator")
 # Two retries, the first at once (a lost pod, not an overloaded service: the steps wait out the services'
 # faults themselves), then after 60 s. A step that failed for good (a failed training job) is tried again too:

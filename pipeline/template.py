@@ -2,11 +2,11 @@
 
 A compiled Vertex ``PipelineJob`` (``.json``) or Kubeflow ``PipelineSpec`` (``.yaml``, schema 2.1.0) holds
 everything a run is made of: its runtime parameters with their types and defaults, the trainer and sharding
-configs its executors read (constants of the Trainer and sharding tasks), the pipeline root its serving directory
-and Dataflow's temp location sit under, and where its jobs run (the training job's project, region, service
-account and network, and its TensorBoard; Dataflow's are compiled from the same values). ``Template`` reads those back, so that a run
-is submitted where its jobs run and its parameter values are checked, by the same functions the executors apply,
-before anything is submitted or paid for.
+configs its executors read (constants of the Trainer and sharding tasks), the pipeline root its serving
+directory and Dataflow's temp location sit under, and where its jobs run (the training job's project,
+region, service account and network, and its TensorBoard; Dataflow's are compiled from the same values).
+``Template`` reads those back, so that a run is submitted where its jobs run and its parameter values are
+checked, by the same functions the executors apply, before anything is submitted or paid for.
 """
 
 from __future__ import annotations
@@ -90,7 +90,8 @@ def parse_params(pairs: list[str], parameter_types: dict[str, str]) -> dict:
     """``NAME=VALUE`` pairs of runtime parameters, each typed by its ``parameterType``.
 
     Raises:
-      ValueError: a malformed pair, an undeclared name (listing the declared ones) or a value of the wrong type.
+      ValueError: a malformed pair, an undeclared name (listing the declared ones) or a value of the wrong
+        type.
     """
     values = {}
     for pair in pairs:
@@ -136,8 +137,9 @@ class Template:
             raise ValueError(f"--template {path}: not a pipeline compiled by pipeline.kubeflow_v2_runner")
         if template.spec.get("schemaVersion") != SCHEMA_VERSION:
             raise ValueError(
-                f"--template {path}: PipelineSpec schema {template.spec.get('schemaVersion')}, compiled by an "
-                f"earlier version of this runner; compile it again (Kubeflow and Vertex take {SCHEMA_VERSION})"
+                f"--template {path}: PipelineSpec schema {template.spec.get('schemaVersion')}, compiled by "
+                f"an earlier version of this runner; compile it again (Kubeflow and Vertex take "
+                f"{SCHEMA_VERSION})"
             )
         return template
 
@@ -193,8 +195,8 @@ class Template:
         return binding["runtimeValue"]["constant"]
 
     def bound_parameters(self, task: str) -> dict[str, str]:
-        """``task``'s input parameters bound to runtime parameters: {input name: runtime parameter} (a DAG under
-        the root declares the root's parameters under their own names)."""
+        """``task``'s input parameters bound to runtime parameters: {input name: runtime parameter} (a DAG
+        under the root declares the root's parameters under their own names)."""
         inputs = pipeline_tasks(self.spec)[task].get("inputs", {}).get("parameters", {})
         return {
             name: binding["componentInputParameter"]
@@ -228,8 +230,8 @@ class Template:
 
         Each value goes through the function its executor applies: the sharding step's inputs and layout
         through ``imagenet_shards.artifact_config`` (the ``ShardingConfig`` rules), the Trainer's epochs and
-        target (also the Evaluator's gate) through ``runtime_gate.trainer_custom_config`` (the ``TrainerConfig``
-        rules).
+        target (also the Evaluator's gate) through ``runtime_gate.trainer_custom_config`` (the
+        ``TrainerConfig`` rules).
 
         Raises:
           ValueError: one line naming the parameter and the rule it breaks.

@@ -1,12 +1,12 @@
 """What stands in for a slice's TPU chips when a pod run is rehearsed (``pipeline.tpu_rehearsal``): worker 0's
-trainer, in the trainer image, resolves the slice as on a real one, then trains on this machine's CPU split into
-the slice's replicas (logical devices) under the mirrored strategy.
+trainer, in the trainer image, resolves the slice as on a real one, then trains on this machine's CPU split
+into the slice's replicas (logical devices) under the mirrored strategy.
 
 A rehearsed worker 0 runs ``python -m pipeline.tpu_stand_in --replicas N -- COMMAND``, COMMAND being TFX's
 executor entry point on the Trainer's exec properties, whose trainer config asks for the 'tpu' strategy. First
 the strategy's resolver (``trainer_module.distribute.strategies.tpu_cluster``) is built from ``TPU_NAME`` and
-asked for the cluster, through the rehearsed metadata server and Cloud TPU API: the point past which a TPU must
-answer. Then the config's strategy becomes 'mirrored' over N logical CPUs, all on this one process
+asked for the cluster, through the rehearsed metadata server and Cloud TPU API: the point past which a TPU
+must answer. Then the config's strategy becomes 'mirrored' over N logical CPUs, all on this one process
 (``data.replicas_per_host`` = N). With N the slice's replicas, the run's replicas, global batch, per-replica
 batch and batch-norm groups are the slice's; a rehearsal may stand in with fewer (``data.num_cores`` = N, the
 same global batch; one replica trains on the CPU device itself), since tracing a step for every replica costs
@@ -25,8 +25,8 @@ EXECUTOR_MODULE = "tfx.scripts.run_executor"
 
 
 def stand_in_properties(exec_properties: str, replicas: int) -> tuple[str, bool]:
-    """The Trainer's exec properties (JSON) with the 'tpu' strategy replaced by the mirrored one on ``replicas``
-    local devices, and whether anything was replaced."""
+    """The Trainer's exec properties (JSON) with the 'tpu' strategy replaced by the mirrored one on
+    ``replicas`` local devices, and whether anything was replaced."""
     properties = json.loads(exec_properties)
     custom_config = json.loads(properties.get("custom_config") or "{}")
     if TRAINER_CONFIG_KEY not in custom_config:

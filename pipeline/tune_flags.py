@@ -1,4 +1,5 @@
-"""The ``--tune`` flags of both runners (the local one and the cloud compiler) and the search settings they give.
+"""The ``--tune`` flags of both runners (the local one and the cloud compiler) and the search settings they
+give.
 
 A module that only declares flags: no TensorFlow, no TFX.
 """
@@ -13,8 +14,9 @@ from trainer_module.choices import SEARCHES
 def add_tune_flags(
     parser: argparse.ArgumentParser, title: str, max_epochs: int, max_epochs_help: str, max_trials: int
 ):
-    """Adds the group ``title`` of ``--tune``, ``--tune-search``, ``--tune-max-epochs`` (default ``max_epochs``)
-    and ``--tune-max-trials`` (default ``max_trials``) to ``parser``; returns the group for a runner's own flags."""
+    """Adds the group ``title`` of ``--tune``, ``--tune-search``, ``--tune-max-epochs`` (default
+    ``max_epochs``) and ``--tune-max-trials`` (default ``max_trials``) to ``parser``; returns the group for a
+    runner's own flags."""
     tune = parser.add_argument_group(title)
     tune.add_argument(
         "--tune", action="store_true", help="search hyperparameters before training (TFX Tuner + KerasTuner)"
@@ -29,7 +31,8 @@ def add_tune_flags(
         "--tune-max-trials",
         type=int,
         default=max_trials,
-        help="trials of a bayesian or random search (default %(default)s; Hyperband's follow from its epochs)",
+        help="trials of a bayesian or random search (default %(default)s; Hyperband's follow from its "
+        "epochs)",
     )
     return tune
 

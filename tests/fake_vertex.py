@@ -298,11 +298,29 @@ FAST_RETRY = {
 
 
 def fast_retries(setattr=setattr) -> None:
-    """Makes ``cloud_retry``'s waits short (``FAST_RETRY``); ``setattr`` may be a monkeypatch's."""
-    from effnet_common import cloud_retry
+    """Makes ``cloud_retry``'s waits short (``FAST_RETRY``) and the follower's reads of a cancelled resource
+    fast; ``setattr`` may be a monkeypatch's."""
+    from effnet_common import cloud_retry, follower
 
     for name, value in FAST_RETRY.items():
         setattr(cloud_retry, name, value)
+    setattr(follower, "CANCEL_POLL_SECONDS", FAST_POLL_SECONDS)
+
+
+def install_in_process(monkeypatch, records: str, run_replicas: bool = True) -> None:
+    """Vertex's job service faked in this process (its records in ``records``), with no faults, polls made
+    fast; ``run_replicas=False``: a job succeeds once read, the calls being the subject."""
+    from google.cloud.aiplatform import gapic
+
+    from components import vertex_training
+
+    monkeypatch.setattr(sys.modules[__name__], "_JOBS", {})
+    monkeypatch.setattr(sys.modules[__name__], "_record_dir", records)
+    monkeypatch.setattr(sys.modules[__name__], "FAULTS", None)
+    monkeypatch.setattr(sys.modules[__name__], "RUN_REPLICAS", run_replicas)
+    monkeypatch.setattr(gapic, "JobServiceClient", FakeJobServiceClient)
+    monkeypatch.setattr(vertex_training, "POLL_SECONDS", 0.05)
+    fast_retries(monkeypatch.setattr)
 
 
 def output_environment(job_spec: dict) -> dict[str, str]:
@@ -1021,7 +1039,6 @@ def main(argv: list[str] | None = None) -> None:
     if args.project_jobs:
         gapic.JobServiceClient = FakeProjectJobs.load(args.project_jobs).client_class()
     vertex_training.POLL_SECONDS = FAST_POLL_SECONDS
-    vertex_training.CANCEL_POLL_SECONDS = FAST_POLL_SECONDS
     fast_retries()
     sys.argv = [command[2], *command[3:]]
     runpy.run_module(command[2], run_name="__main__", alter_sys=True)

@@ -59,19 +59,9 @@ def count(injected: int, started: int, cancelled: int) -> None:
 
 @pytest.fixture
 def vertex(monkeypatch, tmp_path):
-    from google.cloud.aiplatform import gapic
-
     records = tmp_path / "vertex"
     records.mkdir()
-    monkeypatch.setattr(fake_vertex, "_JOBS", {})
-    monkeypatch.setattr(fake_vertex, "_record_dir", str(records))
-    monkeypatch.setattr(
-        fake_vertex, "RUN_REPLICAS", False
-    )  # a job succeeds once read: the calls are the subject
-    monkeypatch.setattr(gapic, "JobServiceClient", fake_vertex.FakeJobServiceClient)
-    monkeypatch.setattr(vertex_training, "POLL_SECONDS", 0.05)
-    monkeypatch.setattr(vertex_training, "CANCEL_POLL_SECONDS", 0.05)
-    fake_vertex.fast_retries(monkeypatch.setattr)
+    fake_vertex.install_in_process(monkeypatch, str(records), run_replicas=False)  # the calls are the subject
     yield records
     fake_vertex.stop_all(str(records))
 

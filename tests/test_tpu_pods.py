@@ -127,7 +127,7 @@ def test_a_pod_run_compiles_its_trainer_onto_a_queued_resource_and_its_exit_task
     executors = spec["deploymentSpec"]["executors"]
     trainer = next(e for name, e in executors.items() if name.startswith("Trainer"))["container"]
     args = trainer["args"]
-    assert "components.runtime_gate.TpuVmTrainerExecutor" in args
+    assert "components.tpu_vm_trainer.TpuVmTrainerExecutor" in args
     tasks = spec["components"]["tfx-dag"]["dag"]["tasks"]
     compiled = tasks["Trainer"]["inputs"]["parameters"]["custom_config"]
     custom_config = json.loads(compiled["runtimeValue"]["constant"])
@@ -143,6 +143,7 @@ def test_a_pod_run_compiles_its_trainer_onto_a_queued_resource_and_its_exit_task
         "labels": {"effnet-pipeline": "effnet-smoke", "effnet-preset": "smoke"},
         "api_endpoint": "tpu.googleapis.com",
         "image": IMAGE,  # no --trainer-image: worker 0 trains in --image
+        "poll_seconds": 30.0,
     }
     cleanup = json.dumps(spec["root"]["dag"]["tasks"]) + json.dumps(spec.get("components", {}))
     assert '"tpu_zone"' in cleanup and "us-central2-b" in json.dumps(spec)
@@ -182,8 +183,8 @@ def test_the_compiled_trainer_task_trains_on_the_slice_and_the_exit_task_deletes
     alone."""
     from fake_dataflow import FakeDataflow
 
-    from components import run_cleanup, run_label, tpu_vm
-    from pipeline import tpu_rehearsal
+    from components import run_cleanup, run_label, slice_files, tpu_vm
+    from pipeline import rehearsal_tpu_api
 
     output = tmp_path / "pod.json"
     argv = [arg for arg in SLICE_RUN]
@@ -197,8 +198,8 @@ def test_the_compiled_trainer_task_trains_on_the_slice_and_the_exit_task_deletes
     parameters = kfp_launcher.runtime_parameters(job)
     root, scratch = str(tmp_path / "root"), str(tmp_path / "launcher")
     # One logical CPU stands in for the slice's 16 replicas: tracing a step per replica takes minutes here.
-    scenario = tpu_rehearsal.Scenario(stand_in_replicas=1)
-    with tpu_rehearsal.RehearsalTpuApi(str(tmp_path / "hosts"), scenario, shared=(str(tmp_path),)) as api:
+    scenario = rehearsal_tpu_api.Scenario(stand_in_replicas=1)
+    with rehearsal_tpu_api.RehearsalTpuApi(str(tmp_path / "hosts"), scenario, shared=(str(tmp_path),)) as api:
         env = {tpu_vm.ENDPOINT_VARIABLE: api.endpoint}
         shards = kfp_launcher.run_task(
             job, "ImageNetShardGen", root, scratch, parameters, env=env, run_id=RUN_ID
@@ -236,7 +237,9 @@ def test_the_compiled_trainer_task_trains_on_the_slice_and_the_exit_task_deletes
         assert body["spot"] == {} and node["labels"][run_label.RUN_LABEL] == run_label.run_value(RUN_ID)
         assert node["labels"]["effnet-pipeline"] == "effnet-smoke"
         model_run = trainer.artifact("model_run")["uri"]
-        attempt_dir = pathlib.Path(model_run) / tpu_vm.STATUS_DIR / created["query"]["queuedResourceId"][0]
+        attempt_dir = (
+            pathlib.Path(model_run) / slice_files.STATUS_DIR / created["query"]["queuedResourceId"][0]
+        )
         reports = {p.name: json.loads(p.read_text()) for p in attempt_dir.glob("*.json")}
         assert sorted(reports) == ["trainer.json", *(f"worker-{n}.json" for n in range(4))]
         assert reports["trainer.json"]["exit_code"] == 0
@@ -245,7 +248,7 @@ def test_the_compiled_trainer_task_trains_on_the_slice_and_the_exit_task_deletes
         assert reports["worker-0.json"]["tensorflow"] == ["libtpu==2.16.0rc0", "tensorflow-tpu==2.16.2"]
         for n in range(1, 4):
             assert set(reports[f"worker-{n}.json"]) == {"worker", "setup", "host"}, reports
-        command = json.loads((pathlib.Path(model_run) / tpu_vm.STATUS_DIR / "command.json").read_text())
+        command = json.loads((pathlib.Path(model_run) / slice_files.STATUS_DIR / "command.json").read_text())
         assert "tfx.scripts.run_executor" in command["command"]
         config = json.loads((pathlib.Path(model_run) / "config.json").read_text())["config"]
         assert config["data"]["global_batch_size"] == 64  # the slice's batch, on its stand-in
@@ -258,17 +261,20 @@ def test_the_compiled_trainer_task_trains_on_the_slice_and_the_exit_task_deletes
         client = tpu_vm.client_for(api.endpoint)
         requests = [
             tpu_vm.SliceRequest(
-                project="p",
-                zone="us-central2-b",
-                accelerator="tpu-v4-32",
+                settings=tpu_vm.SliceSettings(
+                    project="p",
+                    zone="us-central2-b",
+                    accelerator="tpu-v4-32",
+                    image="unused",
+                    tier="spot",
+                    max_wait_seconds=60,
+                    labels={run_label.RUN_LABEL: run_label.run_value(run)},
+                    api_endpoint=api.endpoint,
+                ),
                 name=f"effnet-left-by-{run}",
                 status_dir=str(tmp_path / run),
                 startup_script="#!/bin/bash\nsleep 600\n",
                 runtime_version=tpu_slices.POD_RUNTIME,
-                tier="spot",
-                max_wait_seconds=60,
-                labels={run_label.RUN_LABEL: run_label.run_value(run)},
-                api_endpoint=api.endpoint,
             )  # fmt: skip
             for run in (RUN_ID, OTHER_RUN)
         ]

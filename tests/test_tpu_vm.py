@@ -17,7 +17,7 @@ import time
 import pytest
 
 from components import tpu_vm
-from pipeline import tpu_rehearsal
+from pipeline import rehearsal_tpu_api
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -47,26 +47,29 @@ def stand_in(steps: int = 3, exit_code: int = 0, last: str = "") -> str:
 
 
 def _request(api, tmp_path, script: str, **fields) -> tpu_vm.SliceRequest:
-    values = dict(
+    settings = dict(
         project="effnet-test-project",
         zone="us-central2-b",
         accelerator="tpu-v4-32",
-        name="effnet-0123456789abcdef0123",
-        status_dir=str(tmp_path / "model_run"),
-        startup_script=script,
-        runtime_version="tpu-vm-tf-2.16.1-pod-pjrt",
+        image="unused-by-the-stand-in",
         tier="spot",
         max_wait_seconds=60,
         labels={"effnet-run": "run-1", "effnet_task": "trainer"},
         api_endpoint=api.endpoint,
     )
-    values.update(fields)
-    return tpu_vm.SliceRequest(**values)
+    settings.update(fields)
+    return tpu_vm.SliceRequest(
+        settings=tpu_vm.SliceSettings(**settings),
+        name="effnet-0123456789abcdef0123",
+        status_dir=str(tmp_path / "model_run"),
+        startup_script=script,
+        runtime_version="tpu-vm-tf-2.16.1-pod-pjrt",
+    )
 
 
 @pytest.fixture
 def api(tmp_path):
-    with tpu_rehearsal.RehearsalTpuApi(str(tmp_path / "hosts")) as rehearsal:
+    with rehearsal_tpu_api.RehearsalTpuApi(str(tmp_path / "hosts")) as rehearsal:
         yield rehearsal
 
 
@@ -96,8 +99,8 @@ def test_a_slice_is_queued_with_its_tier_runtime_and_labels_set_up_on_every_host
 
 @pytest.mark.slow  # two slices of host processes, a trainer each: 10-16 s
 def test_a_preempted_slice_is_created_again_and_the_training_resumes(tmp_path):
-    scenario = tpu_rehearsal.Scenario(preempt_at_step=3, preempt_delay_seconds=0)
-    with tpu_rehearsal.RehearsalTpuApi(str(tmp_path / "hosts"), scenario) as api:
+    scenario = rehearsal_tpu_api.Scenario(preempt_at_step=3, preempt_delay_seconds=0)
+    with rehearsal_tpu_api.RehearsalTpuApi(str(tmp_path / "hosts"), scenario) as api:
         tpu_vm.run_slice(_request(api, tmp_path, stand_in(steps=12)), poll_seconds=0.1)
         assert api.preemptions == 1
         assert _created(api) == ["effnet-0123456789abcdef0123-0", "effnet-0123456789abcdef0123-1"]
@@ -111,8 +114,8 @@ def test_a_preempted_slice_is_created_again_and_the_training_resumes(tmp_path):
 
 
 def test_a_slice_lost_more_often_than_allowed_fails_in_one_line_and_nothing_is_left(tmp_path):
-    scenario = tpu_rehearsal.Scenario(preempt_at_step=2, preempt_delay_seconds=0)
-    with tpu_rehearsal.RehearsalTpuApi(str(tmp_path / "hosts"), scenario) as api:
+    scenario = rehearsal_tpu_api.Scenario(preempt_at_step=2, preempt_delay_seconds=0)
+    with rehearsal_tpu_api.RehearsalTpuApi(str(tmp_path / "hosts"), scenario) as api:
         request = _request(api, tmp_path, stand_in(steps=30), max_recreations=0)
         with pytest.raises(
             tpu_vm.SliceFailed, match=r"^tpu-v4-32 in us-central2-b was lost 1 times"
@@ -123,8 +126,8 @@ def test_a_slice_lost_more_often_than_allowed_fails_in_one_line_and_nothing_is_l
 
 
 def test_a_slice_never_provisioned_ends_in_one_line_naming_accelerator_zone_and_the_apis_reason(tmp_path):
-    scenario = tpu_rehearsal.Scenario(never_provision=True)
-    with tpu_rehearsal.RehearsalTpuApi(str(tmp_path / "hosts"), scenario) as api:
+    scenario = rehearsal_tpu_api.Scenario(never_provision=True)
+    with rehearsal_tpu_api.RehearsalTpuApi(str(tmp_path / "hosts"), scenario) as api:
         request = _request(api, tmp_path, stand_in(), max_wait_seconds=1, zone="us-central2-b")
         with pytest.raises(tpu_vm.SliceFailed) as failed:
             tpu_vm.run_slice(request, poll_seconds=0.2)
@@ -141,8 +144,8 @@ def test_the_apis_faults_are_waited_out_and_a_create_whose_answer_was_lost_makes
         "get_queued_resource": ["503", "429"],
         "get_node": ["503"],
     }
-    scenario = tpu_rehearsal.Scenario(faults=faults)
-    with tpu_rehearsal.RehearsalTpuApi(str(tmp_path / "hosts"), scenario) as api:
+    scenario = rehearsal_tpu_api.Scenario(faults=faults)
+    with rehearsal_tpu_api.RehearsalTpuApi(str(tmp_path / "hosts"), scenario) as api:
         tpu_vm.run_slice(_request(api, tmp_path, stand_in()), poll_seconds=0.1)
         # The 503 made nothing; the lost answer's create made the slice, which the retry met (409) and took.
         posts = api.calls("POST", "/queuedResources")
@@ -160,7 +163,7 @@ def test_a_trainer_that_fails_ends_the_step_with_its_last_line_and_the_slice_is_
 RUN_SLICE = """
 import sys
 from components import tpu_vm
-request = tpu_vm.SliceRequest(**__import__("json").loads(sys.argv[1]))
+request = tpu_vm.SliceRequest.from_json(sys.argv[1])
 try:
     tpu_vm.run_slice(request, poll_seconds=0.1)
 except Exception as error:
@@ -170,9 +173,7 @@ except Exception as error:
 
 
 def _start(request) -> subprocess.Popen:
-    import dataclasses
-
-    values = json.dumps(dataclasses.asdict(request))
+    values = request.to_json()
     return subprocess.Popen(
         [sys.executable, "-c", RUN_SLICE, values], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
         text=True,
@@ -216,6 +217,46 @@ def test_sigterm_deletes_the_slice_and_a_step_killed_mid_run_is_reattached_by_it
     assert api.slices() == {}
 
 
+# A command of this project's own (the local runner with --rehearse-slice) that trained on a slice and goes on
+# to its next step (the Evaluator) when Ctrl-C comes.
+TRAINED_THEN_NEXT_STEP = """
+import sys, time
+from components import tpu_vm
+from effnet_common import console, stopping
+request = tpu_vm.SliceRequest.from_json(sys.argv[1])
+with console.session(), stopping.describe("the Trainer's slice is deleted; run the same command again"):
+    tpu_vm.run_slice(request, poll_seconds=0.1)
+    print("trained: the next step starts", flush=True)
+    time.sleep(120)
+print("not stopped", flush=True)
+"""
+
+
+def test_ctrl_c_after_a_trained_slice_stops_the_command_in_one_line(api, tmp_path):
+    """Ctrl-C (SIGINT to the process group, as a terminal sends it) after the slice's training ended and its
+    slice was deleted: the command stops at once in one line, exit 130, as it would before the step."""
+    request = _request(api, tmp_path, stand_in(steps=3))
+    command = [sys.executable, "-c", TRAINED_THEN_NEXT_STEP, request.to_json()]
+    process = subprocess.Popen(
+        command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+    )
+    try:
+        for line in process.stdout:
+            if line.startswith("trained"):
+                break
+        os.killpg(process.pid, signal.SIGINT)
+        out, err = process.communicate(timeout=60)
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+    assert process.returncode == 130, out + err
+    assert "not stopped" not in out
+    assert err.strip().splitlines() == [
+        "stopped by the user: the Trainer's slice is deleted; run the same command again"
+    ], err
+    assert api.slices() == {}
+
+
 def dataclasses_replace(request, **changes):
     import dataclasses
 
@@ -225,7 +266,9 @@ def dataclasses_replace(request, **changes):
 def test_the_queued_resources_of_a_run_are_found_by_the_label_on_their_node(api, tmp_path):
     client = tpu_vm.client_for(api.endpoint)
     mine = _request(api, tmp_path, textwrap.dedent("#!/bin/bash\nsleep 60\n"))
-    other = dataclasses_replace(mine, name="effnet-other", labels={"effnet-run": "run-2"})
+    other = dataclasses_replace(
+        mine, name="effnet-other", settings=dataclasses_replace(mine.settings, labels={"effnet-run": "run-2"})
+    )
     for request in (mine, other):
         tpu_vm.create(client, request, 0)
     found = tpu_vm.run_resources(client, "effnet-test-project", "us-central2-b", "effnet-run", "run-1")

@@ -19,7 +19,7 @@ from google.protobuf import json_format
 from kfp.pipeline_spec import pipeline_spec_pb2
 
 from components import accelerators, runtime_gate, vertex_pusher
-from pipeline import compiler, kubeflow_v2_runner, pipeline_def, submission
+from pipeline import compiler, kfp_submission, kubeflow_v2_runner, pipeline_def, submission, vertex_submission
 from pipeline.template import Template, pipeline_tasks
 from trainer_module import tfx_trainer
 from trainer_module.config import TrainerConfig
@@ -329,7 +329,7 @@ def test_vertex_job_takes_parameter_values_without_recompiling(tmp_path):
         name: compiler.PARAMETER_TYPES[kind] for name, kind in compiler.RUNTIME_PARAMETERS.items()
     }
     params = template.parse(["train_epochs=3", "target_top1=0.25", "val_dir=gs://b/val"])
-    job = submission.vertex_pipeline_job(template, params, True, credentials=AnonymousCredentials())
+    job = vertex_submission.vertex_pipeline_job(template, params, True, credentials=AnonymousCredentials())
     assert job.project == "my-project" and job.location == "us-central1"
     values = job.runtime_config.parameter_values
     assert (values["train_epochs"], values["target_top1"], values["val_dir"]) == (3, 0.25, "gs://b/val")
@@ -879,7 +879,7 @@ def test_a_multi_user_kubeflow_takes_the_run_in_the_namespace_with_the_token(
 def test_kfps_own_token_variable_is_honoured_and_the_run_followed(
     kubeflow_yaml, kfp_server, token_file, capsys, monkeypatch
 ):
-    monkeypatch.setenv(submission.KFP_TOKEN_ENV, token_file)
+    monkeypatch.setenv(kfp_submission.KFP_TOKEN_ENV, token_file)
     monkeypatch.setattr(submission, "POLL_SECONDS", 0.0)
     code = _kfp(
         kubeflow_yaml, kfp_server, "--kfp-namespace", NAMESPACE, "--param", "train_epochs=30", "--wait"
@@ -904,7 +904,7 @@ def test_the_token_file_is_read_at_every_call(token_file):
     while --wait follows a run for hours: kfp calls the hook before every request."""
     import kfp_server_api
 
-    credentials = submission.kfp_credentials(token_file)
+    credentials = kfp_submission.kfp_credentials(token_file)
     config = kfp_server_api.Configuration()
     credentials.refresh_api_key_hook(config)
     assert config.api_key["authorization"] == TOKEN

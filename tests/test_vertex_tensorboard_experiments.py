@@ -15,7 +15,7 @@ import pytest
 from fake_vertex_metadata import FakeMetadataService, FakeTensorboardService
 from test_vertex import SERVICE_ACCOUNT, _compile, vertex_pipelines  # noqa: F401 - a fixture of the submissions
 
-from pipeline import kubeflow_v2_runner, submission
+from pipeline import kubeflow_v2_runner, vertex_submission
 from pipeline.template import Template, pipeline_tasks
 
 TENSORBOARD = "projects/my-project/locations/us-central1/tensorboards/1234"
@@ -38,7 +38,7 @@ def vertex(vertex_pipelines, monkeypatch):  # noqa: F811 - the fixture imported 
     """Vertex AI Pipelines, its TensorBoard instances (``TENSORBOARD``) and its metadata store, faked."""
     metadata = FakeMetadataService().install(monkeypatch)
     vertex_pipelines.metadata = metadata
-    monkeypatch.setattr(submission, "RUN_CONTEXT_POLL_SECONDS", 0.0)
+    monkeypatch.setattr(vertex_submission, "RUN_CONTEXT_POLL_SECONDS", 0.0)
     return types.SimpleNamespace(
         pipelines=vertex_pipelines,
         metadata=metadata,

@@ -20,7 +20,7 @@ from google.api_core import exceptions
 from tfx.types import artifact_utils, standard_artifacts
 
 from components import accelerators, run_label, runtime_gate, vertex_training
-from effnet_common import cloud_retry, schema
+from effnet_common import cloud_retry, follower, schema
 from effnet_common.manifest import LabelConvention, Manifest, Shard, SplitManifest
 from pipeline import kubeflow_v2_runner
 from pipeline.template import pipeline_tasks
@@ -38,18 +38,10 @@ INPUTS = ["--train-archive", "gs://b/train.tar", "--val-archive", "gs://b/val.ta
 @pytest.fixture
 def vertex(monkeypatch, tmp_path):
     """Vertex's job service faked in this process; polls at once. Yields the directory of its records."""
-    from google.cloud.aiplatform import gapic
-
     records = tmp_path / "vertex"
     records.mkdir()
-    monkeypatch.setattr(fake_vertex, "_JOBS", {})
-    monkeypatch.setattr(fake_vertex, "_record_dir", str(records))
-    monkeypatch.setattr(gapic, "JobServiceClient", fake_vertex.FakeJobServiceClient)
-    monkeypatch.setattr(fake_vertex, "FAULTS", None)
-    monkeypatch.setattr(vertex_training, "POLL_SECONDS", 0.05)
-    monkeypatch.setattr(vertex_training, "CANCEL_POLL_SECONDS", 0.05)
-    monkeypatch.setattr(vertex_training, "CANCEL_WAIT_SECONDS", 2.0)
-    fake_vertex.fast_retries(monkeypatch.setattr)
+    fake_vertex.install_in_process(monkeypatch, str(records))
+    monkeypatch.setattr(follower, "CANCEL_WAIT_SECONDS", 2.0)
     yield records
     for job in fake_vertex._JOBS.values():  # no replica outlives its test
         job.stop()
