@@ -142,10 +142,11 @@ def cancel(
         )  # fmt: skip
         return Cancelled(state, error)
     logger.warning("%s %s", resource.cancel_words[1], resource.what)
-    state = read_now(resource, deadline - time.monotonic())
-    while not resource.ended(state) and time.monotonic() < deadline:
+    state, error = _read(resource, deadline - time.monotonic())
+    # A refused read ends the wait: the cancel was accepted, and its end cannot be read.
+    while not resource.ended(state) and time.monotonic() < deadline and not cloud_retry.is_refusal(error):
         time.sleep(max(0.0, min(poll, deadline - time.monotonic())))
-        state = read_now(resource, deadline - time.monotonic())
+        state, error = _read(resource, deadline - time.monotonic())
     if resource.ended(state):
         logger.warning("%s is %s", resource.what, "deleted" if state == GONE else state)
     else:
@@ -158,12 +159,17 @@ def cancel(
 def read_now(resource: Resource, seconds: float) -> str:
     """The resource's state, transient errors retried for ``seconds`` (at least one); ``UNKNOWN`` when the
     read failed."""
+    return _read(resource, seconds)[0]
+
+
+def _read(resource: Resource, seconds: float) -> tuple[str, BaseException | None]:
+    """``read_now``'s state, and the error of a read that failed."""
     retry = cloud_retry.call_retry(f"reading {resource.what}")
     try:
-        return retry.with_timeout(max(1.0, seconds))(resource.read)()
+        return retry.with_timeout(max(1.0, seconds))(resource.read)(), None
     except Exception as error:  # noqa: BLE001 - reported as the state
         logger.warning("reading %s: %s", resource.what, cloud_retry.one_line(error))
-        return UNKNOWN
+        return UNKNOWN, error
 
 
 @contextlib.contextmanager
