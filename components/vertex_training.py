@@ -176,8 +176,8 @@ class CustomJob(follower.Resource):
 
     ended_states = ENDED
 
-    def __init__(self, client, name: str):
-        self.client, self.name, self.last = client, name, None
+    def __init__(self, client, name: str, last=None):
+        self.client, self.name, self.last = client, name, last
         self.what = f"training job {name}"
         self.poll_seconds = POLL_SECONDS
 
@@ -217,11 +217,15 @@ def run_job(
         with stop.installed(), follower.cancelled_on_failure(running, stop):
             job = earlier_job(client, request)
             if job is None:
-                job = CustomJob(client, _create(client, request, stop).name)
+                made = _create(client, request, stop)
+                job = CustomJob(client, made.name, made)
                 logger.info("training job %s created: %s", job.name, job.url())
+            if job.last.job_spec.tensorboard:
+                url = tensorboard_url(job.last.job_spec.tensorboard, job.name)
+                logger.info("TensorBoard of training job %s: %s", job.name, url)
             if poll_seconds is not None:
                 job.poll_seconds = poll_seconds
-            follower.follow(job, patience or cloud_retry.Patience(), stop, on_state=_tensorboard_once(job))
+            follower.follow(job, patience or cloud_retry.Patience(), stop)
     except cloud_retry.Unanswered as error:  # its state could not be read for too long: the step gives up
         raise TrainingJobFailed(f"{error} ({job.url()})") from None
     found = job.last
@@ -230,19 +234,6 @@ def run_job(
         raise TrainingJobFailed(f"training job {job.name} ended {found.state.name}: {reason} ({job.url()})")
     logger.info("training job %s succeeded", job.name)
     return found
-
-
-def _tensorboard_once(job: CustomJob):
-    """An ``on_state`` that logs the TensorBoard page of a job that streams to one, at the first read."""
-    said = []
-
-    def on_state(state: str) -> None:
-        if not said and job.last.job_spec.tensorboard:
-            url = tensorboard_url(job.last.job_spec.tensorboard, job.name)
-            logger.info("TensorBoard of training job %s: %s", job.name, url)
-        said.append(state)
-
-    return on_state
 
 
 def _create(client, request: JobRequest, stop: StopSignals):
@@ -285,7 +276,7 @@ def earlier_job(client, request: JobRequest) -> CustomJob | None:
     """The job an earlier attempt of this execution started, to be followed instead of a new one: the newest
     of its jobs that is queued, running or succeeded (None if there is none). Its other jobs still running are
     cancelled: they write the same outputs."""
-    found = [(CustomJob(client, job.name), job.state.name) for job in labelled_jobs(client, request)]
+    found = [(CustomJob(client, job.name, job), job.state.name) for job in labelled_jobs(client, request)]
     return follower.reattach(found, lambda state: state == SUCCEEDED or state not in ENDED)
 
 

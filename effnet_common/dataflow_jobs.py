@@ -219,14 +219,10 @@ class _StoppableResult:
             try:
                 job = DataflowApi(self._options).job(job_id)
                 where = job.where()
-                # Its state unread (the reason the step stops?): cancelled all the same.
-                state = follower.read_now(job, follower.CANCEL_WAIT_SECONDS)
-                if not job.ended(state):
-                    cancelled = follower.cancel(job, wait_seconds=follower.CANCEL_WAIT_SECONDS)
-                    error = cancelled.error
-                    state = (
-                        cancelled.state if error is None else f"not cancelled ({cloud_retry.one_line(error)})"
-                    )
+                # A job that ended meanwhile stays as it ended (follower.cancel).
+                cancelled = follower.cancel(job, wait_seconds=follower.CANCEL_WAIT_SECONDS)
+                error = cancelled.error
+                state = cancelled.state if error is None else f"not cancelled ({cloud_retry.one_line(error)})"
             except Exception as error:  # the task is failing anyway; say what could not be done
                 logger.error("could not cancel Dataflow job %s: %s", job_id, error)
                 state = f"not cancelled ({error})"

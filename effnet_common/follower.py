@@ -133,7 +133,7 @@ def cancel(
     try:
         retry.with_timeout(wait if retry_seconds is None else retry_seconds)(resource.request_cancel)()
     except Exception as error:  # refused, or out of reach: did it end meanwhile?
-        state = read_now(resource, deadline - time.monotonic())
+        state, _ = _read(resource, deadline - time.monotonic())
         if resource.ended(state):
             return Cancelled(state)
         logger.error(
@@ -156,14 +156,9 @@ def cancel(
     return Cancelled(state)
 
 
-def read_now(resource: Resource, seconds: float) -> str:
-    """The resource's state, transient errors retried for ``seconds`` (at least one); ``UNKNOWN`` when the
-    read failed."""
-    return _read(resource, seconds)[0]
-
-
 def _read(resource: Resource, seconds: float) -> tuple[str, BaseException | None]:
-    """``read_now``'s state, and the error of a read that failed."""
+    """The resource's state, transient errors retried for ``seconds`` (at least one), and the error of a read
+    that failed (its state then ``UNKNOWN``)."""
     retry = cloud_retry.call_retry(f"reading {resource.what}")
     try:
         return retry.with_timeout(max(1.0, seconds))(resource.read)(), None
