@@ -60,6 +60,10 @@ setup(
     # the current release by hand, with the reformat it brings in a commit of its own.
     # mkdocs, mkdocs-material: the documentation site (mkdocs.yml), built with broken links as errors by
     # tests/test_docs.py; pinned like ruff, so that every machine builds and checks the docs alike.
+    # ml-goodput-measurement: the library effnet_common/goodput.py follows, only for the test that checks our
+    # calculator against it on one scripted record (tests/test_goodput_library.py); test-only, since it records
+    # to Cloud Logging and pulls google-cloud-logging, held at 3.14.0 in constraints.txt (3.17 needs protobuf 6,
+    # TFX protobuf 4.25).
     extras_require={
         "tfds": TFDS,
         "dev": [
@@ -71,6 +75,7 @@ setup(
             "tensorboard-plugin-profile==2.16.0",
             "mkdocs==1.6.1",
             "mkdocs-material==9.8.1",
+            "ml-goodput-measurement==0.2.3",
         ],
     },
 )

@@ -419,6 +419,24 @@ def estimate(config, machine: Accelerator) -> Estimate:
     )
 
 
+def planned(config, machine: Accelerator, spot: bool = False) -> dict:
+    """What ``estimate`` says of ``config`` on ``machine``, in the terms a run's report puts beside what it
+    measured: hours, accelerator-hours and their unit, and for a TPU slice the price of one (Spot or on
+    demand) and where the price comes from."""
+    found = estimate(config, machine)
+    values = {
+        "accelerator": machine.name,
+        "hours": found.hours,
+        "accelerator_hours": found.accelerator_hours,
+        "unit": found.unit,
+    }
+    slice_type = machine.slice_type
+    if slice_type is not None:
+        values["usd_per_unit_hour"] = slice_type.chip_hour_usd(spot)
+        values["prices"] = f"{slice_type.generation.price_source}, {'Spot' if spot else 'on demand'}"
+    return values
+
+
 def timeout_for(seconds: float) -> int:
     """A job's timeout for a nominal ``seconds`` of work: ``TIMEOUT_FACTOR`` times it, within Vertex's
     limits."""

@@ -10,7 +10,8 @@ ExecutorOutput file, where both backends' launchers read every declared output.
 
 - ``system.Metrics``: values in ``metadata``, numbers (a yes as 1.0) but for the line saying why a model was
   not blessed; the Trainer's and the Evaluator's keys differ, as Vertex AI Experiments merges a run's
-  metrics outputs into one row.
+  metrics outputs into one row. The Trainer's include where the run's time went (goodput and the largest
+  badput parts) when its metrics.json holds a time account.
 - ``system.HTML``: the HTML file itself at the artifact's URI, plots inlined, as the UIs show it alone in a
   sandboxed frame.
 """
@@ -18,6 +19,7 @@ ExecutorOutput file, where both backends' launchers read every declared output.
 from __future__ import annotations
 
 import json
+import re
 import sys
 
 METRICS, HTML = "system.Metrics", "system.HTML"
@@ -35,6 +37,8 @@ DISPLAY_NAMES = {
     "run_report": "Trainer: run report",
     "evaluator_metrics": "Evaluator: the gate",
 }
+# The badput parts the Trainer's metrics name, the largest first.
+BADPUT_PARTS_SHOWN = 3
 
 
 def artifact_type(type_name: str) -> dict:
@@ -44,9 +48,10 @@ def artifact_type(type_name: str) -> dict:
 
 def trainer_metrics(model_run_uri: str) -> dict[str, float]:
     """The training run's result (its ``metrics.json``): the in-loop top-1/top-5 on the validation split, the
-    target and whether it was reached (and when), epochs and steps trained, images a second."""
+    target and whether it was reached (and when), epochs and steps trained, images a second; and where the
+    run's time went when it holds a time account (``time_account_metrics``)."""
     from trainer_module import files
-    from trainer_module.recorder import METRICS_FILE
+    from trainer_module.recorder import METRICS_FILE, time_account
 
     result = files.read_json(files.join(model_run_uri, METRICS_FILE))
     history = result.get("history") or [{}]
@@ -61,7 +66,29 @@ def trainer_metrics(model_run_uri: str) -> dict[str, float]:
         "images_per_second": result.get("images_per_second"),
         "replicas": result.get("replicas"),
     }
+    account = time_account(result)
+    if account is not None:
+        values.update(time_account_metrics(account))
     return {key: float(value) for key, value in values.items() if value is not None}
+
+
+def time_account_metrics(account) -> dict[str, float]:
+    """The figures of ``account`` (an ``effnet_common.goodput.TimeAccount``): the goodput share (0-1) and
+    seconds, the wall time, the seconds of the ``BADPUT_PARTS_SHOWN`` largest badput parts
+    (``badput_<part>_seconds``, the part's name in lower case with any other character than a letter, digit
+    or ``_`` as ``_``) and the disruptions, when there were any. Seconds are to the millisecond, the record's
+    precision."""
+    values = {
+        "goodput": account.goodput,
+        "goodput_seconds": round(account.goodput_seconds, 3),
+        "wall_seconds": round(account.wall_seconds, 3),
+    }
+    for part, seconds in list(account.badput().items())[:BADPUT_PARTS_SHOWN]:
+        name = re.sub(r"\W+", "_", part.lower())  # a pipeline step's part is named by the step
+        values[f"badput_{name}_seconds"] = round(seconds, 3)
+    if account.disruptions:
+        values["disruptions"] = float(account.disruptions)
+    return values
 
 
 def evaluator_metrics(evaluation_uri: str, blessing_uri: str, target_top1: float | None) -> dict:

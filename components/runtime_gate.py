@@ -15,6 +15,7 @@ executors read, so one ``target_top1`` both stops the training and gates the ble
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import tensorflow_model_analysis as tfma
@@ -23,7 +24,7 @@ from tfx.components.evaluator import executor as evaluator_executor
 from tfx.components.trainer import executor as trainer_executor
 from tfx.components.util import udf_utils
 from tfx.dsl.components.base import base_executor, executor_spec
-from tfx.types import component_spec, standard_component_specs
+from tfx.types import artifact_utils, component_spec, standard_component_specs
 from tfx.utils import json_utils, name_utils
 
 from components import beam_executor, evaluation_results, run_label, vertex_training
@@ -150,6 +151,7 @@ class VertexTrainerExecutor(base_executor.BaseExecutor):
     """
 
     def Do(self, input_dict, output_dict, exec_properties):  # noqa: N802 - TFX's executor interface
+        entered = time.time()
         # tfx.v1's extensions import the Vertex AI SDK, which this step uses anyway.
         from tfx.v1.extensions import google_cloud_ai_platform as vertex
 
@@ -169,7 +171,10 @@ class VertexTrainerExecutor(base_executor.BaseExecutor):
             task="trainer",
             timeout_seconds=run_timeout(input_dict, properties, custom_config),
         )
-        vertex_training.run_job(request, patience=cloud_retry.take_patience(self._extra_flags or [])[0])
+        job = vertex_training.run_job(request, patience=cloud_retry.take_patience(self._extra_flags or [])[0])
+        if output_dict.get(standard_component_specs.MODEL_RUN_KEY):
+            model_run = artifact_utils.get_single_uri(output_dict[standard_component_specs.MODEL_RUN_KEY])
+            vertex_training.add_step_account(model_run, job, entered)
 
 
 class EvaluatorExecutor(

@@ -4,7 +4,9 @@ Under the step's status directory (its model run), ``slice/`` holds the command 
 (``command.json``, the same for every attempt) and a directory per attempt, named as the attempt's node: each
 worker reports there (``worker-N.json``), and worker 0 reports the trainer's end (``trainer.json``) with the
 end of its error output (``trainer-errors.txt``). The node's metadata names its attempt's directory
-(``ATTEMPT_DIR_KEY``). Paths may be local or on an object store (``trainer_module.files``).
+(``ATTEMPT_DIR_KEY``). The step keeps the states it saw each attempt's slice in, and when (``states.jsonl``:
+``{"attempt", "state", "time"}`` a line), for the run's time account. Paths may be local or on an object store
+(``trainer_module.files``).
 """
 
 from __future__ import annotations
@@ -16,6 +18,9 @@ COMMAND_FILE = "command.json"
 TRAINER_STATUS = "trainer.json"
 TRAINER_ERRORS = "trainer-errors.txt"
 WORKER_STATUS = "worker-{n}.json"
+STATES_FILE = "states.jsonl"
+# The state written once an attempt's queued resource is deleted.
+DELETED = "DELETED"
 # The node's metadata key naming its attempt's directory (beside the startup script that reports there).
 ATTEMPT_DIR_KEY = "effnet-attempt-dir"
 
@@ -84,3 +89,21 @@ def workers_reported(attempt: str) -> int:
         return len(files.glob(files.join(attempt, WORKER_STATUS.format(n="*"))))
     except files.Error:
         return 0
+
+
+def write_states(status_dir: str, states: list[dict]) -> None:
+    """The states seen so far (``{"attempt", "state", "time"}``), the file rewritten whole."""
+    from trainer_module import files
+
+    text = "".join(json.dumps(state) + "\n" for state in states)
+    files.write_text(files.join(status_dir, STATUS_DIR, STATES_FILE), text)
+
+
+def read_states(status_dir: str) -> list[dict]:
+    """The states the step saw, oldest first; [] when it recorded none."""
+    from trainer_module import files
+
+    path = files.join(status_dir, STATUS_DIR, STATES_FILE)
+    if not files.exists(path):
+        return []
+    return [json.loads(line) for line in files.read_text(path).splitlines() if line.strip()]

@@ -349,12 +349,59 @@ def progress_line(status_dir: str) -> str:
     return ", ".join(parts)
 
 
+class SliceStates:
+    """The states each attempt's slice was seen in, and when: written beside the attempts
+    (``slice_files.write_states``) at every change, for the run's time account (``time_spans``)."""
+
+    def __init__(self, status_dir: str):
+        self.status_dir = status_dir
+        self.seen = slice_files.read_states(status_dir)  # a retried step goes on with the record
+
+    def saw(self, attempt: int, state: str) -> None:
+        last = next((s["state"] for s in reversed(self.seen) if s["attempt"] == attempt), None)
+        if state != last:
+            self.seen.append({"attempt": attempt, "state": state, "time": time.time()})
+            slice_files.write_states(self.status_dir, self.seen)
+
+
+# The run's time account's part for the time a slice spends in a state (``time_spans``): the queue, its
+# provisioning, its workers' set-up up to the trainer's start (the trainer's own parts take over from there),
+# and its deletion. A lost slice's time is the recovery the training's account measures.
+_STATE_PARTS = {
+    "WAITING_FOR_RESOURCES": "WAITING_FOR_CAPACITY",
+    **{state: "PROVISIONING" for state in ("STATE_UNSPECIFIED", "CREATING", "ACCEPTED", "PROVISIONING")},
+    ACTIVE: "WORKER_SETUP",
+    TRAINED: "TEARDOWN",
+}
+
+
+def time_spans(status_dir: str) -> tuple[list, float]:
+    """The time account's spans of the slices of the step whose status directory is ``status_dir``
+    (``effnet_common.goodput.Span``), and the hours the slices were held (from ACTIVE to deleted, what
+    they bill): ([], 0.0) for a step that ran none."""
+    from effnet_common import goodput
+
+    spans, held = [], 0.0
+    seen = slice_files.read_states(status_dir)
+    for attempt in sorted({s["attempt"] for s in seen}):
+        states = [s for s in seen if s["attempt"] == attempt]
+        for state, following in zip(states, states[1:], strict=False):
+            part = _STATE_PARTS.get(state["state"])
+            if part is not None:
+                spans.append(goodput.Span(state["time"], following["time"], part))
+        active = next((s["time"] for s in states if s["state"] == ACTIVE), None)
+        if active is not None:
+            held += states[-1]["time"] - active
+    return spans, held / 3600
+
+
 class _Progress:
     """What a person following the step reads as one attempt's slice goes through its states (one line per
-    change); raises ``SliceFailed`` for a slice that cannot be had or a trainer that failed."""
+    change); raises ``SliceFailed`` for a slice that cannot be had or a trainer that failed. Every state goes
+    to ``states``."""
 
-    def __init__(self, attempt: SliceAttempt):
-        self.attempt = attempt
+    def __init__(self, attempt: SliceAttempt, states: SliceStates):
+        self.attempt, self.states = attempt, states
         self.started = time.monotonic()
         self._said = ""
 
@@ -367,6 +414,7 @@ class _Progress:
     def __call__(self, state: str) -> None:
         attempt, request = self.attempt, self.attempt.request
         settings = request.settings
+        self.states.saw(attempt.attempt, state)
         if state == FAILED:
             said = attempt.last.state.failed_data.error.message or "no reason given"
             raise SliceFailed(_not_had(request, f"the queued resource failed: {said}"))
@@ -445,6 +493,7 @@ def run_slice(request: SliceRequest, poll_seconds: float | None = None, patience
         )
     patience = patience or cloud_retry.Patience()
     stop = StopSignals()
+    states = SliceStates(request.status_dir)
     current: SliceAttempt | None = None
 
     def running() -> list[SliceAttempt]:
@@ -476,12 +525,15 @@ def run_slice(request: SliceRequest, poll_seconds: float | None = None, patience
                         create(client, request, attempt)
                         print(f"created {current.label} in {settings.zone}", flush=True)
                     ends = lambda state: state in _ATTEMPT_ENDS  # noqa: E731 - read as a sentence
-                    if follower.follow(current, patience, stop, _Progress(current), until=ends) == TRAINED:
+                    progress = _Progress(current, states)
+                    if follower.follow(current, patience, stop, progress, until=ends) == TRAINED:
                         break
                     print(f"{current.label} was lost: creating it again", flush=True)
                     follower.cancel(current)
+                    states.saw(attempt, slice_files.DELETED)
                     attempt, current = attempt + 1, None
             follower.cancel(current)  # trained: a slice bills until it is deleted
+            states.saw(attempt, slice_files.DELETED)
     except cloud_retry.Unanswered as error:
         raise SliceFailed(str(error)) from None
 

@@ -288,3 +288,46 @@ def _unended(client, request: JobRequest) -> list[CustomJob]:
         logger.error("could not look up the training jobs labelled %s: %s", request.find_labels, error)
         return []
     return [CustomJob(client, job.name) for job in jobs if job.state.name not in ENDED]
+
+
+def add_step_account(model_run_uri: str, job, entered: float) -> None:
+    """The Trainer step's time account, into the run's metrics.json (``recorder.RUN_ACCOUNT``, which the run
+    page's metrics show): from this process's start (or the job's creation, by a killed earlier attempt of the
+    task) to now, the job's time from its creation to its first RUNNING (``create_time`` to ``start_time``:
+    queued and provisioned), its replica's start-up before the training's first attempt (image pull,
+    container start), the training's own parts, the job's end after the training's, and this step's own time
+    around the job. Nothing for a job that never ran (no ``start_time``) or a training that wrote no
+    account."""
+    import os
+
+    from effnet_common import goodput
+    from trainer_module import files, recorder
+
+    created, running, ended = (
+        _seconds(getattr(job, key, None)) for key in ("create_time", "start_time", "end_time")
+    )
+    path = files.join(model_run_uri, recorder.METRICS_FILE)
+    if running is None or not files.exists(path):
+        return
+    metrics = files.read_json(path)
+    if not metrics.get(recorder.TRAINING_ACCOUNT):
+        return
+    training = goodput.TimeAccount.from_dict(metrics[recorder.TRAINING_ACCOUNT])
+    now = time.time()
+    started = min(goodput.process_started(os.getpid()) or entered, created or entered)
+    spans = [goodput.Span(started, now, "TRAINER_STEP"), *training.spans]
+    if created:
+        spans.append(goodput.Span(created, running, "PROVISIONING"))
+    spans.append(goodput.Span(running, training.start, "WORKER_SETUP"))
+    if ended:
+        spans.append(goodput.Span(training.end, ended, "TEARDOWN"))
+    account = goodput.TimeAccount.of(spans, started, now, training.disrupted)
+    recorder.add_time_account(model_run_uri, recorder.RUN_ACCOUNT, account)
+
+
+def _seconds(timestamp) -> float | None:
+    """Seconds since the epoch of a job's timestamp (None when the service set none)."""
+    if timestamp is None:
+        return None
+    seconds = timestamp.timestamp()
+    return seconds if seconds > 0 else None

@@ -16,6 +16,7 @@ on from the finished steps, the training from its checkpoints in PIPELINE_ROOT/c
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 import os
@@ -26,7 +27,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("PYTHONWARNINGS", "ignore::FutureWarning")
 warnings.filterwarnings("ignore", category=FutureWarning)
 
-from effnet_common import console, path_checks, stopping  # noqa: E402
+from effnet_common import console, goodput, path_checks, stopping  # noqa: E402
 from pipeline import tune_flags  # noqa: E402
 
 NOT_BLESSED_EXIT = console.MISSED_TARGET_EXIT
@@ -277,7 +278,7 @@ def run(args, session: console.Session) -> int:
     root = os.path.abspath(args.pipeline_root)
     session.keep_log(os.path.join(root, LOG_DIR, console.log_name("local_runner")))
     from components import tfx_api as tfx
-    from pipeline import local_steps, outcome, pipeline_def, runs_page
+    from pipeline import local_steps, outcome, pipeline_def, run_account, runs_page
     from trainer_module import tfx_trainer
 
     if not (args.train_archive or args.val_archive or args.train_dir or args.val_dir):
@@ -329,16 +330,29 @@ def run(args, session: console.Session) -> int:
             baseline_other_than_candidate=True,
         )
     )
-    steps = local_steps.StepLines(len(pipeline.components), artifacts, checkpoints, tuning_dir, serving_dir)
+    record = run_account.CommandRecord(root, name)  # where this command's time went
+    steps = local_steps.StepLines(
+        len(pipeline.components), artifacts, checkpoints, tuning_dir, serving_dir, record
+    )
     logging.getLogger().addHandler(steps)
     row = runs_page.Row(preset.name, target)  # a failed or stopped run adds its row too
+
+    def stopped() -> None:
+        steps.record_running()
+        record.close(run_account.STOPPED)
+
     try:
         with (
             runs_page.unfinished(root, row),
             stopping.describe(steps.stop_description),
             stopping.cleanup(steps.remove_unfinished),
+            stopping.cleanup(stopped),
         ):
             tfx.orchestration.LocalDagRunner().run(pipeline)
+    except BaseException:
+        steps.record_running()
+        record.close(run_account.FAILED)
+        raise
     finally:
         logging.getLogger().removeHandler(steps)
         if rehearsal is not None:
@@ -349,6 +363,10 @@ def run(args, session: console.Session) -> int:
     pushed_before = local_steps.PUSHER in steps.cached
     for line in result.report(pushed_before=pushed_before).splitlines():
         console.say("%s", line)
+    trained = bool(result.model_run_uri) and local_steps.TRAINER not in steps.cached
+    account = _account(root, name, record, result.model_run_uri if trained else None)
+    if trained and rehearsal is not None:
+        _add_plan(result.model_run_uri, resolved.trainer_config, args.rehearse_slice)
     report_path = tensorboard = None
     if result.model_run_uri:
         from trainer_module import report
@@ -358,9 +376,45 @@ def run(args, session: console.Session) -> int:
         console.say("run report: %s", report_path)
         console.say("TensorBoard: %s", tensorboard)
     row = runs_page.finished(row, result, report_path, tensorboard, pushed_before)
+    # This run's account (a run whose Trainer was cached has its own, not the one of the run that trained).
+    row = dataclasses.replace(row, goodput=account.goodput, time_account_line=account.one_line())
+    console.say("%s", account.one_line())
     console.say("runs of this root: %s", runs_page.add(root, row))
     print(json.dumps(result.as_dict()))
     return 0 if result.pushed else NOT_BLESSED_EXIT
+
+
+def _account(root: str, name: str, record, model_run_uri: str | None) -> goodput.TimeAccount:
+    """This run's time account, which ends now: the command's record closed; ``model_run_uri``, the run of
+    a Trainer that trained in this run (not a cached one's), gives the training's parts and a slice's, and
+    the account goes into its metrics.json."""
+    from components import tpu_vm
+    from pipeline import run_account
+    from trainer_module import files, recorder
+
+    record.close(run_account.FINISHED)
+    training, slices = None, []
+    if model_run_uri:
+        metrics = files.read_json(files.join(model_run_uri, recorder.METRICS_FILE))
+        if metrics.get(recorder.TRAINING_ACCOUNT):
+            training = goodput.TimeAccount.from_dict(metrics[recorder.TRAINING_ACCOUNT])
+        slices = tpu_vm.time_spans(model_run_uri)[0]
+    account = run_account.account(run_account.run_commands(root, name), training, slices)
+    if model_run_uri:
+        recorder.add_time_account(model_run_uri, recorder.RUN_ACCOUNT, account)
+    return account
+
+
+def _add_plan(model_run_uri: str, config, accelerator: str) -> None:
+    """A rehearsed slice's run: what ``--plan`` estimates on that slice, and the hours the slices were held,
+    into metrics.json, for the report to put beside what the run measured."""
+    from components import accelerators, tpu_vm
+    from trainer_module import files, recorder
+
+    planned = accelerators.planned(config, accelerators.get(accelerator))
+    planned["held_hours"] = tpu_vm.time_spans(model_run_uri)[1]
+    path = files.join(model_run_uri, recorder.METRICS_FILE)
+    files.write_json(path, {**files.read_json(path), recorder.PLANNED: planned})
 
 
 if __name__ == "__main__":

@@ -59,6 +59,7 @@ class StepLines(logging.Handler):
       checkpoints: where the Trainer keeps its checkpoints across runs.
       tuning: where the Tuner keeps its trials across runs.
       serving: the Pusher's serving directory (one version directory a push).
+      record: where each step's start and end go (``pipeline.run_account.CommandRecord``), if anywhere.
     """
 
     RUNNING = "Component %s is running."
@@ -67,8 +68,11 @@ class StepLines(logging.Handler):
     FAILED = "Execution %d failed."
     FINISHED = "Component %s is finished."
 
-    def __init__(self, num_steps: int, artifacts: str, checkpoints: str, tuning: str, serving: str):
+    def __init__(
+        self, num_steps: int, artifacts: str, checkpoints: str, tuning: str, serving: str, record=None
+    ):
         super().__init__(logging.INFO)
+        self._record = record  # the command's time record (``pipeline.run_account.CommandRecord``)
         self._total = num_steps
         self._artifacts, self._checkpoints, self._tuning, self._serving = (
             artifacts,
@@ -82,6 +86,7 @@ class StepLines(logging.Handler):
         self._running = False
         self._started = 0.0
         self._cached = False
+        self._recorded = False
         self._before: dict[str, set[str]] = {}
         self.cached: set[str] = set()  # the steps whose earlier outputs were reused
 
@@ -102,6 +107,7 @@ class StepLines(logging.Handler):
     def _running_event(self, args) -> None:
         self._index += 1
         self._node, self._started, self._cached = str(args[0]), time.time(), False
+        self._recorded = False
         self._execution, self._running = None, True
         # What the step's own directories hold before it runs: a stop removes only what it added.
         watched = {"working": self._node_dir(*_WORKING)}
@@ -117,17 +123,29 @@ class StepLines(logging.Handler):
         self._cached = True
 
     def _failed(self, args) -> None:
-        self._running = False
+        self.end_running()
         console.say("%s: FAILED after %s", self._prefix(), console.duration(time.time() - self._started))
 
     def _finished(self, args) -> None:
-        self._running = False
+        self.end_running()
         took = console.duration(time.time() - self._started)
         if self._cached:
             self.cached.add(self._node)
             console.say("%s: CACHED, outputs of an earlier run reused (%s)", self._prefix(), took)
         else:
             console.say("%s: done in %s", self._prefix(), took)
+
+    def end_running(self) -> None:
+        """The running step ends now (finished or failed): its time goes to the record."""
+        self.record_running()
+        self._running = False
+
+    def record_running(self) -> None:
+        """The running step's time up to now goes to the record (a stop: the step still counts as running,
+        for the stop's line)."""
+        if self._running and self._record is not None and not self._recorded:
+            self._record.step(self._node, self._started, time.time(), self._cached)
+            self._recorded = True
 
     _EVENTS = {
         RUNNING: _running_event,

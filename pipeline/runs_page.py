@@ -3,8 +3,9 @@ first.
 
 A run's report lives in its Trainer's artifact directory; this page is where a root's runs are seen together:
 when each started, its preset and target, the Evaluator's top-1 and top-5, the Trainer's epochs and training
-time, whether the model was blessed (or why not, or that the run failed or was stopped), the version pushed,
-and links to its report and TensorBoard.
+time, its goodput (where its time went, from the time account in the Trainer's metrics.json), whether the
+model was blessed (or why not, or that the run failed or was stopped), the version pushed, and links to its
+report and TensorBoard.
 
 The rows are kept as JSON lines in ``runs/runs.jsonl`` beside the page, which is drawn from them after every
 run. Both files are written whole (``effnet_common.whole``), so a run stopped while writing leaves the
@@ -54,6 +55,9 @@ class Row:
       why_not: why it was not: the failed blessing conditions, or the failure's first line.
       top1 / top5: the Evaluator's (TFMA's) on the validation split.
       epochs / training_seconds: where the Trainer's last evaluation was, on the paper's clock (metrics.json).
+      goodput / time_account_line: the share (0-1) of the run's time that went to training steps that count
+        toward the model, and the one-line account of where it went (``TimeAccount.one_line``), by the run's
+        time account in metrics.json, else the training's; None without one (or in a row written before).
       pushed_destination: where the Pusher put the model (the version's directory); None when nothing was.
       pushed_before: the push is an earlier run's (the Pusher's execution was cached).
       report: the path of the run's report.html; tensorboard: the command that shows its curves.
@@ -69,6 +73,8 @@ class Row:
     top5: float | None = None
     epochs: float | None = None
     training_seconds: float | None = None
+    goodput: float | None = None
+    time_account_line: str | None = None
     pushed_destination: str | None = None
     pushed_before: bool = False
     report: str | None = None
@@ -105,6 +111,7 @@ def finished(
     """``row`` once the run ended with ``result`` (``pipeline.outcome``), its report and TensorBoard command
     (as the runner printed them) and whether the Pusher was cached."""
     epochs, seconds = _training(result.model_run_uri) if result.model_run_uri else (None, None)
+    account = _time_account(result.model_run_uri) if result.model_run_uri else None
     return dataclasses.replace(
         row,
         blessed=result.blessed,
@@ -113,6 +120,8 @@ def finished(
         top5=result.top5,
         epochs=epochs,
         training_seconds=seconds,
+        goodput=None if account is None else account.goodput,
+        time_account_line=None if account is None else account.one_line(),
         pushed_destination=result.pushed_destination if result.pushed else None,
         pushed_before=pushed_before and result.pushed,
         report=report,
@@ -129,6 +138,16 @@ def _training(model_run_uri: str) -> tuple[float | None, float | None]:
     if not history:
         return None, None
     return history[-1]["epoch"], history[-1]["elapsed_seconds"]
+
+
+def _time_account(model_run_uri: str):
+    """The time account in the run's metrics.json (``trainer_module.recorder.time_account``: the run's, else
+    the training's); None without one."""
+    from trainer_module import files
+    from trainer_module.recorder import METRICS_FILE, time_account
+
+    path = files.join(model_run_uri, METRICS_FILE)
+    return time_account(files.read_json(path)) if files.exists(path) else None
 
 
 @contextlib.contextmanager
@@ -232,6 +251,16 @@ def _pushed(row: Row) -> str:
     return f'<span title="{html.escape(row.pushed_destination)}">{version}</span>{again}'
 
 
+def _goodput(row: Row) -> str:
+    """The goodput as a percentage, the one-line account as its title."""
+    if row.goodput is None:
+        return ""
+    share = format(row.goodput, ".0%")
+    if not row.time_account_line:
+        return share
+    return f'<span title="{html.escape(row.time_account_line)}">{share}</span>'
+
+
 def _links(row: Row, root: str) -> tuple[str, str]:
     """The report's link and the TensorBoard command (folded: it is long) of a row."""
     report = f'<a href="{html.escape(_href(row.report, root))}">report</a>' if row.report else ""
@@ -255,6 +284,7 @@ def _row_html(row: Row, root: str) -> str:
         _number(row.top5),
         _number(row.epochs, ".2f"),
         seconds,
+        _goodput(row),
         f'<span class="{kind}">{html.escape(verdict)}</span>',
         _pushed(row),
         report,
@@ -271,6 +301,7 @@ HEADINGS = (
     "top-5",
     "epochs",
     "training time",
+    "goodput",
     "blessed?",
     "pushed version",
     "report",
@@ -279,7 +310,7 @@ HEADINGS = (
 STYLE = """body{font-family:sans-serif;margin:2em;color:#222}
 table{border-collapse:collapse}th,td{padding:.35em .8em;border-bottom:1px solid #ddd;\
 text-align:left;vertical-align:top}
-th{background:#f2f2f2}:is(th,td):nth-child(n+3):nth-child(-n+7){text-align:right;\
+th{background:#f2f2f2}:is(th,td):nth-child(n+3):nth-child(-n+8){text-align:right;\
 font-variant-numeric:tabular-nums}
 .blessed{color:#17692b;font-weight:bold}.refused{color:#a35a00}.failed{color:#b00020;font-weight:bold}
 .stopped,.note,.intro{color:#666}td:first-child{white-space:nowrap}td:empty::after{content:"–";color:#bbb}
@@ -300,7 +331,9 @@ def render(rows: list[Row], root: str, skipped: Sequence[int] = ()) -> str:
 <code>python -m pipeline.local_runner
 --pipeline-root {html.escape(root)}</code> adds its row to {ROWS_FILE} beside this page. \
 Top-1 and top-5 are the
-Evaluator's on the validation split; epochs and training time are where the Trainer's last evaluation was.</p>
+Evaluator's on the validation split; epochs and training time are where the Trainer's last evaluation was;
+goodput is the share of the run's time that went to training steps that count toward the model (hover over it
+for where the rest went).</p>
 <table><thead><tr>{"".join(f"<th>{heading}</th>" for heading in HEADINGS)}</tr></thead>
 <tbody>{body}</tbody></table>{note}
 </body></html>

@@ -456,6 +456,7 @@ class _FakeJob:
         from google.cloud import aiplatform_v1
 
         states = aiplatform_v1.JobState
+        self._set_times()
         if self.cancelled:
             self.job.state = states.JOB_STATE_CANCELLED
             return self.job
@@ -475,6 +476,19 @@ class _FakeJob:
             self.job.state = states.JOB_STATE_RUNNING
         return self.job
 
+    def _set_times(self) -> None:
+        """The job's ``start_time`` (Vertex: when it first entered RUNNING; here its replicas start as it is
+        created, when their pids are written) and ``end_time`` (when it entered an end state: its last
+        replica's exit, or its cancellation), read from the record directory, so in any process alike."""
+        pids = os.path.join(_record_dir, PIDS_FILE.format(n=self.number))
+        if self.replicas and os.path.exists(pids):
+            self.job.start_time = _file_time(pids)
+        ends = [os.path.join(_record_dir, CANCEL_FILE.format(n=self.number))]
+        if not self.cancelled:
+            ends = [replica.exit_file for replica in self.replicas.values()]
+        if ends and all(os.path.exists(path) for path in ends):
+            self.job.end_time = max(_file_time(path) for path in ends)
+
     def stop(self) -> None:
         for replica in self.replicas.values():
             if replica.poll() is None:
@@ -487,7 +501,12 @@ class _FakeJob:
 
 
 def _created(number: int):
-    return datetime.datetime(2026, 1, 1, tzinfo=datetime.timezone.utc) + datetime.timedelta(seconds=number)
+    """When job ``number`` was created: when its record was written."""
+    return _file_time(os.path.join(_record_dir, RECORD_FILE.format(n=number)))
+
+
+def _file_time(path: str) -> datetime.datetime:
+    return datetime.datetime.fromtimestamp(os.path.getmtime(path), datetime.timezone.utc)
 
 
 def _numbers() -> list[int]:

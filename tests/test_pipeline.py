@@ -15,7 +15,7 @@ import suite_env
 from ml_metadata.metadata_store import metadata_store
 from ml_metadata.proto import metadata_store_pb2
 
-from effnet_common import console
+from effnet_common import console, goodput
 from pipeline import local_runner, presets, runs_page
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -82,6 +82,7 @@ class DemoRuns:
     left_by_stop: list[str]  # what it left half-done under the root (``_leftovers``)
     resumed: subprocess.CompletedProcess  # the same command again: resumes, blesses, pushes
     again: subprocess.CompletedProcess  # and once more: every step reused
+    wall: tuple[float, float]  # the stopped run's start and the resumed run's end, by this process's clock
 
 
 @pytest.fixture(scope="module")
@@ -93,6 +94,7 @@ def demo_runs(tmp_path_factory) -> DemoRuns:
     root = tmp_path_factory.mktemp("local_pipeline")
     args = ["--pipeline-root", root, *SHORT, *TARGET]
     command = [sys.executable, "-m", "pipeline.local_runner", *map(str, args)]
+    started = time.time()
     process = subprocess.Popen(
         command,
         stdout=subprocess.PIPE,
@@ -120,7 +122,9 @@ def demo_runs(tmp_path_factory) -> DemoRuns:
         if process.poll() is None:
             os.killpg(process.pid, signal.SIGKILL)
     left = _leftovers(root)  # read before the next run, which might tidy up what this one left
-    return DemoRuns(root, status, before, after, left, _run_cli(*args), _run_cli(*args))
+    resumed = _run_cli(*args)
+    ended = time.time()
+    return DemoRuns(root, status, before, after, left, resumed, _run_cli(*args), (started, ended))
 
 
 @pytest.mark.slow
@@ -221,12 +225,66 @@ def test_ctrl_c_during_training_stops_in_one_line_and_the_next_run_resumes_then_
     assert not rows[1].pushed_before and rows[2].top1 is None and "(pushed before)" in runs
 
 
+def _account(model_run_uri: str) -> goodput.TimeAccount:
+    with open(pathlib.Path(model_run_uri) / "metrics.json") as f:
+        return goodput.TimeAccount.from_dict(json.load(f)["time_account"])
+
+
+def _assert_adds_up(account: goodput.TimeAccount, measured_seconds: float) -> None:
+    """The account's parts add up to its wall time, which is the wall time this process measured around the
+    commands within 5%, and next to nothing of it is unaccounted."""
+    assert sum(account.parts.values()) == pytest.approx(account.wall_seconds, rel=1e-6)
+    assert account.wall_seconds == pytest.approx(measured_seconds, rel=0.05), (
+        account.parts,
+        measured_seconds,
+    )
+    assert account.parts.get(goodput.UNACCOUNTED, 0.0) < 0.01 * account.wall_seconds, account.parts
+
+
+@pytest.mark.slow
+def test_a_stopped_and_resumed_run_accounts_for_its_wall_time_across_both_commands(demo_runs):
+    """The resumed run's account (its metrics.json, its report, its row, its console line) starts with the
+    stopped command: the time between the two commands, the steps trained again and the recovery are parts of
+    their own, beside the training steps, the trace and compile, the evaluations and the other steps."""
+    root, resumed = demo_runs.root, demo_runs.resumed
+    outcome = json.loads(resumed.stdout.strip().splitlines()[-1])
+    account = _account(outcome["model_run_uri"])
+    _assert_adds_up(account, demo_runs.wall[1] - demo_runs.wall[0])
+    parts = account.parts
+    assert account.disruptions == 1 and parts["STOPPED"] > 0, parts
+    assert (
+        parts.get("WASTED_PROGRESS_FROM_DISRUPTION", 0) + parts["INFRASTRUCTURE_RECOVERY_FROM_DISRUPTION"] > 0
+    )
+    for part in (
+        goodput.GOODPUT,
+        "PROGRAM_STARTUP",
+        "EVAL",
+        "CHECKPOINT_SAVE",
+        "COMMAND_STARTUP",
+        "Evaluator",
+    ):
+        assert parts[part] > 0, part
+    assert "goodput" not in "".join(demo_runs.after_stop)  # the stopped command did not end its run
+    assert account.one_line() in resumed.stdout.splitlines()
+    page = (pathlib.Path(outcome["model_run_uri"]) / "report.html").read_text()
+    assert "goodput (training steps that count" in page and 'src="report_time.png"' in page
+    assert (pathlib.Path(outcome["model_run_uri"]) / "report_time.png").stat().st_size > 0
+    (again_row, resumed_row, _), runs = _runs(root, demo_runs.again.stdout)
+    assert resumed_row.goodput == pytest.approx(account.goodput, abs=1e-4)
+    assert f">{account.goodput:.0%}<" in runs
+    # The run after it reused every step: an account of its own, without a Trainer's parts.
+    (again_line,) = [line for line in demo_runs.again.stdout.splitlines() if line.startswith("goodput ")]
+    assert again_line == again_row.time_account_line and "training steps" not in again_line
+
+
 @pytest.mark.slow
 def test_unreachable_target_stops_nothing_early_blesses_nothing_and_pushes_nothing(demo_runs):
     root = demo_runs.root
     logs_before = len(os.listdir(root / "logs"))
     # --verbose: the same short account on stdout, the libraries' logs live on stderr instead of in a file.
+    started = time.time()
     result = _run_cli("--pipeline-root", root, *SHORT, "--target-top1", "0.999", "--verbose")
+    took = time.time() - started
     out = result.stdout
     assert result.returncode == local_runner.NOT_BLESSED_EXIT, result.stderr[-3000:]
     assert re.search(r"^model NOT blessed: top-1 0\.\d{4} is below the target 0\.9990$", out, re.M), out
@@ -257,6 +315,15 @@ def test_unreachable_target_stops_nothing_early_blesses_nothing_and_pushes_nothi
         None,
     )
     assert round(row.epochs) == 4  # no evaluation reached the target: the training went on to its end
+    # Its account: this command alone. The training it continues ended (no disruption) at its last epoch: the
+    # Trainer restores it, trains no step, evaluates and exports again.
+    account = _account(outcome["model_run_uri"])
+    _assert_adds_up(account, took)
+    assert (
+        account.disruptions == 0 and "STOPPED" not in account.parts and goodput.GOODPUT not in account.parts
+    )
+    assert account.parts["TRAINING_PREP"] > 0 and account.parts["EXPORT"] > 0 and account.goodput == 0
+    assert row.goodput == 0
     assert row.why_not.startswith("top-1 ") and latest.target_top1 == 0.3 and latest.blessed
     assert runs.index(f"<td>{outcome['top1']:.4f}</td>") < runs.index('<span class="blessed">blessed</span>')
     assert f'<span class="refused">not blessed: {row.why_not}</span>' in runs
@@ -465,6 +532,8 @@ def test_a_stopped_step_leaves_none_of_its_directories_and_the_stop_line_says_wh
 PREEMPTIBLE = [
     "--preset", "demo", "--set", "model.variant=micro", "--set", "data.global_batch_size=128",
     "--set", "loop.train_epochs=8", "--set", "loop.eval_every_epochs=4", "--target-top1", "0.3",
+    # Calls of 5 steps: the goodput record is written after each, so the steps the preemption costs are on it.
+    "--set", "loop.steps_per_loop=5",
 ]  # fmt: skip
 
 
@@ -478,10 +547,12 @@ def test_a_rehearsed_pod_run_is_preempted_resumed_blessed_and_pushed_and_leaves_
     uninterrupted one does, bit for bit, is tests/test_train.py's); the model is blessed and pushed, and no slice
     is left."""
     root = tmp_path / "root"
+    started = time.time()
     result = _run_cli(
         "--pipeline-root", root, *PREEMPTIBLE,
         "--rehearse-slice", "tpu-v4-32", "--rehearse-preempt-at-step", "40",
     )  # fmt: skip
+    took = time.time() - started
     out = result.stdout
     assert result.returncode == 0, result.stderr[-3000:] + out[-3000:]
     (summary,) = [line for line in out.splitlines() if line.startswith("rehearsed tpu-v4-32: ")]
@@ -503,6 +574,19 @@ def test_a_rehearsed_pod_run_is_preempted_resumed_blessed_and_pushed_and_leaves_
     starts = [e for e in _run_log(model_run) if e["event"] == "start"]
     assert [s["resumed"] for s in starts] == [False, True] and starts[1]["step"] > 0
     assert not (root / "tpu_rehearsal" / "hosts").exists() or not os.listdir(root / "tpu_rehearsal" / "hosts")
+
+    # Where its time went: provisioning the two slices, their workers' set-up, the steps the preemption cost and
+    # the recovery, each a part of its own; the plan's hours and cost beside the measured ones in the report.
+    account = _account(outcome["model_run_uri"])
+    _assert_adds_up(account, took)
+    parts = account.parts
+    assert account.disruptions == 1 and account.redone_steps > 0, parts
+    for part in ("PROVISIONING", "WORKER_SETUP", "TEARDOWN", "WASTED_PROGRESS_FROM_DISRUPTION",
+                 "INFRASTRUCTURE_RECOVERY_FROM_DISRUPTION", goodput.GOODPUT, "PROGRAM_STARTUP"):  # fmt: skip
+        assert parts[part] > 0, (part, parts)
+    assert account.one_line() in out.splitlines() and "lost to 1 disruption" in account.one_line()
+    page = (model_run / "report.html").read_text()
+    assert "time: plan / measured" in page and "hours of TPU v4 chips" in page and "an hour each" in page
 
 
 def _run_log(model_run: pathlib.Path) -> list[dict]:

@@ -1,7 +1,9 @@
 """The page of a pipeline root's runs (pipeline/runs_page.py): its rows, kept as JSON lines, and the page drawn from
-them, newest first, escaped, with failed and stopped runs and broken lines; and the page in a real browser.
+them, newest first, escaped, with failed and stopped runs, goodput, rows written before a field was added and
+broken lines; and the page in a real browser.
 The local runner's hook is checked end to end by tests/test_pipeline.py's local runs."""
 
+import dataclasses
 import json
 import os
 import re
@@ -13,8 +15,10 @@ import pytest
 from PIL import Image
 
 from effnet_common import stopping
+from effnet_common.goodput import Span, TimeAccount
 from pipeline import runs_page
 from pipeline.outcome import Outcome
+from trainer_module.recorder import TRAINING_ACCOUNT
 
 WINDOW = (1400, 900)
 
@@ -36,6 +40,8 @@ def _finished_row(root, **fields) -> runs_page.Row:
         blessed=True,
         epochs=30.0,
         training_seconds=95.0,
+        goodput=0.41,
+        time_account_line="goodput 41% of 3m52s: 1m20s between pipeline steps, 35.0s trace and compile",
         pushed_destination=f"{root}/serving_model/effnet-demo/1800000123",
         report=f"{model_run}/report.html",
         tensorboard=f"tensorboard --logdir {model_run}/tensorboard",
@@ -66,19 +72,55 @@ def test_a_finished_row_shows_the_verdict_numbers_version_and_relative_links(tmp
     (row,) = _table_rows(page.read_text())
     cells = re.findall(r"<td>(.*?)</td>", row, re.S)
     assert cells[1:7] == ["demo", "0.9000", "0.9583", "0.9972", "30.00", "1m35s"]
-    assert '<span class="blessed">blessed</span>' in cells[7]
-    assert f'title="{root}/serving_model/effnet-demo/1800000123">1800000123</span>' in cells[8]
-    assert cells[9] == '<a href="../artifacts/effnet-demo/Trainer/model_run/7/report.html">report</a>'
+    assert cells[7].startswith('<span title="goodput 41% of 3m52s: ') and cells[7].endswith(">41%</span>")
+    assert '<span class="blessed">blessed</span>' in cells[8]
+    assert f'title="{root}/serving_model/effnet-demo/1800000123">1800000123</span>' in cells[9]
+    assert cells[10] == '<a href="../artifacts/effnet-demo/Trainer/model_run/7/report.html">report</a>'
     assert (
         f"<code>tensorboard --logdir {root}/artifacts/effnet-demo/Trainer/model_run/7/tensorboard</code>"
-        in cells[10]
+        in cells[11]
     )
     # The link leads to the report from the page's directory.
-    href = re.search(r'href="([^"]+)"', cells[9]).group(1)
+    href = re.search(r'href="([^"]+)"', cells[10]).group(1)
     assert (
         os.path.normpath(tmp_path / "runs" / href)
         == f"{root}/artifacts/effnet-demo/Trainer/model_run/7/report.html"
     )
+
+
+def test_goodput_has_a_column_of_its_own_as_a_percentage_with_the_one_line_account_as_its_title(tmp_path):
+    line = 'goodput 41% of 3m52s: 1m20s between pipeline steps, 35.0s "trace" & compile'
+    page = runs_page.render([_row(goodput=0.4123, time_account_line=line)], str(tmp_path))
+    headings = re.findall(r"<th>(.*?)</th>", page)
+    cells = re.findall(r"<td>(.*?)</td>", _table_rows(page)[0], re.S)
+    assert len(cells) == len(headings) and headings[7] == "goodput"
+    assert cells[7] == (
+        '<span title="goodput 41% of 3m52s: 1m20s between pipeline steps, '
+        '35.0s &quot;trace&quot; &amp; compile">41%</span>'
+    )
+    # Without the line, the share alone; without goodput, an empty cell.
+    with_share, empty = _table_rows(
+        runs_page.render([_row(started=2.0, goodput=1.0), _row(started=1.0)], str(tmp_path))
+    )
+    assert re.findall(r"<td>(.*?)</td>", with_share, re.S)[7] == "100%"
+    assert re.findall(r"<td>(.*?)</td>", empty, re.S)[7] == ""
+
+
+def test_a_row_written_before_the_goodput_column_parses_and_shows_an_empty_cell(tmp_path):
+    rows_file = tmp_path / "runs" / "runs.jsonl"
+    rows_file.parent.mkdir()
+    old = dataclasses.asdict(_finished_row(str(tmp_path)))
+    del old["goodput"], old["time_account_line"]
+    rows_file.write_text(json.dumps(old) + "\n")
+    page = open(runs_page.add(str(tmp_path), _row("smoke", started=1_900_000_000.0, goodput=0.5))).read()
+    rows, skipped = runs_page.parse_rows(rows_file.read_text())
+    assert skipped == [] and [(row.preset, row.goodput, row.time_account_line) for row in rows] == [
+        ("demo", None, None),
+        ("smoke", 0.5, None),
+    ]
+    new, before = _table_rows(page)  # newest first
+    assert re.findall(r"<td>(.*?)</td>", new, re.S)[7] == "50%"
+    assert re.findall(r"<td>(.*?)</td>", before, re.S)[7] == ""
 
 
 def test_a_refused_run_says_why_and_a_report_outside_the_root_is_linked_absolutely(tmp_path):
@@ -190,12 +232,41 @@ def test_a_finished_row_takes_the_outcome_and_the_trainers_last_evaluation(tmp_p
     )
     row = runs_page.finished(_row(target_top1=0.96), result, "r.html", "tb", pushed_before=True)
     assert (row.top1, row.top5, row.epochs, row.training_seconds) == (0.9412, 0.99, 25.0, 81.5)
+    assert (row.goodput, row.time_account_line) == (None, None)  # metrics.json holds no time account
     assert (row.blessed, row.pushed_destination, row.pushed_before) == (False, None, False)
     assert (
         row.why_not
         == "top-1 0.9412 is below the target 0.9600; its top-1 is 0.0100 below the last blessed model's"
     )
     assert (row.report, row.tensorboard, row.state) == ("r.html", "tb", runs_page.FINISHED)
+
+
+def test_a_finished_row_takes_the_goodput_of_the_time_account_in_metrics_json(tmp_path):
+    model_run = tmp_path / "model_run"
+    model_run.mkdir()
+    spans = [Span(10.0, 20.0, "TRAINING_PREP"), Span(20.0, 61.0, "GOODPUT"), Span(61.0, 110.0, "EXPORT")]
+    account = TimeAccount.of(spans, 10.0, 110.0)
+    history = [{"step": 20, "epoch": 25.0, "elapsed_seconds": 81.5}]
+    (model_run / "metrics.json").write_text(
+        json.dumps({"history": history, TRAINING_ACCOUNT: account.to_dict()})
+    )
+    result = Outcome(
+        target_top1=0.96,
+        top1=0.97,
+        top5=0.99,
+        blessed=True,
+        pushed=True,
+        pushed_destination=f"{tmp_path}/serving_model/effnet-demo/1",
+        model_uri=None,
+        model_run_uri=str(model_run),
+        refusals=(),
+    )
+    row = runs_page.finished(_row(target_top1=0.96), result, None, None, pushed_before=False)
+    assert row.goodput == 0.41 and row.epochs == 25.0
+    assert row.time_account_line == "goodput 41% of 1m40s: 49.0s export, 10.0s training preparation"
+    assert row.time_account_line == account.one_line()
+    # As runs.jsonl keeps it.
+    assert runs_page.Row.from_dict(json.loads(json.dumps(dataclasses.asdict(row)))) == row
 
 
 def _png_size(path) -> tuple[int, int]:

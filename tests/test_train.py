@@ -14,7 +14,8 @@ import pytest
 import tensorflow as tf
 from loopback import free_ports
 
-from trainer_module import presets, train
+from effnet_common import goodput
+from trainer_module import goodput_log, presets, train
 from trainer_module.config import with_overrides
 from trainer_module.data import input_pipeline, release
 from trainer_module.recorder import read_run_log
@@ -92,6 +93,7 @@ def test_sigkill_and_resume_finishes_bit_for_bit_like_an_uninterrupted_run(digit
     (tmp_path / "tmp").mkdir()
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "TMPDIR": str(tmp_path / "tmp")}
     straight = tmp_path / "straight"
+    started = time.time()
     subprocess.run(
         _cli(straight, digit_shards, *RESUME_SETS, export=False),
         env=env,
@@ -99,8 +101,22 @@ def test_sigkill_and_resume_finishes_bit_for_bit_like_an_uninterrupted_run(digit
         capture_output=True,
         timeout=600,
     )
+    took = time.time() - started
     with open(straight / "metrics.json") as f:
         expected = json.load(f)
+    # The command's time account: its parts add up to the wall time measured here, within 5%.
+    account = goodput.TimeAccount.from_dict(expected["training_time_account"])
+    assert account.wall_seconds == pytest.approx(took, rel=0.05) and account.disruptions == 0
+    assert sum(account.parts.values()) == pytest.approx(account.wall_seconds)
+    for part in (
+        "COMMAND_STARTUP",
+        "TRAINING_PREP",
+        "PROGRAM_STARTUP",
+        goodput.GOODPUT,
+        "EVAL",
+        "CHECKPOINT_SAVE",
+    ):
+        assert account.parts[part] > 0, (part, account.parts)
 
     killed = tmp_path / "killed"
     proc = subprocess.Popen(
@@ -135,6 +151,14 @@ def test_sigkill_and_resume_finishes_bit_for_bit_like_an_uninterrupted_run(digit
     )
     with open(killed / "metrics.json") as f:
         resumed = json.load(f)
+    # The kill is a disruption of the training's account: the steps trained past step 50 were trained again,
+    # and the time from the killed attempt's last recorded step to the next start is the recovery.
+    account = goodput.TimeAccount.from_dict(resumed["training_time_account"])
+    attempts = goodput_log.read_attempts(str(killed / "checkpoints"))
+    assert len(attempts) == 2 and attempts[0].end is None and attempts[1].end is not None
+    last_step = attempts[0].steps[-1][0]
+    assert account.disruptions == 1 and account.redone_steps == last_step - attempts[1].steps[0][0]
+    assert account.parts["INFRASTRUCTURE_RECOVERY_FROM_DISRUPTION"] > 0
     log = read_run_log(str(killed / "run_log.jsonl"))
     starts = [e for e in log if e["event"] == "start"]
     assert [s["resumed"] for s in starts] == [False, True] and starts[1]["step"] >= 50

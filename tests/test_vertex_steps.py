@@ -301,6 +301,16 @@ def test_the_run_page_gets_the_trainers_and_evaluators_metrics_and_the_report(lo
         result = json.load(f)
     assert trained["trainer_top1"] == result["final_top1"] and trained["steps"] == result["steps"]
     assert trained["display_name"] == "Trainer: the training run"
+    # Where the Trainer step's time went: its goodput and largest badput parts, from the account beside its
+    # metrics: the training's own parts, and around them the job's queue and start-up (create_time to start_time,
+    # then to the training's start) and the step's own time.
+    account = result["time_account"]
+    assert account["start"] < result["training_time_account"]["start"] and account["wall_seconds"] > 0
+    assert {"PROVISIONING", "WORKER_SETUP", "GOODPUT", "TRAINER_STEP"} <= set(account["parts"])
+    assert trained["goodput"] == pytest.approx(account["goodput"], abs=1e-4) and 0 < trained["goodput"] < 1
+    assert trained["wall_seconds"] == pytest.approx(account["wall_seconds"], abs=1e-2)
+    badput = {key: value for key, value in trained.items() if key.startswith("badput_")}
+    assert len(badput) == 3 and all(value > 0 for value in badput.values()), badput
     gate = evaluator.artifact("evaluator_metrics")["metadata"]
     evaluation = overall_metrics(evaluator.artifact("evaluation")["uri"])
     assert gate["evaluator_top1"] == evaluation["sparse_categorical_accuracy"]

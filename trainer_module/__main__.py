@@ -33,7 +33,7 @@ if __name__ == "__main__" and lean_imports.wanted(sys.argv[1:]):
     lean_imports.install()
 
 # TensorFlow (imported by the presets) prints on import: it is imported inside the console session.
-from effnet_common import console, stopping  # noqa: E402
+from effnet_common import console, goodput, stopping  # noqa: E402
 
 stopping.die_with_parent()  # a search's trial ends with its search (a no-op for any other start)
 
@@ -452,7 +452,7 @@ def train_main(args, session) -> int:
 
         print(json.dumps(plan_report(config, args.lr_steps), indent=2))
         return 0
-    from trainer_module import files, train
+    from trainer_module import files, recorder, train
     from trainer_module import run as runs
     from trainer_module.data import input_pipeline
 
@@ -473,7 +473,8 @@ def train_main(args, session) -> int:
 
     try:
         with stopping.describe(stopped):
-            result = runs.run(run, args.train_files, args.eval_files, paths, devices)
+            started = goodput.process_started(os.getpid())  # the command's imports count as its time
+            result = runs.run(run, args.train_files, args.eval_files, paths, devices, started=started)
     except (input_pipeline.LabelError, train.NonFiniteLossError, ValueError) as e:
         return console.fail(e)
     peak = "none" if result.peak_top1 is None else f"{result.peak_top1:.4f} at step {result.peak_step}"
@@ -488,6 +489,9 @@ def train_main(args, session) -> int:
             result.stopped_at_epoch,
             config.loop.train_epochs,
         )
+    if not _task_suffix():  # the chief: its metrics.json holds the time account
+        metrics = files.read_json(files.join(args.model_dir, recorder.METRICS_FILE))
+        console.say("%s", recorder.time_account(metrics).one_line())
     print(json.dumps(result.summary()))
     return 0
 

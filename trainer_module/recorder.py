@@ -35,6 +35,13 @@ RUN_LOG_FILE = "run_log.jsonl"
 HISTORY_FILE = "history.json"
 METRICS_FILE = "metrics.json"
 CONFIG_FILE = "config.json"
+# metrics.json's time accounts (``effnet_common.goodput.TimeAccount.to_dict``): the training's, from its first
+# attempt's start to its end, which the trainer writes; the whole run's, from the command's or the pipeline
+# run's start to its push, which the pipeline's runner adds.
+TRAINING_ACCOUNT, RUN_ACCOUNT = "training_time_account", "time_account"
+# What a plan estimated for the run (``components.accelerators.planned``) and the hours its accelerators were
+# held (``held_hours``), which its runner adds.
+PLANNED = "planned"
 
 
 # What each TensorBoard scalar holds (TensorBoard shows it beside the chart). The training curves' points are
@@ -464,3 +471,20 @@ class Recorder:
         if self._chief:
             files.write_json(files.join(self._model_dir, METRICS_FILE), result.to_dict())
         return result
+
+
+def add_time_account(model_dir: str, key: str, account) -> None:
+    """Puts ``account`` (an ``effnet_common.goodput.TimeAccount``) into the run's metrics.json under ``key``
+    (``TRAINING_ACCOUNT`` or ``RUN_ACCOUNT``)."""
+    path = files.join(model_dir, METRICS_FILE)
+    metrics = files.read_json(path) if files.exists(path) else {}
+    metrics[key] = account.to_dict()
+    files.write_json(path, metrics)
+
+
+def time_account(metrics: dict):
+    """The run's account in ``metrics`` (a metrics.json's values), else the training's; None without one."""
+    from effnet_common import goodput
+
+    values = metrics.get(RUN_ACCOUNT) or metrics.get(TRAINING_ACCOUNT)
+    return goodput.TimeAccount.from_dict(values) if values else None

@@ -27,8 +27,8 @@ import statistics
 import textwrap
 import time
 
-from effnet_common import console
-from trainer_module import files
+from effnet_common import console, goodput
+from trainer_module import files, recorder, time_report
 from trainer_module.recorder import CONFIG_FILE, METRICS_FILE, RUN_LOG_FILE, read_run_log
 
 REPORT_FILE = "report.html"
@@ -108,17 +108,6 @@ class RunState:
     evidence: str
 
 
-def _process_started(pid: int) -> float | None:
-    """When process ``pid`` started (seconds since the epoch), by Linux's /proc; None where there is none."""
-    try:
-        with open(f"/proc/{pid}/stat") as stat, open("/proc/stat") as system:
-            ticks = int(stat.read().rpartition(")")[2].split()[19])
-            boot = next(int(line.split()[1]) for line in system if line.startswith("btime "))
-    except (OSError, ValueError, IndexError, StopIteration):
-        return None
-    return boot + ticks / os.sysconf("SC_CLK_TCK")
-
-
 def process_alive(pid: int, started_by: float) -> bool:
     """Whether process ``pid`` of this host runs and is the one that wrote at ``started_by`` (a process that
     started later reuses the number)."""
@@ -128,7 +117,7 @@ def process_alive(pid: int, started_by: float) -> bool:
         return False
     except PermissionError:
         pass  # another user's process: it exists
-    started = _process_started(pid)
+    started = goodput.process_started(pid)
     return started is None or started <= started_by + 1.0
 
 
@@ -582,6 +571,7 @@ def _captions(record: RunRecord) -> dict[str, str]:
         "are the values the run recorded.",
         "throughput": f"Training images/s of the steps between two points (every {every} steps), timed "
         "inside the compiled loop: tracing, compilation, evaluations and checkpoints are left out.",
+        "time": time_report.CAPTION,
         "loss": "Left: plain cross-entropy (no label smoothing, no L2) of the training batches and of the "
         "validation set, the comparable pair; training batches are augmented and pass dropout, so they can "
         "sit above evaluation. Right: the loss the gradient follows; label smoothing keeps it above its "
@@ -638,12 +628,20 @@ def render_html(
                 f"{profile['directory']} (TensorBoard's Profile tab, tensorboard-plugin-profile)",
             )
         )
+    account = recorder.time_account(metrics)
+    if account is not None:
+        summary.extend(time_report.summary_rows(account))
+        planned = metrics.get(recorder.PLANNED)
+        if planned:
+            summary.extend(time_report.plan_rows(planned, account, planned.get("held_hours")))
     for key, value in (pipeline or {}).items():
         summary.append((key, value))
     changed = changed_settings(record.config)
     captions = _captions(record)
     figures = []
-    for key, name in drawn.items():
+    # The time account's figure comes second, beside the accuracy's.
+    placed = sorted(drawn.items(), key=lambda item: 0.5 if item[0] == "time" else list(PLOTS).index(item[0]))
+    for key, name in placed:
         if name is None:
             figures.append(
                 f"<p>images/s: {console.plural(len(rates), 'point')} of the curve, too few to "
@@ -693,8 +691,19 @@ def write_report(model_dir: str, pipeline: dict | None = None) -> str:
         if png is not None:
             files.write_bytes(files.join(model_dir, PLOTS[key]), png)
     path = files.join(model_dir, REPORT_FILE)
-    files.write_text(path, render_html(record, state, drawn, pipeline))
+    files.write_text(path, render_html(record, state, {**drawn, **_time_drawn(record)}, pipeline))
     return path
+
+
+def _time_drawn(record: RunRecord) -> dict[str, str]:
+    """Draws the figure of the run's time account, when metrics.json has one: {'time': its file}, else {}.
+    Drawn at every writing of the report: the pipeline's runner adds the whole run's account after the
+    trainer wrote the training's."""
+    account = recorder.time_account(record.metrics or {})
+    if account is None or account.wall_seconds <= 0:
+        return {}
+    files.write_bytes(files.join(record.model_dir, time_report.PLOT), time_report.time_plot(account))
+    return {"time": time_report.PLOT}
 
 
 def add_pipeline_lines(model_dir: str, pipeline: dict) -> str:
@@ -707,7 +716,7 @@ def add_pipeline_lines(model_dir: str, pipeline: dict) -> str:
     if not files.exists(path) or any(name is None for key, name in drawn.items() if key != "throughput"):
         return write_report(model_dir, pipeline)
     record = RunRecord.read(model_dir)
-    files.write_text(path, render_html(record, run_state(record), drawn, pipeline))
+    files.write_text(path, render_html(record, run_state(record), {**drawn, **_time_drawn(record)}, pipeline))
     return path
 
 
@@ -715,7 +724,7 @@ def self_contained_report(model_dir: str) -> str:
     """``report.html`` of ``model_dir`` with its plots inlined as ``data:`` URIs: one file that shows whole
     where nothing beside it can be fetched (a pipeline run page's HTML view, which renders the file alone)."""
     text = files.read_text(files.join(model_dir, REPORT_FILE))
-    for name in PLOTS.values():
+    for name in [*PLOTS.values(), time_report.PLOT]:
         source = f'src="{name}"'
         path = files.join(model_dir, name)
         if source in text and files.exists(path):

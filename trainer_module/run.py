@@ -9,12 +9,14 @@ import dataclasses
 import logging
 import shutil
 import tempfile
+import time
 
 import tensorflow as tf
 
-from trainer_module import export, report, resolve, train
+from trainer_module import export, goodput_log, recorder, report, resolve, train
 from trainer_module.data import input_pipeline
 from trainer_module.distribute import strategies
+from trainer_module.goodput_log import GoodputLog
 from trainer_module.recorder import RunResult
 from trainer_module.resolve import ResolvedRun
 
@@ -64,6 +66,7 @@ def run(
     eval_files: list[str],
     paths: train.RunPaths,
     devices: list[str] | None = None,
+    started: float | None = None,
 ) -> RunResult:
     """Trains, evaluates in the loop, writes metrics.json, exports the SavedModel and writes the run report
     (``report.html`` beside metrics.json); returns the result.
@@ -73,43 +76,53 @@ def run(
     hyperparameter search (``resolved.tuned``) are listed as such in config.json and the report. A truncated
     run (``loop.stop_at_epoch``) exports nothing: its weights are not the end of their schedule; nor does a
     run whose paths say so (``RunPaths.exports``: a search's trial).
+
+    The attempt's goodput record (``trainer_module.goodput_log``) starts at ``started`` (a command's process
+    start: its imports count) or now, and the training's time account goes into metrics.json.
     """
+    entered = time.time()
     logging.getLogger("trainer_module").setLevel(logging.INFO)
     resolved = resolved.with_data(resolve.data_sizes(train_files, eval_files))
     config = resolved.config
+    timeline = GoodputLog(paths.checkpoint_dir, started or entered, entered)
     size_thread_pools(config.loop.cpu_threads)
-    strategy = strategies.build_strategy(config, devices)
+    with timeline.timed("TPU_INITIALIZATION"):
+        strategy = strategies.build_strategy(config, devices)
+    timeline.chief = chief = train.is_chief(strategy)
     result, trainer = train.train_and_evaluate(
-        config, train_files, eval_files, paths, strategy, tuned=dict(resolved.tuned)
+        config, train_files, eval_files, paths, strategy, tuned=dict(resolved.tuned), timeline=timeline
     )
+    if result.stopped_at_epoch is None and paths.exports:
+        with timeline.timed("EXPORT"):
+            result = _export(config, trainer, result, train_files, paths, chief)
+    if chief:
+        with timeline.timed("REPORT"):
+            path = report.write_report(paths.model_dir)
+    timeline.job_ended()
+    if chief:
+        # The report's own time is part of the account; the account joins the report once known.
+        account = goodput_log.account(paths.checkpoint_dir)
+        recorder.add_time_account(paths.model_dir, recorder.TRAINING_ACCOUNT, account)
+        report.add_pipeline_lines(paths.model_dir, {})
+        logger.info("report: %s", path)
+    return result
+
+
+def _export(config, trainer, result: RunResult, train_files, paths: train.RunPaths, chief: bool) -> RunResult:
+    """Writes the SavedModel of the averaged weights, as evaluated; returns the result naming it."""
     plan = config.plan
-    if result.stopped_at_epoch is not None or not paths.exports:
-        if train.is_chief(strategy):
-            logger.info("report: %s", report.write_report(paths.model_dir))
-        return result
     classes = input_pipeline.shard_classes(input_pipeline.list_files(train_files))  # the answers' names
-    with trainer.evaluation_weights():  # export the averaged weights, as evaluated
-        if train.is_chief(strategy):
-            export.export_saved_model(
-                trainer.model,
-                plan.input_size,
-                paths.resolved_export_dir,
-                plan.eval_crop_padding_pixels,
-                config.data.clip_resized,
-                classes,
-            )
-        else:
-            # Under MultiWorkerMirroredStrategy every worker takes part in saving; the chief's copy is kept.
-            scratch = tempfile.mkdtemp(prefix="export-worker-")
-            export.export_saved_model(
-                trainer.model,
-                plan.input_size,
-                scratch,
-                plan.eval_crop_padding_pixels,
-                config.data.clip_resized,
-                classes,
-            )
-            shutil.rmtree(scratch, ignore_errors=True)
-    if train.is_chief(strategy):
-        logger.info("report: %s", report.write_report(paths.model_dir))
+    # Under MultiWorkerMirroredStrategy every worker takes part in saving; the chief's copy is kept.
+    directory = paths.resolved_export_dir if chief else tempfile.mkdtemp(prefix="export-worker-")
+    with trainer.evaluation_weights():
+        export.export_saved_model(
+            trainer.model,
+            plan.input_size,
+            directory,
+            plan.eval_crop_padding_pixels,
+            config.data.clip_resized,
+            classes,
+        )
+    if not chief:
+        shutil.rmtree(directory, ignore_errors=True)
     return dataclasses.replace(result, export_dir=paths.resolved_export_dir)

@@ -89,8 +89,31 @@ def run_fn(fn_args) -> None:
         export_dir=fn_args.serving_model_dir,
         checkpoints=checkpoints,
     )
-    result = run.run(resolved, train_files, eval_files, paths)
+    result = run.run(resolved, train_files, eval_files, paths, started=_process_start())
     logger.info("trainer finished: peak top-1 %s, final top-1 %s", result.peak_top1, result.final_top1)
+
+
+# The entry points of a process that runs one TFX executor (a container of a Vertex or Kubeflow step, a TPU
+# VM's worker): the Trainer's time starts with the process. Elsewhere (the local runner's pipeline, a test)
+# the process ran other things first: the Trainer's time starts with ``run_fn``.
+EXECUTOR_ENTRY_POINTS = (
+    "tfx.scripts.run_executor",
+    "tfx.orchestration.kubeflow.v2.container.kubeflow_v2_run_executor",
+    "components.run_page",
+)
+
+
+def _process_start() -> float | None:
+    """The process's start when it runs this executor alone, else None."""
+    import os
+    import sys
+
+    from effnet_common import goodput
+
+    spec = getattr(sys.modules.get("__main__"), "__spec__", None)
+    if spec is None or spec.name not in EXECUTOR_ENTRY_POINTS:
+        return None
+    return goodput.process_started(os.getpid())
 
 
 def tuner_fn(fn_args):

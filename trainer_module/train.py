@@ -31,6 +31,7 @@ from trainer_module import files
 from trainer_module.config import TrainerConfig
 from trainer_module.data import input_pipeline, release
 from trainer_module.distribute.batchnorm import GroupedBatchNormalization
+from trainer_module.goodput_log import GoodputLog
 from trainer_module.models.efficientnet import efficientnet
 from trainer_module.optim import optimizers, schedules
 from trainer_module.optim.averaging import WeightAverage, averaged_variables
@@ -441,6 +442,7 @@ def train_and_evaluate(
     paths: RunPaths,
     strategy: tf.distribute.Strategy,
     tuned: dict | None = None,
+    timeline: GoodputLog | None = None,
 ) -> tuple[RunResult, Trainer]:
     """Trains with in-loop evaluation until the target top-1 or the epoch budget; returns the result.
 
@@ -450,12 +452,30 @@ def train_and_evaluate(
       paths: where checkpoints, logs, TensorBoard summaries, metrics.json and the export go.
       strategy: the strategy built by ``trainer_module.distribute.strategies.build_strategy``.
       tuned: the settings of ``config`` that came from a hyperparameter search, recorded in config.json.
+      timeline: the attempt's goodput record (``trainer_module.goodput_log``); one starting now if None.
     """
+    if timeline is None:
+        timeline = GoodputLog(paths.checkpoint_dir, time.time())
+        timeline.chief = is_chief(strategy)
     with op_determinism(config.loop.deterministic):
-        return _train_and_evaluate(config, train_files, eval_files, paths, strategy, tuned)
+        with timeline.timed("TRAINING_PREP"):
+            prepared = _prepare(config, train_files, eval_files, paths, strategy, tuned)
+        return _train_and_evaluate(config, paths, strategy, prepared, timeline)
 
 
-def _train_and_evaluate(config, train_files, eval_files, paths, strategy, tuned) -> tuple[RunResult, Trainer]:
+@dataclasses.dataclass
+class _Prepared:
+    """What the training loop starts from: the recorder, the model and its optimizer (restored), the
+    checkpoint manager, the inputs and the step."""
+
+    recorder: Recorder
+    trainer: Trainer
+    manager: tf.train.CheckpointManager
+    inputs: RunInputs
+    step: int
+
+
+def _prepare(config, train_files, eval_files, paths, strategy, tuned) -> _Prepared:
     plan = config.plan
     chief = is_chief(strategy)
     task_dir = _task_dir(paths, strategy)
@@ -479,8 +499,6 @@ def _train_and_evaluate(config, train_files, eval_files, paths, strategy, tuned)
         recorder.resume(step)
     recorder.write_config(config.to_json(), plan.to_dict(), tuned)
     inputs = RunInputs.build(config, train_files, eval_files, strategy, step, recorder)
-
-    target = config.loop.target_top1
     recorder.event(
         "start",
         step=step,
@@ -492,12 +510,17 @@ def _train_and_evaluate(config, train_files, eval_files, paths, strategy, tuned)
         eval_steps=inputs.eval_plan.steps,
     )
     recorder.flush()
+    return _Prepared(recorder, trainer, manager, inputs, step)
+
+
+def _train_and_evaluate(config, paths, strategy, prepared: _Prepared, timeline: GoodputLog):
+    plan, recorder, trainer, inputs = config.plan, prepared.recorder, prepared.trainer, prepared.inputs
     loop_start = time.time() - float(trainer.elapsed.numpy())
     loop = config.loop
     profiler = StepProfiler(loop.profile_from_step, loop.profile_steps, paths.resolved_tensorboard_dir)
     try:
         with recorder.interruptions():
-            step = _train_loop(config, trainer, inputs, recorder, manager, profiler, step, loop_start)
+            step = _train_loop(config, prepared, profiler, loop_start, timeline)
     finally:
         profiler.close()
     inputs.release_training_stream()
@@ -509,7 +532,7 @@ def _train_and_evaluate(config, train_files, eval_files, paths, strategy, tuned)
         recorder.event("stopped", step=step, epoch=stopped_at_epoch, train_epochs=config.loop.train_epochs)
     return (
         recorder.finish(
-            target,
+            config.loop.target_top1,
             replicas=strategy.num_replicas_in_sync,
             eval_examples=inputs.eval_plan.num_examples,
             allreduce=measure_allreduce_seconds(trainer),
@@ -519,9 +542,12 @@ def _train_and_evaluate(config, train_files, eval_files, paths, strategy, tuned)
     )
 
 
-def _train_loop(config, trainer, inputs, recorder, manager, profiler, step, loop_start) -> int:
-    """Trains and evaluates from ``step`` to the run's stop (or its target); returns the step it ended at."""
+def _train_loop(config, prepared: _Prepared, profiler, loop_start, timeline: GoodputLog) -> int:
+    """Trains and evaluates from the prepared step to the run's stop (or its target); returns the step it
+    ended at."""
     plan, target = config.plan, config.loop.target_top1
+    recorder, trainer, manager = prepared.recorder, prepared.trainer, prepared.manager
+    inputs, step = prepared.inputs, prepared.step
     while step < plan.stop_step and not recorder.peak_reached(target):
         next_eval = plan.next_eval_step(step)
         while step < next_eval:
@@ -530,6 +556,7 @@ def _train_loop(config, trainer, inputs, recorder, manager, profiler, step, loop
             started = time.time()
             records = _labels_checked(config, trainer.train_loop, inputs.train, tf.constant(num))
             call = TrainingCall.of(step + num, time.time() - started, records)
+            timeline.training_call(call, started)
             non_finite = call.first_non_finite()
             if non_finite is not None:
                 bad_step, loss = non_finite
@@ -545,13 +572,14 @@ def _train_loop(config, trainer, inputs, recorder, manager, profiler, step, loop
             traced = profiler.after(step)
             if traced:
                 recorder.profiled(traced, profiler.first, step)
-        with trainer.evaluation_weights():
+        with timeline.timed("EVAL"), trainer.evaluation_weights():
             result = _evaluate(trainer, inputs.evaluation, inputs.eval_plan, config)
         trainer.elapsed.assign(time.time() - loop_start)
         recorder.evaluation(step, float(trainer.elapsed.numpy()), result)
-        # The history goes first: if the run dies between the two, the resumed run redoes this evaluation.
-        recorder.flush()
-        _save(manager, step)
+        with timeline.timed("CHECKPOINT_SAVE"):
+            # The history goes first: if the run dies between the two, the resumed run redoes this evaluation.
+            recorder.flush()
+            _save(manager, step)
     return step
 
 
