@@ -114,9 +114,12 @@ def evaluator_metrics(evaluation_uri: str, blessing_uri: str, target_top1: float
 def write_report(model_run_uri: str, uri: str) -> None:
     """The run report, self-contained, as the file at ``uri``; a run without a report (it failed before
     writing one) gets a page that says so."""
-    from trainer_module import files, report
+    from trainer_module import files, recorder, report
 
     if files.exists(files.join(model_run_uri, report.REPORT_FILE)):
+        if recorder.read_time_account(model_run_uri, recorder.RUN_ACCOUNT) is not None:
+            # Drawn again: the step added its time account and plan after the trainer wrote the report.
+            report.add_pipeline_lines(model_run_uri, {})
         page = report.self_contained_report(model_run_uri)
     else:
         page = f"<!doctype html><p>The training run in {model_run_uri} wrote no report.</p>"

@@ -27,7 +27,7 @@ from tfx.dsl.components.base import base_executor, executor_spec
 from tfx.types import artifact_utils, component_spec, standard_component_specs
 from tfx.utils import json_utils, name_utils
 
-from components import beam_executor, evaluation_results, run_label, vertex_training
+from components import beam_executor, evaluation_results, run_label, trainer_account, vertex_training
 from components import tfx_api as tfx
 from components.parameters import TARGET_TOP1_KEY, TOP1_METRIC, TRAIN_EPOCHS_KEY
 from effnet_common import cloud_retry
@@ -115,18 +115,23 @@ class TrainerExecutor(trainer_executor.GenericExecutor):
 
 def run_timeout(input_dict, exec_properties: dict[str, Any], custom_config: dict) -> int | None:
     """The training (or tuning) job's timeout for the run this execution trains: the compiled ``TimeoutRule``
-    applied to its config (the run's epochs folded in) with the epoch of its shards' manifest, as the trainer
-    will train it. None when the pipeline was compiled without a rule."""
+    applied to its config (``run_config``). None when the pipeline was compiled without a rule."""
     rule = vertex_training.TimeoutRule.from_config(custom_config)
     if rule is None:
         return None
+    return rule.seconds(run_config(input_dict, exec_properties))
+
+
+def run_config(input_dict, exec_properties: dict[str, Any]):
+    """The trainer config this execution trains: the run's epochs folded in, the epoch of its shards'
+    manifest, as the trainer will train it."""
     from tfx.components.trainer import fn_args_utils
 
     from trainer_module import resolve, tfx_trainer
 
     fn_args = fn_args_utils.get_common_fn_args(input_dict, exec_properties)
     run = resolve.ResolvedRun(tfx_trainer.config_from_fn_args(fn_args))
-    return rule.seconds(run.with_data(resolve.data_sizes(fn_args.train_files, fn_args.eval_files)).config)
+    return run.with_data(resolve.data_sizes(fn_args.train_files, fn_args.eval_files)).config
 
 
 def labelled_with_run(
@@ -172,9 +177,15 @@ class VertexTrainerExecutor(base_executor.BaseExecutor):
             timeout_seconds=run_timeout(input_dict, properties, custom_config),
         )
         job = vertex_training.run_job(request, patience=cloud_retry.take_patience(self._extra_flags or [])[0])
-        if output_dict.get(standard_component_specs.MODEL_RUN_KEY):
-            model_run = artifact_utils.get_single_uri(output_dict[standard_component_specs.MODEL_RUN_KEY])
-            vertex_training.add_step_account(model_run, job, entered)
+        if output_dict.get(standard_component_specs.MODEL_RUN_KEY) and vertex_training.held_hours(job):
+            rule = vertex_training.TimeoutRule.from_config(custom_config)
+            trainer_account.add_step_account(
+                artifact_utils.get_single_uri(output_dict[standard_component_specs.MODEL_RUN_KEY]),
+                entered,
+                lambda training: vertex_training.job_spans(job, training),
+                rule.planned(run_config(input_dict, properties)) if rule else None,
+                vertex_training.held_hours(job),
+            )
 
 
 class EvaluatorExecutor(

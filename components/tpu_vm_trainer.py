@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import time
 
 from tfx.dsl.components.base import base_executor, executor_spec
 from tfx.types import standard_component_specs
 from tfx.utils import json_utils, name_utils
 
-from components import run_label, runtime_gate, vertex_training
+from components import run_label, runtime_gate, trainer_account, vertex_training
 from effnet_common import cloud_retry
 
 
@@ -26,9 +27,10 @@ class TpuVmTrainerExecutor(base_executor.BaseExecutor):
     training ends, fails, or this task is stopped, and a retried task re-attaches to its slice."""
 
     def Do(self, input_dict, output_dict, exec_properties):  # noqa: N802 - TFX's executor interface
+        entered = time.time()
         from tfx.types import artifact_utils
 
-        from components import slice_files, tpu_slices, tpu_vm, tpu_worker
+        from components import accelerators, slice_files, tpu_slices, tpu_vm, tpu_worker
 
         properties = runtime_gate.with_trainer_parameters(exec_properties)  # a bad value fails before a slice
         custom_config = json_utils.loads(properties[standard_component_specs.CUSTOM_CONFIG_KEY])
@@ -57,6 +59,15 @@ class TpuVmTrainerExecutor(base_executor.BaseExecutor):
             runtime_version=tpu_slices.POD_RUNTIME,
         )
         tpu_vm.run_slice(request, patience=cloud_retry.take_patience(self._extra_flags or [])[0])
+        config = runtime_gate.run_config(input_dict, properties)
+        spot = settings.tier == "spot"
+        trainer_account.add_step_account(
+            model_run.uri,
+            entered,
+            lambda training: tpu_vm.time_spans(model_run.uri)[0],
+            accelerators.planned(config, accelerators.get(settings.accelerator), spot=spot),
+            tpu_vm.time_spans(model_run.uri)[1],
+        )
 
 
 class TpuVmTrainer(runtime_gate.Trainer):

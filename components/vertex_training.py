@@ -73,6 +73,12 @@ class TimeoutRule:
         values = custom_config.get(TIMEOUT_KEY)
         return cls(**values) if values else None
 
+    def planned(self, trainer_config) -> dict:
+        """What ``--plan`` estimates for ``trainer_config`` on this rule's machines."""
+        from components import accelerators
+
+        return accelerators.planned(trainer_config, accelerators.get(self.accelerator, self.machines))
+
     def seconds(self, trainer_config) -> int:
         """The timeout of a job training ``trainer_config`` (the same estimate ``--plan`` prints)."""
         from components import accelerators
@@ -290,39 +296,30 @@ def _unended(client, request: JobRequest) -> list[CustomJob]:
     return [CustomJob(client, job.name) for job in jobs if job.state.name not in ENDED]
 
 
-def add_step_account(model_run_uri: str, job, entered: float) -> None:
-    """The Trainer step's time account, into the run's metrics.json (``recorder.RUN_ACCOUNT``, which the run
-    page's metrics show): from this process's start (or the job's creation, by a killed earlier attempt of the
-    task) to now, the job's time from its creation to its first RUNNING (``create_time`` to ``start_time``:
-    queued and provisioned), its replica's start-up before the training's first attempt (image pull,
-    container start), the training's own parts, the job's end after the training's, and this step's own time
-    around the job. Nothing for a job that never ran (no ``start_time``) or a training that wrote no
-    account."""
-    import os
-
+def job_spans(job, training) -> list:
+    """The time account's spans of a custom job around its training (``training``, the trainer's
+    ``effnet_common.goodput.TimeAccount``): created to first RUNNING (``create_time`` to ``start_time``:
+    queued and provisioned), then to the training's start (image pull, container start), and from the
+    training's end to the job's (``end_time``). [] for a job that never ran (no ``start_time``)."""
     from effnet_common import goodput
-    from trainer_module import files, recorder
 
     created, running, ended = (
         _seconds(getattr(job, key, None)) for key in ("create_time", "start_time", "end_time")
     )
-    path = files.join(model_run_uri, recorder.METRICS_FILE)
-    if running is None or not files.exists(path):
-        return
-    metrics = files.read_json(path)
-    if not metrics.get(recorder.TRAINING_ACCOUNT):
-        return
-    training = goodput.TimeAccount.from_dict(metrics[recorder.TRAINING_ACCOUNT])
-    now = time.time()
-    started = min(goodput.process_started(os.getpid()) or entered, created or entered)
-    spans = [goodput.Span(started, now, "TRAINER_STEP"), *training.spans]
+    if running is None:
+        return []
+    spans = [goodput.Span(running, training.start, "WORKER_SETUP")]
     if created:
         spans.append(goodput.Span(created, running, "PROVISIONING"))
-    spans.append(goodput.Span(running, training.start, "WORKER_SETUP"))
     if ended:
         spans.append(goodput.Span(training.end, ended, "TEARDOWN"))
-    account = goodput.TimeAccount.of(spans, started, now, training.disrupted)
-    recorder.add_time_account(model_run_uri, recorder.RUN_ACCOUNT, account)
+    return spans
+
+
+def held_hours(job) -> float | None:
+    """The hours the job held its machines: from its first RUNNING to its end."""
+    running, ended = _seconds(getattr(job, "start_time", None)), _seconds(getattr(job, "end_time", None))
+    return (ended - running) / 3600 if running and ended else None
 
 
 def _seconds(timestamp) -> float | None:

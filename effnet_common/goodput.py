@@ -36,6 +36,7 @@ time, so every second of the wall time belongs to one part and the parts add up 
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import heapq
 import itertools
@@ -229,12 +230,12 @@ def training(attempts: Sequence[Attempt]) -> Training:
         if disrupted:
             disruptions.append((later.start, len(wasted)))
             spans.append(Span(attempt.steps[-1][1], later.start, "INFRASTRUCTURE_RECOVERY_FROM_DISRUPTION"))
-        kept = [g for g in gaps if g not in wasted]
+        kept = [g for g in gaps if not (disrupted and g[0] >= restart)]
         spans.extend(Span(begin, end, "WASTED_PROGRESS_FROM_DISRUPTION") for _, begin, end in wasted)
         spans.extend(_merged(Span(begin, end, GOODPUT) for _, begin, end in kept))
         if len(kept) > 1:
             # The first step's excess over the mean step, both without the events inside their gaps.
-            steps_only = [_without_events(begin, end, attempt.spans) for _, begin, end in kept]
+            steps_only = _without_events(kept, attempt.spans)
             excess = steps_only[0] - sum(steps_only[1:]) / (len(kept) - 1)
             if excess > 0:
                 spans.append(Span(kept[0][1], kept[0][1] + excess, "PROGRAM_STARTUP"))
@@ -243,10 +244,15 @@ def training(attempts: Sequence[Attempt]) -> Training:
     return Training(tuple(spans), tuple(disruptions), start, end)
 
 
-def _without_events(begin: float, end: float, events: Sequence[Span]) -> float:
-    """A step gap's seconds less those of the events wholly inside it."""
-    inside = sum(e.seconds for e in events if begin <= e.start and e.end <= end)
-    return max(0.0, end - begin - inside)
+def _without_events(gaps: list[tuple[int, float, float]], events: Sequence[Span]) -> list[float]:
+    """Each step gap's seconds (the gaps in time order) less those of the events wholly inside it."""
+    seconds = [end - begin for _, begin, end in gaps]
+    begins = [begin for _, begin, _ in gaps]
+    for event in events:
+        index = bisect.bisect_right(begins, event.start) - 1
+        if index >= 0 and event.end <= gaps[index][2]:
+            seconds[index] -= event.seconds
+    return [max(0.0, value) for value in seconds]
 
 
 def _merged(spans: Iterable[Span]) -> list[Span]:

@@ -365,8 +365,6 @@ def run(args, session: console.Session) -> int:
         console.say("%s", line)
     trained = bool(result.model_run_uri) and local_steps.TRAINER not in steps.cached
     account = _account(root, name, record, result.model_run_uri if trained else None)
-    if trained and rehearsal is not None:
-        _add_plan(result.model_run_uri, resolved.trainer_config, args.rehearse_slice)
     report_path = tensorboard = None
     if result.model_run_uri:
         from trainer_module import report
@@ -403,18 +401,6 @@ def _account(root: str, name: str, record, model_run_uri: str | None) -> goodput
     if model_run_uri:
         recorder.add_time_account(model_run_uri, recorder.RUN_ACCOUNT, account)
     return account
-
-
-def _add_plan(model_run_uri: str, config, accelerator: str) -> None:
-    """A rehearsed slice's run: what ``--plan`` estimates on that slice, and the hours the slices were held,
-    into metrics.json, for the report to put beside what the run measured."""
-    from components import accelerators, tpu_vm
-    from trainer_module import files, recorder
-
-    planned = accelerators.planned(config, accelerators.get(accelerator))
-    planned["held_hours"] = tpu_vm.time_spans(model_run_uri)[1]
-    path = files.join(model_run_uri, recorder.METRICS_FILE)
-    files.write_json(path, {**files.read_json(path), recorder.PLANNED: planned})
 
 
 if __name__ == "__main__":

@@ -324,6 +324,10 @@ def test_the_run_page_gets_the_trainers_and_evaluators_metrics_and_the_report(lo
         page = f.read()
     assert page.startswith("<!doctype html>")
     assert "data:image/png;base64," in page and 'src="report_' not in page
+    # Drawn again with the step's account and the plan on the run's machine beside what was measured.
+    assert "goodput (training steps that count" in page and "time: plan / measured" in page
+    planned = result["planned"]  # the estimate on the compiled accelerator, and the hours the job held it
+    assert planned["hours"] > 0 and planned["held_hours"] > 0 and planned["accelerator"] == "cpu"
 
 
 @pytest.mark.slow

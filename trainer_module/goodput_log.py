@@ -41,7 +41,8 @@ class GoodputLog:
         name = f"{int(job_start * 1000)}-{socket.gethostname()}-{os.getpid()}.jsonl"
         self.path = files.join(directory, GOODPUT_DIR, name)
         self.chief = True  # only the chief writes; set once the strategy says who it is
-        self._records: list[dict] = [{goodput.JOB_START: job_start}]
+        self._lines: list[str] = []  # the records written so far, one JSON line each
+        self._add({goodput.JOB_START: job_start})
         if entered is not None and entered > job_start:
             self.span("COMMAND_STARTUP", job_start, entered)
 
@@ -52,7 +53,7 @@ class GoodputLog:
             record = {key: at}
             if kind == "custom":
                 record[goodput.CUSTOM_EVENT] = part
-            self._records.append(record)
+            self._add(record)
 
     @contextlib.contextmanager
     def timed(self, part: str) -> Iterator[None]:
@@ -72,16 +73,19 @@ class GoodputLog:
         first = call.end_step - call.num_steps
         starts = [started] + [ended - float(call.time[-1] - t) for t in call.time[:-1]]
         for index, start in enumerate([*starts, ended]):
-            self._records.append({goodput.STEP_COUNT: first + index, goodput.STEP_START: start})
+            self._add({goodput.STEP_COUNT: first + index, goodput.STEP_START: start})
         self.flush()
 
     def job_ended(self, at: float | None = None) -> None:
-        self._records.append({goodput.JOB_END: at or time.time()})
+        self._add({goodput.JOB_END: at or time.time()})
         self.flush()
 
     def flush(self) -> None:
         if self.chief:
-            files.write_text(self.path, "".join(json.dumps(r) + "\n" for r in self._records))
+            files.write_text(self.path, "".join(self._lines))
+
+    def _add(self, record: dict) -> None:
+        self._lines.append(json.dumps(record) + "\n")
 
 
 def read_attempts(directory: str) -> list[goodput.Attempt]:

@@ -476,10 +476,23 @@ class Recorder:
 def add_time_account(model_dir: str, key: str, account) -> None:
     """Puts ``account`` (an ``effnet_common.goodput.TimeAccount``) into the run's metrics.json under ``key``
     (``TRAINING_ACCOUNT`` or ``RUN_ACCOUNT``)."""
+    add_to_metrics(model_dir, {key: account.to_dict()})
+
+
+def add_to_metrics(model_dir: str, values: dict) -> None:
+    """Adds ``values`` (time accounts, ``PLANNED``) to the run's metrics.json, the file rewritten whole."""
     path = files.join(model_dir, METRICS_FILE)
     metrics = files.read_json(path) if files.exists(path) else {}
-    metrics[key] = account.to_dict()
-    files.write_json(path, metrics)
+    files.write_json(path, {**metrics, **values})
+
+
+def read_time_account(model_dir: str, key: str):
+    """The account under ``key`` in the run's metrics.json, or None (no file, or no such account)."""
+    from effnet_common import goodput
+
+    path = files.join(model_dir, METRICS_FILE)
+    values = files.read_json(path).get(key) if files.exists(path) else None
+    return goodput.TimeAccount.from_dict(values) if values else None
 
 
 def time_account(metrics: dict):
