@@ -177,15 +177,9 @@ class VertexTrainerExecutor(base_executor.BaseExecutor):
             timeout_seconds=run_timeout(input_dict, properties, custom_config),
         )
         job = vertex_training.run_job(request, patience=cloud_retry.take_patience(self._extra_flags or [])[0])
-        if output_dict.get(standard_component_specs.MODEL_RUN_KEY) and vertex_training.held_hours(job):
-            rule = vertex_training.TimeoutRule.from_config(custom_config)
-            trainer_account.add_step_account(
-                artifact_utils.get_single_uri(output_dict[standard_component_specs.MODEL_RUN_KEY]),
-                entered,
-                lambda training: vertex_training.job_spans(job, training),
-                rule.planned(run_config(input_dict, properties)) if rule else None,
-                vertex_training.held_hours(job),
-            )
+        if output_dict.get(standard_component_specs.MODEL_RUN_KEY):
+            model_run = artifact_utils.get_single_uri(output_dict[standard_component_specs.MODEL_RUN_KEY])
+            trainer_account.after_vertex_job(model_run, entered, job, input_dict, properties, custom_config)
 
 
 class EvaluatorExecutor(

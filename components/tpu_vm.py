@@ -14,12 +14,13 @@ creates, follows and deletes it as it does every cloud resource of the project.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import logging
 import time
 
 from components import slice_files
-from effnet_common import cloud_retry, follower
+from effnet_common import cloud_retry, follower, goodput
 from effnet_common.task_signals import StopSignals
 
 logger = logging.getLogger("components.tpu_vm")
@@ -361,38 +362,54 @@ class SliceStates:
         last = next((s["state"] for s in reversed(self.seen) if s["attempt"] == attempt), None)
         if state != last:
             self.seen.append({"attempt": attempt, "state": state, "time": time.time()})
-            slice_files.write_states(self.status_dir, self.seen)
+            with goodput.best_effort(f"the slice's states in {self.status_dir}"):
+                slice_files.write_states(self.status_dir, self.seen)
 
 
 # The run's time account's part for the time a slice spends in a state (``time_spans``): the queue, its
-# provisioning, its workers' set-up up to the trainer's start (the trainer's own parts take over from there),
-# and its deletion. A lost slice's time is the recovery the training's account measures.
+# provisioning, and its deletion once trained. While it is ACTIVE, its workers' set-up up to the trainer's
+# start and its end after the trainer's; the trainer's own parts in between. A lost slice's time is the
+# recovery the training's account measures.
 _STATE_PARTS = {
     "WAITING_FOR_RESOURCES": "WAITING_FOR_CAPACITY",
     **{state: "PROVISIONING" for state in ("STATE_UNSPECIFIED", "CREATING", "ACCEPTED", "PROVISIONING")},
-    ACTIVE: "WORKER_SETUP",
     TRAINED: "TEARDOWN",
 }
 
 
-def time_spans(status_dir: str) -> tuple[list, float]:
-    """The time account's spans of the slices of the step whose status directory is ``status_dir``
-    (``effnet_common.goodput.Span``), and the hours the slices were held (from ACTIVE to deleted, what
-    they bill): ([], 0.0) for a step that ran none."""
-    from effnet_common import goodput
+def time_spans(status_dir: str, training=None) -> list:
+    """The time account's spans (``effnet_common.goodput.Span``) of the slices of the step whose status
+    directory is ``status_dir``, around ``training`` (the trainer's ``TimeAccount``: its attempts say when the
+    trainer ran on each slice); [] for a step that ran none."""
+    attempts = training.attempts if training is not None else ()
+    spans = []
+    for states in _states_by_attempt(status_dir):
+        for state, following in itertools.pairwise(states):
+            begin, end = state["time"], following["time"]
+            if state["state"] == ACTIVE:
+                ran = [(start, last) for start, last in attempts if begin <= start <= end]
+                setup_end = ran[0][0] if ran else end
+                spans.append(goodput.Span(begin, setup_end, "WORKER_SETUP"))
+                if ran:
+                    spans.append(goodput.Span(min(ran[-1][1], end), end, "TEARDOWN"))
+            elif state["state"] in _STATE_PARTS:
+                spans.append(goodput.Span(begin, end, _STATE_PARTS[state["state"]]))
+    return spans
 
-    spans, held = [], 0.0
-    seen = slice_files.read_states(status_dir)
-    for attempt in sorted({s["attempt"] for s in seen}):
-        states = [s for s in seen if s["attempt"] == attempt]
-        for state, following in zip(states, states[1:], strict=False):
-            part = _STATE_PARTS.get(state["state"])
-            if part is not None:
-                spans.append(goodput.Span(state["time"], following["time"], part))
+
+def held_hours(status_dir: str) -> float:
+    """The hours the step's slices were held: from ACTIVE to deleted, what they bill."""
+    held = 0.0
+    for states in _states_by_attempt(status_dir):
         active = next((s["time"] for s in states if s["state"] == ACTIVE), None)
         if active is not None:
             held += states[-1]["time"] - active
-    return spans, held / 3600
+    return held / 3600
+
+
+def _states_by_attempt(status_dir: str) -> list[list[dict]]:
+    seen = slice_files.read_states(status_dir)
+    return [[s for s in seen if s["attempt"] == attempt] for attempt in sorted({s["attempt"] for s in seen})]
 
 
 class _Progress:

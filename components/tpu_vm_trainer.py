@@ -30,7 +30,7 @@ class TpuVmTrainerExecutor(base_executor.BaseExecutor):
         entered = time.time()
         from tfx.types import artifact_utils
 
-        from components import accelerators, slice_files, tpu_slices, tpu_vm, tpu_worker
+        from components import slice_files, tpu_slices, tpu_vm, tpu_worker
 
         properties = runtime_gate.with_trainer_parameters(exec_properties)  # a bad value fails before a slice
         custom_config = json_utils.loads(properties[standard_component_specs.CUSTOM_CONFIG_KEY])
@@ -59,15 +59,7 @@ class TpuVmTrainerExecutor(base_executor.BaseExecutor):
             runtime_version=tpu_slices.POD_RUNTIME,
         )
         tpu_vm.run_slice(request, patience=cloud_retry.take_patience(self._extra_flags or [])[0])
-        config = runtime_gate.run_config(input_dict, properties)
-        spot = settings.tier == "spot"
-        trainer_account.add_step_account(
-            model_run.uri,
-            entered,
-            lambda training: tpu_vm.time_spans(model_run.uri)[0],
-            accelerators.planned(config, accelerators.get(settings.accelerator), spot=spot),
-            tpu_vm.time_spans(model_run.uri)[1],
-        )
+        trainer_account.after_slice(model_run.uri, entered, settings, input_dict, properties)
 
 
 class TpuVmTrainer(runtime_gate.Trainer):

@@ -52,3 +52,33 @@ def add_step_account(
         values[recorder.PLANNED] = {**planned, "held_hours": held_hours}
     recorder.add_to_metrics(model_run_uri, values)
     return account
+
+
+def after_vertex_job(
+    model_run_uri: str, entered: float, job, input_dict, exec_properties, custom_config
+) -> None:
+    """The account of a Trainer step that ran a Vertex AI custom job (``vertex_training.run_job``'s job), and
+    the plan on its compiled machines (``vertex_training.TimeoutRule``); a job that never ran has none."""
+    from components import runtime_gate, vertex_training
+
+    with goodput.best_effort("the Trainer step's time account"):
+        held = vertex_training.held_hours(job)
+        if held is None:
+            return
+        rule = vertex_training.TimeoutRule.from_config(custom_config)
+        planned = rule.planned(runtime_gate.run_config(input_dict, exec_properties)) if rule else None
+        around = lambda training: vertex_training.job_spans(job, training)  # noqa: E731
+        add_step_account(model_run_uri, entered, around, planned, held)
+
+
+def after_slice(model_run_uri: str, entered: float, settings, input_dict, exec_properties) -> None:
+    """The account of a Trainer step that ran a TPU VM slice (``tpu_vm.SliceSettings``), with the slices'
+    states around the training, and the plan on the slice (a reserved slice priced as on demand)."""
+    from components import accelerators, runtime_gate, tpu_vm
+
+    with goodput.best_effort("the Trainer step's time account"):
+        config = runtime_gate.run_config(input_dict, exec_properties)
+        machine = accelerators.get(settings.accelerator)
+        planned = accelerators.planned(config, machine, spot=settings.tier == "spot")
+        around = lambda training: tpu_vm.time_spans(model_run_uri, training)  # noqa: E731
+        add_step_account(model_run_uri, entered, around, planned, tpu_vm.held_hours(model_run_uri))

@@ -37,14 +37,18 @@ time, so every second of the wall time belongs to one part and the parts add up 
 from __future__ import annotations
 
 import bisect
+import contextlib
 import dataclasses
 import heapq
 import itertools
+import logging
 import os
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 
 from effnet_common import console
+
+logger = logging.getLogger(__name__)
 
 # The record's keys (ml-goodput-measurement's payload fields).
 JOB_START, JOB_END = "job_start_time", "job_end_time"
@@ -102,16 +106,28 @@ def words(part: str) -> str:
     return PARTS.get(part, part)
 
 
+@contextlib.contextmanager
+def best_effort(what: str) -> Iterator[None]:
+    """Keeping the account never fails a run: an error inside the block is logged (a warning naming
+    ``what``) and the run goes on without that part of its account."""
+    try:
+        yield
+    except Exception as error:  # noqa: BLE001 - whatever failed, the training and the pipeline go on
+        logger.warning("%s left out: %s", what, console.one_line(error))
+
+
 def process_started(pid: int) -> float | None:
     """When process ``pid`` started (seconds since the epoch, to 10 ms), by Linux's /proc: its start in
-    ticks since boot against the uptime now; None where there is none."""
+    ticks since boot against the uptime now; None where there is none. Never later than now (a container
+    whose /proc/uptime is its own, as lxcfs gives, would put it in the future)."""
     try:
         with open(f"/proc/{pid}/stat") as stat, open("/proc/uptime") as uptime:
             ticks = int(stat.read().rpartition(")")[2].split()[19])
             since_boot = float(uptime.read().split()[0])
     except (OSError, ValueError, IndexError):
         return None
-    return time.time() - since_boot + ticks / os.sysconf("SC_CLK_TCK")
+    now = time.time()
+    return min(now, now - since_boot + ticks / os.sysconf("SC_CLK_TCK"))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -196,13 +212,22 @@ def _span_record(record: dict) -> tuple[str, str, bool, float]:
 
 @dataclasses.dataclass(frozen=True)
 class Training:
-    """What the attempts' records say, by the library's definitions: the spans of every part and the
-    disruptions (step numbers recorded again): when the training restarted, and the steps each cost."""
+    """What the attempts' records say, by the library's definitions: the spans of every part, the
+    disruptions (when the training restarted, and the steps each cost) and each attempt's window."""
 
     spans: tuple[Span, ...]
     disruptions: tuple[tuple[float, int], ...]
     start: float
     end: float
+    attempts: tuple[tuple[float, float], ...] = ()
+
+
+def current(attempts: Sequence[Attempt]) -> list[Attempt]:
+    """The attempts of the latest training: those after the last one that ended before the newest began
+    (an ended training continued later, with a later stop or another target, starts a new account)."""
+    attempts = sorted(attempts, key=lambda a: a.start)
+    ended = [index for index, attempt in enumerate(attempts[:-1]) if attempt.end is not None]
+    return attempts[ended[-1] + 1 :] if ended else attempts
 
 
 def training(attempts: Sequence[Attempt]) -> Training:
@@ -211,7 +236,7 @@ def training(attempts: Sequence[Attempt]) -> Training:
     spans: list[Span] = []
     disruptions: list[tuple[float, int]] = []
     for index, attempt in enumerate(attempts):
-        later = attempts[index + 1] if index + 1 < len(attempts) else None
+        resumed = next((a for a in attempts[index + 1 :] if a.steps), None)  # the next that trained
         window_end = attempt.last_time
         spans.append(Span(attempt.start, window_end, "OTHER"))
         spans.extend(attempt.spans)
@@ -220,16 +245,17 @@ def training(attempts: Sequence[Attempt]) -> Training:
             for (step, begin), (next_step, end) in itertools.pairwise(attempt.steps)
             if next_step == step + 1 and end > begin
         ]
-        # A later attempt after this one ended without its end (killed, stopped, crashed): a disruption. The
-        # steps from the later one's first on were trained for nothing; the time from this one's last step
-        # start to the next start is the recovery. (An attempt that ended, then continued with a later stop
-        # or target, is no disruption.)
-        restart = later.steps[0][0] if later is not None and later.steps else None
+        # An attempt that trained and ended without its end (killed, stopped, crashed), and a later one that
+        # trained again: a disruption. This one's steps from where that one restarted were trained for
+        # nothing; the time from this one's last step start to the start of the one that trained again is the
+        # recovery (attempts lost in between included). (An attempt that ended, then continued with a later
+        # stop or target, is no disruption.)
+        restart = resumed.steps[0][0] if resumed is not None else None
         disrupted = restart is not None and attempt.end is None and bool(attempt.steps)
         wasted = [g for g in gaps if disrupted and g[0] >= restart]
         if disrupted:
-            disruptions.append((later.start, len(wasted)))
-            spans.append(Span(attempt.steps[-1][1], later.start, "INFRASTRUCTURE_RECOVERY_FROM_DISRUPTION"))
+            disruptions.append((resumed.start, len(wasted)))
+            spans.append(Span(attempt.steps[-1][1], resumed.start, "INFRASTRUCTURE_RECOVERY_FROM_DISRUPTION"))
         kept = [g for g in gaps if not (disrupted and g[0] >= restart)]
         spans.extend(Span(begin, end, "WASTED_PROGRESS_FROM_DISRUPTION") for _, begin, end in wasted)
         spans.extend(_merged(Span(begin, end, GOODPUT) for _, begin, end in kept))
@@ -241,7 +267,8 @@ def training(attempts: Sequence[Attempt]) -> Training:
                 spans.append(Span(kept[0][1], kept[0][1] + excess, "PROGRAM_STARTUP"))
     start = attempts[0].start if attempts else 0.0
     end = max((a.last_time for a in attempts), default=start)
-    return Training(tuple(spans), tuple(disruptions), start, end)
+    windows = tuple((a.start, a.last_time) for a in attempts)
+    return Training(tuple(spans), tuple(disruptions), start, end, windows)
 
 
 def _without_events(gaps: list[tuple[int, float, float]], events: Sequence[Span]) -> list[float]:
@@ -316,17 +343,27 @@ class TimeAccount:
     Attributes:
       disrupted: the preemptions, crashes and stops the training resumed from, within the account's time:
         when it restarted, and the steps it trained again.
+      attempts: a training's account: each attempt's (process's) start and last record.
     """
 
     start: float
     end: float
     spans: tuple[Span, ...]
     disrupted: tuple[tuple[float, int], ...] = ()
+    attempts: tuple[tuple[float, float], ...] = ()
 
     @classmethod
-    def of(cls, spans: Iterable[Span], start: float, end: float, disrupted: Iterable = ()) -> TimeAccount:
+    def of(
+        cls,
+        spans: Iterable[Span],
+        start: float,
+        end: float,
+        disrupted: Iterable = (),
+        attempts: Iterable = (),
+    ) -> TimeAccount:
         within = tuple((float(at), int(steps)) for at, steps in disrupted if start <= at <= end)
-        return cls(start, end, tuple(partition(spans, start, end)), within)
+        windows = tuple((float(begin), float(last)) for begin, last in attempts)
+        return cls(start, end, tuple(partition(spans, start, end)), within, windows)
 
     @property
     def disruptions(self) -> int:
@@ -384,6 +421,7 @@ class TimeAccount:
             "disruptions": self.disruptions,
             "redone_steps": self.redone_steps,
             "disrupted": [list(item) for item in self.disrupted],
+            "attempts": [[round(begin, 3), round(last, 3)] for begin, last in self.attempts],
             "spans": [span.to_list() for span in self.spans],
         }
 
@@ -391,10 +429,12 @@ class TimeAccount:
     def from_dict(cls, values: dict) -> TimeAccount:
         spans = tuple(Span.from_list(span) for span in values["spans"])
         disrupted = tuple((float(at), int(steps)) for at, steps in values.get("disrupted", ()))
-        return cls(float(values["start"]), float(values["end"]), spans, disrupted)
+        attempts = tuple((float(begin), float(last)) for begin, last in values.get("attempts", ()))
+        return cls(float(values["start"]), float(values["end"]), spans, disrupted, attempts)
 
 
 def training_account(attempts: Sequence[Attempt], end: float | None = None) -> TimeAccount:
-    """The account of a training alone: from its first attempt's start to ``end`` (its last record)."""
-    found = training(attempts)
-    return TimeAccount.of(found.spans, found.start, end or found.end, found.disruptions)
+    """The account of the latest training alone (``current``): from its first attempt's start to ``end`` (its
+    last record)."""
+    found = training(current(attempts))
+    return TimeAccount.of(found.spans, found.start, end or found.end, found.disruptions, found.attempts)

@@ -16,7 +16,6 @@ on from the finished steps, the training from its checkpoints in PIPELINE_ROOT/c
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import logging
 import os
@@ -363,8 +362,7 @@ def run(args, session: console.Session) -> int:
     pushed_before = local_steps.PUSHER in steps.cached
     for line in result.report(pushed_before=pushed_before).splitlines():
         console.say("%s", line)
-    trained = bool(result.model_run_uri) and local_steps.TRAINER not in steps.cached
-    account = _account(root, name, record, result.model_run_uri if trained else None)
+    account = _account(root, name, record, result.model_run_uri)
     report_path = tensorboard = None
     if result.model_run_uri:
         from trainer_module import report
@@ -373,34 +371,33 @@ def run(args, session: console.Session) -> int:
         tensorboard = console.tensorboard_command(os.path.join(result.model_run_uri, "tensorboard"))
         console.say("run report: %s", report_path)
         console.say("TensorBoard: %s", tensorboard)
-    row = runs_page.finished(row, result, report_path, tensorboard, pushed_before)
-    # This run's account (a run whose Trainer was cached has its own, not the one of the run that trained).
-    row = dataclasses.replace(row, goodput=account.goodput, time_account_line=account.one_line())
-    console.say("%s", account.one_line())
+    row = runs_page.finished(row, result, report_path, tensorboard, pushed_before, account)
+    if account is not None:
+        console.say("%s", account.one_line())
     console.say("runs of this root: %s", runs_page.add(root, row))
     print(json.dumps(result.as_dict()))
     return 0 if result.pushed else NOT_BLESSED_EXIT
 
 
-def _account(root: str, name: str, record, model_run_uri: str | None) -> goodput.TimeAccount:
-    """This run's time account, which ends now: the command's record closed; ``model_run_uri``, the run of
-    a Trainer that trained in this run (not a cached one's), gives the training's parts and a slice's, and
-    the account goes into its metrics.json."""
+def _account(root: str, name: str, record, model_run_uri: str | None) -> goodput.TimeAccount | None:
+    """This run's time account, which ends now (the command's record closed): its commands' parts, and
+    when its Trainer trained in one of them (not a cached one's, an earlier run's), the training's parts and
+    a slice's, the account then going into that run's metrics.json. None if it could not be made (logged)."""
     from components import tpu_vm
     from pipeline import run_account
-    from trainer_module import files, recorder
+    from trainer_module import recorder
 
-    record.close(run_account.FINISHED)
-    training, slices = None, []
-    if model_run_uri:
-        metrics = files.read_json(files.join(model_run_uri, recorder.METRICS_FILE))
-        if metrics.get(recorder.TRAINING_ACCOUNT):
-            training = goodput.TimeAccount.from_dict(metrics[recorder.TRAINING_ACCOUNT])
-        slices = tpu_vm.time_spans(model_run_uri)[0]
-    account = run_account.account(run_account.run_commands(root, name), training, slices)
-    if model_run_uri:
-        recorder.add_time_account(model_run_uri, recorder.RUN_ACCOUNT, account)
-    return account
+    command = record.close(run_account.FINISHED)
+    with goodput.best_effort("the run's time account"):
+        commands = run_account.run_commands(root, name) or [command]
+        trained = bool(model_run_uri) and run_account.trained(commands)
+        training = recorder.read_time_account(model_run_uri, recorder.TRAINING_ACCOUNT) if trained else None
+        slices = tpu_vm.time_spans(model_run_uri, training) if training is not None else []
+        account = run_account.account(commands, training, slices)
+        if training is not None:
+            recorder.add_time_account(model_run_uri, recorder.RUN_ACCOUNT, account)
+        return account
+    return None
 
 
 if __name__ == "__main__":

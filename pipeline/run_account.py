@@ -9,8 +9,9 @@ store is SQLite), so the file is a plain local one.
 
 The parts: the command's start and imports up to its first step, each step's time by its name (the Trainer's
 split by the training's own account, ``trainer_module.goodput_log``, and a rehearsed slice's states), the
-launcher's time between steps, the time after the last step (the outcome, the report) and, between commands,
-the time the run was stopped.
+launcher's time between steps, the time after the last step up to the account (reading the outcome) and,
+between commands, the time the run was stopped. The report and the runs page, written after the account, are
+outside it.
 """
 
 from __future__ import annotations
@@ -18,12 +19,13 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import threading
 import time
 
 from effnet_common import goodput
+from pipeline.local_steps import TRAINER
 
 ACCOUNTS_DIR = "time_accounts"
-TRAINER = "Trainer"
 STOPPED, FAILED, FINISHED = "stopped", "failed", "finished"
 
 
@@ -86,6 +88,11 @@ def run_commands(root: str, pipeline_name: str) -> list[Command]:
     return commands
 
 
+def trained(commands: list[Command]) -> bool:
+    """Whether the Trainer ran (not cached) in one of the run's commands."""
+    return any(step.name == TRAINER and not step.cached for command in commands for step in command.steps)
+
+
 def command_spans(commands: list[Command]) -> list[goodput.Span]:
     """The spans the commands' own records give: start-up, steps, the time between and after them, and the
     time between commands."""
@@ -129,14 +136,18 @@ class CommandRecord:
         self.root, self.pipeline_name = root, pipeline_name
         self.start = goodput.process_started(os.getpid()) or time.time()
         self.steps: list[Step] = []
-        self._closed = False
+        self._closed: Command | None = None
+        self._lock = threading.Lock()  # a stop closes it from the stopping thread
 
     def step(self, name: str, start: float, end: float, cached: bool) -> None:
-        self.steps.append(Step(name, start, end, cached))
+        with self._lock:
+            self.steps.append(Step(name, start, end, cached))
 
     def close(self, status: str, end: float | None = None) -> Command:
-        command = Command(self.start, end or time.time(), status, tuple(self.steps))
-        if not self._closed:
-            self._closed = True
-            append(self.root, self.pipeline_name, command)
-        return command
+        """Appends the command's line, once: a later close returns the first one's command."""
+        with self._lock:
+            if self._closed is None:
+                self._closed = Command(self.start, end or time.time(), status, tuple(self.steps))
+                with goodput.best_effort(f"the command's time record in {self.root}"):
+                    append(self.root, self.pipeline_name, self._closed)
+            return self._closed

@@ -3,7 +3,7 @@ first.
 
 A run's report lives in its Trainer's artifact directory; this page is where a root's runs are seen together:
 when each started, its preset and target, the Evaluator's top-1 and top-5, the Trainer's epochs and training
-time, its goodput (where its time went, from the time account in the Trainer's metrics.json), whether the
+time, its goodput (where its time went, from the run's time account, ``effnet_common.goodput``), whether the
 model was blessed (or why not, or that the run failed or was stopped), the version pushed, and links to its
 report and TensorBoard.
 
@@ -30,6 +30,7 @@ import urllib.parse
 from collections.abc import Iterator, Sequence
 
 from effnet_common import console, stopping, storage
+from effnet_common.goodput import TimeAccount
 
 if typing.TYPE_CHECKING:
     from pipeline.outcome import Outcome
@@ -106,12 +107,17 @@ def _is_a(value, kind) -> bool:
 
 
 def finished(
-    row: Row, result: Outcome, report: str | None, tensorboard: str | None, pushed_before: bool
+    row: Row,
+    result: Outcome,
+    report: str | None,
+    tensorboard: str | None,
+    pushed_before: bool,
+    account: TimeAccount | None = None,
 ) -> Row:
     """``row`` once the run ended with ``result`` (``pipeline.outcome``), its report and TensorBoard command
-    (as the runner printed them) and whether the Pusher was cached."""
+    (as the runner printed them), whether the Pusher was cached, and the run's time account (its goodput and
+    one-line account; a run whose Trainer was cached has its own, not the training run's)."""
     epochs, seconds = _training(result.model_run_uri) if result.model_run_uri else (None, None)
-    account = _time_account(result.model_run_uri) if result.model_run_uri else None
     return dataclasses.replace(
         row,
         blessed=result.blessed,
@@ -138,16 +144,6 @@ def _training(model_run_uri: str) -> tuple[float | None, float | None]:
     if not history:
         return None, None
     return history[-1]["epoch"], history[-1]["elapsed_seconds"]
-
-
-def _time_account(model_run_uri: str):
-    """The time account in the run's metrics.json (``trainer_module.recorder.time_account``: the run's, else
-    the training's); None without one."""
-    from trainer_module import files
-    from trainer_module.recorder import METRICS_FILE, time_account
-
-    path = files.join(model_run_uri, METRICS_FILE)
-    return time_account(files.read_json(path)) if files.exists(path) else None
 
 
 @contextlib.contextmanager

@@ -99,13 +99,21 @@ def test_a_preempted_attempt_costs_its_redone_steps_and_the_recovery_until_the_n
     assert sum(parts.values()) == pytest.approx(27.0)
 
 
-def test_an_attempt_that_ended_and_a_later_one_that_goes_on_make_no_disruption():
-    """A training stopped by its target, continued later with another target from its last checkpoint."""
+def test_a_training_that_ended_and_was_continued_later_starts_a_new_account():
+    """A training stopped by its target, continued later with another target from its last checkpoint: the
+    continuation's account is its own; an attempt that died before training (no step) does not hide the
+    steps a preemption cost."""
     first = _attempt({goodput.JOB_START: 0.0}, *_steps(0, [1.0, 2.0, 3.0]), {goodput.JOB_END: 4.0})
-    second = _attempt({goodput.JOB_START: 50.0}, *_steps(2, [51.0, 52.0, 53.0]), {goodput.JOB_END: 54.0})
-    account = goodput.training_account([first, second])
-    assert account.disruptions == 0 and "INFRASTRUCTURE_RECOVERY_FROM_DISRUPTION" not in account.parts
-    assert account.parts[goodput.UNACCOUNTED] == pytest.approx(46.0)  # no process of the training ran
+    second = _attempt({goodput.JOB_START: 50.0}, *_steps(2, [51.0, 52.0, 53.0, 54.0]))  # preempted
+    died = _attempt({goodput.JOB_START: 60.0})  # lost while it prepared
+    third = _attempt({goodput.JOB_START: 70.0}, *_steps(3, [71.0, 72.0, 73.0]), {goodput.JOB_END: 74.0})
+    assert goodput.current([first, second, died, third]) == [second, died, third]
+    account = goodput.training_account([third, died, second, first])
+    assert (account.start, account.end) == (50.0, 74.0) and account.attempts == ((50, 54), (60, 60), (70, 74))
+    assert account.disrupted == ((70.0, 2),)  # steps 3 and 4 of the second attempt, trained again
+    # The recovery: from the preempted attempt's last step to the start of the one that trained again.
+    assert account.parts["INFRASTRUCTURE_RECOVERY_FROM_DISRUPTION"] == pytest.approx(70.0 - 54.0)
+    assert goodput.UNACCOUNTED not in account.parts
 
 
 def test_the_one_line_account_names_the_largest_parts_and_sums_a_disruptions_parts():

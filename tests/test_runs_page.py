@@ -18,7 +18,6 @@ from effnet_common import stopping
 from effnet_common.goodput import Span, TimeAccount
 from pipeline import runs_page
 from pipeline.outcome import Outcome
-from trainer_module.recorder import TRAINING_ACCOUNT
 
 WINDOW = (1400, 900)
 
@@ -232,7 +231,7 @@ def test_a_finished_row_takes_the_outcome_and_the_trainers_last_evaluation(tmp_p
     )
     row = runs_page.finished(_row(target_top1=0.96), result, "r.html", "tb", pushed_before=True)
     assert (row.top1, row.top5, row.epochs, row.training_seconds) == (0.9412, 0.99, 25.0, 81.5)
-    assert (row.goodput, row.time_account_line) == (None, None)  # metrics.json holds no time account
+    assert (row.goodput, row.time_account_line) == (None, None)  # no time account given
     assert (row.blessed, row.pushed_destination, row.pushed_before) == (False, None, False)
     assert (
         row.why_not
@@ -241,15 +240,13 @@ def test_a_finished_row_takes_the_outcome_and_the_trainers_last_evaluation(tmp_p
     assert (row.report, row.tensorboard, row.state) == ("r.html", "tb", runs_page.FINISHED)
 
 
-def test_a_finished_row_takes_the_goodput_of_the_time_account_in_metrics_json(tmp_path):
+def test_a_finished_row_takes_the_goodput_of_the_runs_time_account(tmp_path):
     model_run = tmp_path / "model_run"
     model_run.mkdir()
     spans = [Span(10.0, 20.0, "TRAINING_PREP"), Span(20.0, 61.0, "GOODPUT"), Span(61.0, 110.0, "EXPORT")]
     account = TimeAccount.of(spans, 10.0, 110.0)
     history = [{"step": 20, "epoch": 25.0, "elapsed_seconds": 81.5}]
-    (model_run / "metrics.json").write_text(
-        json.dumps({"history": history, TRAINING_ACCOUNT: account.to_dict()})
-    )
+    (model_run / "metrics.json").write_text(json.dumps({"history": history}))
     result = Outcome(
         target_top1=0.96,
         top1=0.97,
@@ -261,7 +258,7 @@ def test_a_finished_row_takes_the_goodput_of_the_time_account_in_metrics_json(tm
         model_run_uri=str(model_run),
         refusals=(),
     )
-    row = runs_page.finished(_row(target_top1=0.96), result, None, None, pushed_before=False)
+    row = runs_page.finished(_row(target_top1=0.96), result, None, None, pushed_before=False, account=account)
     assert row.goodput == 0.41 and row.epochs == 25.0
     assert row.time_account_line == "goodput 41% of 1m40s: 49.0s export, 10.0s training preparation"
     assert row.time_account_line == account.one_line()

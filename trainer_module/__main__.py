@@ -489,9 +489,9 @@ def train_main(args, session) -> int:
             result.stopped_at_epoch,
             config.loop.train_epochs,
         )
-    if not _task_suffix():  # the chief: its metrics.json holds the time account
-        metrics = files.read_json(files.join(args.model_dir, recorder.METRICS_FILE))
-        console.say("%s", recorder.time_account(metrics).one_line())
+    account = recorder.read_time_account(args.model_dir, recorder.TRAINING_ACCOUNT)
+    if account is not None and not _task_suffix():  # the chief's (a failed account was logged)
+        console.say("%s", account.one_line())
     print(json.dumps(result.summary()))
     return 0
 

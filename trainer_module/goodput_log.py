@@ -1,11 +1,12 @@
 """The training's goodput record, kept by the chief: one file per attempt (process) under ``goodput/`` beside
-the checkpoints, so that a resumed training carries the records of the attempts before it, the steps they
-trained again included (which a disruption is told by). The terms are ml-goodput-measurement's
-(``effnet_common.goodput``); the account is computed from these files.
+the checkpoints, so that a resumed training carries the records of the attempts before it: an attempt
+without its end followed by one that trained again is a disruption, and the steps trained twice its cost.
+The terms are ml-goodput-measurement's (``effnet_common.goodput``); the account is computed from these
+files. Each attempt's file is rewritten after every training call and after every checkpoint.
 
 A compiled training call runs many steps and returns once, so the steps' starts are backfilled from the
 in-loop clock of each step (``TrainingCall.time``): a step ends when its loss is known, the next begins
-then. Each attempt's file is rewritten whole after every training call, so a preempted attempt leaves its
+then. The file is rewritten whole (object stores have no append), so a preempted attempt leaves its
 steps up to the call before the one it lost.
 """
 
@@ -81,8 +82,10 @@ class GoodputLog:
         self.flush()
 
     def flush(self) -> None:
+        """Rewrites the attempt's file (the chief's); a failed write is logged and the training goes on."""
         if self.chief:
-            files.write_text(self.path, "".join(self._lines))
+            with goodput.best_effort(f"the goodput record {self.path}"):
+                files.write_text(self.path, "".join(self._lines))
 
     def _add(self, record: dict) -> None:
         self._lines.append(json.dumps(record) + "\n")

@@ -36,8 +36,9 @@ HISTORY_FILE = "history.json"
 METRICS_FILE = "metrics.json"
 CONFIG_FILE = "config.json"
 # metrics.json's time accounts (``effnet_common.goodput.TimeAccount.to_dict``): the training's, from its first
-# attempt's start to its end, which the trainer writes; the whole run's, from the command's or the pipeline
-# run's start to its push, which the pipeline's runner adds.
+# attempt's start to its end, which the trainer writes; the run's, which the local pipeline's runner adds
+# (from the run's first command's start to its outcome) or a cloud Trainer step (from the step's start to its
+# end: ``components.trainer_account``).
 TRAINING_ACCOUNT, RUN_ACCOUNT = "training_time_account", "time_account"
 # What a plan estimated for the run (``components.accelerators.planned``) and the hours its accelerators were
 # held (``held_hours``), which its runner adds.

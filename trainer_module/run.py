@@ -13,6 +13,7 @@ import time
 
 import tensorflow as tf
 
+from effnet_common import goodput
 from trainer_module import export, goodput_log, recorder, report, resolve, train
 from trainer_module.data import input_pipeline
 from trainer_module.distribute import strategies
@@ -101,9 +102,10 @@ def run(
     timeline.job_ended()
     if chief:
         # The report's own time is part of the account; the account joins the report once known.
-        account = goodput_log.account(paths.checkpoint_dir)
-        recorder.add_time_account(paths.model_dir, recorder.TRAINING_ACCOUNT, account)
-        report.add_pipeline_lines(paths.model_dir, {})
+        with goodput.best_effort("the training's time account"):
+            account = goodput_log.account(paths.checkpoint_dir)
+            recorder.add_time_account(paths.model_dir, recorder.TRAINING_ACCOUNT, account)
+            report.add_pipeline_lines(paths.model_dir, {})
         logger.info("report: %s", path)
     return result
 

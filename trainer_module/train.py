@@ -580,6 +580,7 @@ def _train_loop(config, prepared: _Prepared, profiler, loop_start, timeline: Goo
             # The history goes first: if the run dies between the two, the resumed run redoes this evaluation.
             recorder.flush()
             _save(manager, step)
+        timeline.flush()  # the evaluation and the checkpoint are on the record before the next call
     return step
 
 
