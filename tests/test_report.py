@@ -19,8 +19,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from effnet_common import console
-from trainer_module import presets, report, train
+from effnet_common import console, goodput
+from trainer_module import presets, report, time_report, train
 from trainer_module.__main__ import main
 from trainer_module.config import replace
 from trainer_module.recorder import Recorder, TrainingCall, read_run_log
@@ -466,3 +466,19 @@ def test_ctrl_c_is_written_to_the_run_log_and_the_report_says_so(digit_shards, t
     points = [e for e in log if e["event"] == "train"]
     assert [p["step"] for p in points] == list(range(5, log[-1]["step"] + 1, 5))
     assert all(p["images_per_second"] > 0 for p in points)  # every 5-step window holds timed steps
+
+
+def test_the_plan_rows_put_the_plans_time_and_cost_beside_the_measured_ones():
+    account = goodput.TimeAccount.of(
+        [goodput.Span(0, 3000, goodput.GOODPUT), goodput.Span(3000, 5400, "PROVISIONING")], 0, 5400
+    )
+    planned = {"hours": 1.02, "accelerator_hours": 1044.5, "unit": "TPU v3 cores", "usd_per_unit_hour": 1.0}
+    rows = dict(time_report.plan_rows({**planned, "prices": "a list price"}, account, held_hours=1.3))
+    assert rows["time: plan / measured"] == (
+        "1h01m of training at the nominal rate / 1h30m of wall time, 50m00s of it goodput"
+    )
+    # The units per hour of the plan (1,024 cores) over the hours held: 1,331 core-hours.
+    assert rows["accelerators: plan / measured"] == (
+        "1,044 / 1,331 hours of TPU v3 cores; cost at $1.00 an hour each (a list price): $1,044.50 / $1,331.23"
+    )
+    assert rows["the largest difference from the plan"].startswith("provisioning, 40m00s")

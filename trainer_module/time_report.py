@@ -120,18 +120,18 @@ def plan_rows(plan: dict, account: goodput.TimeAccount, held_hours: float | None
       held_hours: the hours the accelerators were held (billed), when the run knows them.
     """
     price, unit = plan.get("usd_per_unit_hour"), plan.get("unit", "accelerators")
-    measured_hours = account.wall_seconds / 3600
     rows = [
         (
             "time: plan / measured",
-            f"{plan['hours']:.3g} h of training at the nominal rate / {measured_hours:.3g} h of wall time, "
-            f"{account.goodput_seconds / 3600:.3g} h of it goodput",
+            f"{console.duration(plan['hours'] * 3600)} of training at the nominal rate / "
+            f"{console.duration(account.wall_seconds)} of wall time, "
+            f"{console.duration(account.goodput_seconds)} of it goodput",
         )
     ]
     if held_hours is not None:
         units = plan["accelerator_hours"] / plan["hours"] if plan.get("hours") else 0.0
         measured_units = held_hours * units
-        line = f"{plan['accelerator_hours']:.3g} / {measured_units:.3g} hours of {unit}"
+        line = f"{_hours(plan['accelerator_hours'])} / {_hours(measured_units)} hours of {unit}"
         if price is not None:
             line += (
                 f"; cost at ${price:.2f} an hour each ({plan.get('prices', 'the plan')}): "
@@ -148,3 +148,10 @@ def plan_rows(plan: dict, account: goodput.TimeAccount, held_hours: float | None
             )
         )
     return rows
+
+
+def _hours(value: float) -> str:
+    """1,044 / 12.5 / 0.0246 hours: whole hours from 100, a tenth from 1, three figures below."""
+    if value >= 100:
+        return f"{value:,.0f}"
+    return f"{value:.1f}" if value >= 1 else f"{value:.3g}"
